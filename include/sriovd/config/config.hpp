@@ -1,0 +1,158 @@
+#pragma once
+// The typed, validated form of sriovd.yaml (schema version 1). Nothing here
+// is acted on before config::load() has checked all of it.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sriovd/util/pci_address.hpp"
+
+namespace sriovd::config {
+
+// Where a value stood in the file: 1-based line and column.
+struct SourceLocation {
+  int line = 0;
+  int column = 0;
+};
+
+enum class HostMode { system, simulated };
+enum class LinkState { automatic, enable, disable };
+enum class ExportKind { none, vfio_user };
+enum class MsixPolicy { direct, relay, adaptive };
+enum class Transport { vhost_user, vfio_user };
+enum class PackedRing { off, on, automatic };
+enum class BackendKind { tap, vf };
+
+const char* to_string(HostMode);
+const char* to_string(LinkState);
+const char* to_string(ExportKind);
+const char* to_string(MsixPolicy);
+const char* to_string(Transport);
+const char* to_string(PackedRing);
+const char* to_string(BackendKind);
+
+// A PF as the operator names it: by PCI address or by netdev (exactly one).
+// In simulated mode the loader resolves a netdev to its address.
+struct PfRef {
+  std::optional<PciAddress> address;
+  std::string netdev;
+
+  [[nodiscard]] std::string to_string() const {
+    return address ? address->to_string() : netdev;
+  }
+  bool operator==(const PfRef&) const = default;
+};
+
+// One PF of the simulated host (host: simulated).
+struct SimulatedPf {
+  PciAddress address;
+  uint16_t vendor_id = 0x8086;
+  uint16_t device_id = 0x1572;
+  uint16_t total_vfs = 8;
+  uint16_t msix_vectors_per_vf = 4;
+  std::string netdev;
+  SourceLocation where;
+};
+
+struct Control {
+  std::string socket = "/run/sriovd/control.sock";
+  std::string group;                  // empty: the daemon's own group
+  std::optional<gid_t> gid;           // resolved from group
+  std::vector<uid_t> allowed_uids;    // empty: any peer the socket mode admits
+};
+
+struct VfAssign {
+  std::string owner;
+  ExportKind export_kind = ExportKind::vfio_user;
+  std::string socket;                 // required when export_kind is vfio_user
+  MsixPolicy msix_policy = MsixPolicy::adaptive;
+  uint16_t max_vectors = 0;           // 0: as many as the VF has
+  SourceLocation socket_where;
+};
+
+// Settings left unset (nullopt) are not touched on the host.
+struct VfConfig {
+  uint16_t index = 0;
+  std::optional<MacAddress> mac;
+  std::optional<uint16_t> vlan;
+  uint8_t qos = 0;
+  std::optional<bool> trust;
+  std::optional<bool> spoofchk;
+  std::optional<LinkState> link_state;
+  std::optional<uint32_t> max_tx_rate;  // Mbit/s, 0 = unlimited
+  std::optional<uint32_t> min_tx_rate;  // Mbit/s
+  std::optional<VfAssign> assign;
+  SourceLocation where;
+};
+
+struct PfConfig {
+  PfRef ref;
+  uint16_t num_vfs = 0;
+  std::vector<VfConfig> vfs;
+  SourceLocation where;
+};
+
+// Offloads a tap backend enables with TUNSETOFFLOAD.
+struct TapOffloads {
+  bool csum = true;
+  bool tso4 = true;
+  bool tso6 = true;
+  bool tso_ecn = false;
+  bool ufo = false;
+  bool operator==(const TapOffloads&) const = default;
+};
+
+struct TapBackend {
+  std::string name;
+  std::string netns;  // empty: the daemon's namespace
+  TapOffloads offloads;
+  bool operator==(const TapBackend&) const = default;
+};
+
+// A VF's kernel netdev as the backend: the VF-to-virtio bridge.
+struct VfBackend {
+  PfRef pf;
+  uint16_t vf = 0;
+  bool operator==(const VfBackend&) const = default;
+};
+
+struct VirtioDevice {
+  std::string name;
+  Transport transport = Transport::vhost_user;
+  std::string socket;
+  uint16_t queue_pairs = 1;
+  uint16_t queue_size = 256;
+  PackedRing packed = PackedRing::automatic;
+  std::optional<MacAddress> mac;
+  uint16_t mtu = 1500;
+  BackendKind backend_kind = BackendKind::tap;
+  TapBackend tap;
+  VfBackend vf;
+  SourceLocation where;
+  SourceLocation socket_where;
+  SourceLocation backend_where;
+};
+
+struct Interrupts {
+  uint16_t relay_threads = 1;
+  std::vector<uint16_t> cpus;  // empty: no pinning; else relay thread i -> cpus[i % n]
+  bool busy_poll = false;
+};
+
+struct Config {
+  std::string path;  // the file it came from
+  HostMode host = HostMode::system;
+  std::string log_level = "info";
+  std::string state_dir = "/var/lib/sriovd";
+  std::vector<SimulatedPf> simulated_pfs;
+  Control control;
+  std::vector<PfConfig> physical_functions;
+  std::vector<VirtioDevice> virtio_devices;
+  Interrupts interrupts;
+};
+
+}  // namespace sriovd::config

@@ -1,0 +1,79 @@
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sriovd/config/config.hpp"
+#include "sriovd/control/protocol.hpp"
+#include "sriovd/daemon/control_server.hpp"
+#include "sriovd/daemon/notify.hpp"
+#include "sriovd/util/asio.hpp"
+
+namespace sriovd::daemon {
+
+struct Options {
+  std::string config_path;
+  std::optional<std::string> log_level;  // --log-level overrides the file
+  std::string sysfs_root = "/sys";       // resolves udev events in system mode
+};
+
+// The daemon's control thread: owns the io_context, the signals, the control
+// API and the running configuration. run() returns the process exit code.
+class Daemon {
+ public:
+  Daemon(Options options, config::Config config);
+  ~Daemon();
+
+  int run();
+
+ private:
+  using Command = std::function<control::json(const control::json&, const PeerCredentials&)>;
+
+  void register_commands();
+  void wait_for_signal();
+  void arm_watchdog();
+  void shutdown(const char* why);
+
+  // Re-reads the config file; a file that fails validation, or that changes
+  // what cannot change while running, leaves everything as it was.
+  control::json reload(const std::string& trigger);
+
+  control::json handle(const control::json& request, const PeerCredentials& peer);
+  control::json status_json() const;
+  control::json devices_json() const;
+  control::json stats_json() const;
+  control::json udev_event(const control::json& request);
+
+  Options options_;
+  config::Config config_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer watchdog_timer_;
+  SystemdNotifier notifier_;
+  std::unique_ptr<ControlServer> control_;
+  std::map<std::string, Command> commands_;
+  std::chrono::steady_clock::time_point started_;
+  bool stopping_ = false;
+
+  struct ReloadStats {
+    uint64_t ok = 0;
+    uint64_t failed = 0;
+    std::string last_error;
+  } reloads_;
+
+  struct UdevEvent {
+    std::string action;
+    std::string device;
+    std::string pf;
+    bool managed = false;
+  };
+  std::deque<UdevEvent> udev_events_;  // the most recent few, for `status`
+  uint64_t udev_events_total_ = 0;
+};
+
+}  // namespace sriovd::daemon

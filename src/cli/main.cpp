@@ -1,0 +1,178 @@
+// sriovctl: talks to a running sriovd over its control socket.
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "sriovd/control/client.hpp"
+#include "sriovd/version.hpp"
+#include "table.hpp"
+
+namespace {
+
+using sriovd::control::json;
+using sriovd::cli::Table;
+
+constexpr int kExitFailed = 1;      // the daemon answered with an error
+constexpr int kExitUnreachable = 69;  // EX_UNAVAILABLE: no daemon to ask
+constexpr int kExitUsage = 64;
+
+std::string text(const json& j) {
+  if (j.is_null()) return "-";
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_boolean()) return j.get<bool>() ? "yes" : "no";
+  return j.dump();
+}
+
+std::string field(const json& obj, const char* key) {
+  return obj.contains(key) ? text(obj[key]) : "-";
+}
+
+void print_status(const json& r) {
+  std::printf("sriovd %s, pid %s, %s\n", field(r, "version").c_str(), field(r, "pid").c_str(),
+              field(r, "state").c_str());
+  std::printf("  host:            %s\n", field(r, "host").c_str());
+  std::printf("  config:          %s\n", field(r, "config").c_str());
+  std::printf("  control socket:  %s\n", field(r, "control_socket").c_str());
+  std::printf("  log level:       %s\n", field(r, "log_level").c_str());
+  std::printf("  uptime:          %s s\n", field(r, "uptime_s").c_str());
+  std::printf("  devices:         %s PF(s), %s VF(s), %s virtio device(s)\n",
+              field(r, "physical_functions").c_str(), field(r, "vfs").c_str(),
+              field(r, "virtio_devices").c_str());
+  const json& reloads = r["reloads"];
+  std::printf("  reloads:         %s ok, %s refused\n", field(reloads, "ok").c_str(),
+              field(reloads, "failed").c_str());
+  if (!reloads.value("last_error", "").empty())
+    std::printf("  last refusal:    %s\n", reloads["last_error"].get<std::string>().c_str());
+}
+
+void print_devices(const json& r) {
+  Table vfs({"PF", "VF", "MAC", "VLAN", "OWNER", "EXPORT", "SOCKET", "STATE"});
+  for (const auto& pf : r["physical_functions"])
+    for (const auto& vf : pf["vfs"])
+      vfs.add({field(pf, "pf"), field(vf, "index"), field(vf, "mac"), field(vf, "vlan"),
+               field(vf, "owner"), field(vf, "export"), field(vf, "socket"), field(vf, "state")});
+  std::fputs(vfs.render().c_str(), stdout);
+  if (!r["virtio_devices"].empty()) {
+    Table virtio({"VIRTIO", "TRANSPORT", "SOCKET", "QUEUES", "BACKEND", "STATE"});
+    for (const auto& d : r["virtio_devices"]) {
+      const json& b = d["backend"];
+      const std::string backend = b.value("type", "") == "tap"
+                                      ? "tap " + field(b, "name")
+                                      : "vf " + field(b, "pf") + "/" + field(b, "vf");
+      virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
+                  field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend, field(d, "state")});
+    }
+    std::fputs("\n", stdout);
+    std::fputs(virtio.render().c_str(), stdout);
+  }
+}
+
+void print_routes(const json& r) {
+  Table t({"ROUTE", "DEVICE", "VECTOR", "MODE", "MASKED", "FIRED", "DELIVERED", "PENDING", "REPLAYED", "SWITCHES"});
+  for (const auto& route : r["routes"])
+    t.add({field(route, "id"), field(route, "device"), field(route, "vector"), field(route, "mode"),
+           field(route, "masked"), field(route, "fired"), field(route, "delivered"),
+           field(route, "masked_pending"), field(route, "replayed"), field(route, "mode_switches")});
+  std::fputs(t.render().c_str(), stdout);
+  if (r["routes"].empty()) std::fputs("(no interrupt routes)\n", stdout);
+}
+
+// Nested objects become dotted keys, one "key value" line each.
+void print_flat(const json& j, const std::string& prefix = "") {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object())
+      print_flat(*it, key);
+    else
+      std::printf("%-32s %s\n", key.c_str(), text(*it).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sriovctl - query and steer a running sriovd"};
+  app.require_subcommand(1);
+  std::string socket = sriovd::control::kDefaultSocket;
+  bool as_json = false;
+  double timeout_s = 10.0;
+  app.add_option("-s,--socket", socket, "control socket of the daemon")->capture_default_str();
+  app.add_flag("-j,--json", as_json, "print the daemon's JSON reply");
+  app.add_option("-t,--timeout", timeout_s, "seconds to wait for a reply")->capture_default_str();
+
+  for (const char* name : {"status", "devices", "routes", "stats", "reload", "version"}) {
+    static const std::map<std::string, std::string> help = {
+        {"status", "daemon state, configuration and uptime"},
+        {"devices", "PFs, VFs and virtio devices with their owners and state"},
+        {"routes", "interrupt routes with their counters"},
+        {"stats", "counters of the control API, reloads and routes"},
+        {"reload", "re-read the configuration file (a bad file changes nothing)"},
+        {"version", "daemon and client versions"}};
+    app.add_subcommand(name, help.at(name));
+  }
+  auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
+  std::string udev_action, udev_device, udev_pf;
+  bool udev_env = false;
+  udev->add_option("action", udev_action, "add, remove, change, bind or unbind")->required();
+  udev->add_option("device", udev_device, "PCI address of the VF (udev's %k)")->required();
+  udev->add_option("--pf", udev_pf, "the VF's PF, when sysfs no longer shows it");
+  udev->add_flag("--udev-env", udev_env, "print KEY=VALUE lines for udev's IMPORT{program}");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  const std::string cmd = app.get_subcommands().front()->get_name();
+  json request = {{"cmd", cmd}};
+  if (cmd == "udev-event") {
+    request["action"] = udev_action;
+    request["device"] = udev_device;
+    if (!udev_pf.empty()) request["pf"] = udev_pf;
+  }
+
+  json reply;
+  try {
+    sriovd::control::Client client(socket, std::chrono::milliseconds(static_cast<long>(timeout_s * 1000)));
+    reply = client.request(request);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sriovctl: %s\n", e.what());
+    return kExitUnreachable;
+  }
+
+  if (!reply.value("ok", false)) {
+    if (as_json) {
+      std::printf("%s\n", reply.dump(2).c_str());
+    } else {
+      const json& err = reply["error"];
+      std::fprintf(stderr, "sriovctl: %s: %s\n", cmd.c_str(), field(err, "message").c_str());
+    }
+    return kExitFailed;
+  }
+  const json& result = reply["result"];
+  if (as_json) {
+    std::printf("%s\n", result.dump(2).c_str());
+    return 0;
+  }
+  if (cmd == "status") {
+    print_status(result);
+  } else if (cmd == "devices") {
+    print_devices(result);
+  } else if (cmd == "routes") {
+    print_routes(result);
+  } else if (cmd == "version") {
+    std::printf("sriovd %s (config schema %s), sriovctl %s\n", field(result, "version").c_str(),
+                field(result, "config_schema").c_str(), sriovd::kVersion);
+  } else if (cmd == "reload") {
+    std::printf("reloaded: %s\n", field(result, "summary").c_str());
+  } else if (cmd == "udev-event" && udev_env) {
+    std::printf("SRIOVD_MANAGED=%d\n", result.value("managed", false) ? 1 : 0);
+    if (result.contains("pf")) std::printf("SRIOVD_PF=%s\n", result["pf"].get<std::string>().c_str());
+    if (result.contains("vf_index")) std::printf("SRIOVD_VF_INDEX=%s\n", field(result, "vf_index").c_str());
+  } else {
+    print_flat(result);
+  }
+  return 0;
+}

@@ -1,0 +1,310 @@
+#include "sriovd/daemon/daemon.hpp"
+
+#include <unistd.h>
+
+#include <csignal>
+
+#include <spdlog/spdlog.h>
+
+#include "sriovd/config/loader.hpp"
+#include "sriovd/daemon/logging.hpp"
+#include "sriovd/host/sysfs.hpp"
+#include "sriovd/version.hpp"
+
+namespace sriovd::daemon {
+
+using control::json;
+
+namespace {
+
+constexpr size_t kUdevEventsKept = 16;
+
+size_t count_vfs(const config::Config& cfg) {
+  size_t n = 0;
+  for (const auto& pf : cfg.physical_functions) n += pf.num_vfs;
+  return n;
+}
+
+std::string summary(const config::Config& cfg) {
+  return std::to_string(cfg.physical_functions.size()) + " PF(s), " +
+         std::to_string(count_vfs(cfg)) + " VF(s), " + std::to_string(cfg.virtio_devices.size()) +
+         " virtio device(s), host " + config::to_string(cfg.host);
+}
+
+json vf_json(const config::VfConfig* vf, unsigned index) {
+  json j = {{"index", index}};
+  if (!vf) {
+    j["state"] = "declared";
+    return j;
+  }
+  if (vf->mac) j["mac"] = vf->mac->to_string();
+  if (vf->vlan) j["vlan"] = *vf->vlan;
+  if (vf->vlan) j["qos"] = vf->qos;
+  if (vf->trust) j["trust"] = *vf->trust;
+  if (vf->spoofchk) j["spoofchk"] = *vf->spoofchk;
+  if (vf->link_state) j["link_state"] = config::to_string(*vf->link_state);
+  if (vf->max_tx_rate) j["max_tx_rate"] = *vf->max_tx_rate;
+  if (vf->min_tx_rate) j["min_tx_rate"] = *vf->min_tx_rate;
+  if (vf->assign) {
+    j["owner"] = vf->assign->owner;
+    j["export"] = config::to_string(vf->assign->export_kind);
+    if (!vf->assign->socket.empty()) j["socket"] = vf->assign->socket;
+    j["msix_policy"] = config::to_string(vf->assign->msix_policy);
+  }
+  j["state"] = "declared";
+  return j;
+}
+
+}  // namespace
+
+Daemon::Daemon(Options options, config::Config config)
+    : options_(std::move(options)), config_(std::move(config)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
+      watchdog_timer_(io_), started_(std::chrono::steady_clock::now()) {
+  register_commands();
+  control_ = std::make_unique<ControlServer>(
+      io_, config_.control,
+      [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
+}
+
+Daemon::~Daemon() = default;
+
+int Daemon::run() {
+  wait_for_signal();
+  arm_watchdog();
+  spdlog::info("sriovd {} ready: {}", kVersion, summary(config_));
+  notifier_.ready(summary(config_));
+  io_.run();
+  spdlog::info("sriovd stopped");
+  return 0;
+}
+
+void Daemon::wait_for_signal() {
+  signals_.async_wait([this](boost::system::error_code ec, int signo) {
+    if (ec) return;
+    if (signo == SIGHUP) {
+      reload("SIGHUP");
+      wait_for_signal();
+      return;
+    }
+    shutdown(signo == SIGTERM ? "SIGTERM" : "SIGINT");
+  });
+}
+
+void Daemon::arm_watchdog() {
+  const auto interval = notifier_.watchdog_interval();
+  if (!interval) return;
+  watchdog_timer_.expires_after(*interval);
+  watchdog_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    notifier_.watchdog_ping();
+    arm_watchdog();
+  });
+}
+
+void Daemon::shutdown(const char* why) {
+  if (stopping_) return;
+  stopping_ = true;
+  spdlog::info("{}: stopping", why);
+  notifier_.stopping();
+  // Later layers release their devices here, before the control API goes.
+  control_->stop();
+  boost::system::error_code ignored;
+  signals_.cancel(ignored);
+  watchdog_timer_.cancel();
+}
+
+json Daemon::reload(const std::string& trigger) {
+  spdlog::info("{}: reloading {}", trigger, options_.config_path);
+  notifier_.reloading();
+  json result;
+  try {
+    config::Config next = config::load(options_.config_path);
+    if (next.host != config_.host)
+      throw std::runtime_error(std::string("host changes from ") + config::to_string(config_.host) +
+                               " to " + config::to_string(next.host) + ": that needs a restart");
+    if (next.control.socket != config_.control.socket)
+      throw std::runtime_error("control.socket changes from " + config_.control.socket + " to " +
+                               next.control.socket + ": that needs a restart");
+    if (next.state_dir != config_.state_dir)
+      throw std::runtime_error("state_dir changes: that needs a restart");
+    control_->update_access(next.control);
+    if (!options_.log_level) set_log_level(next.log_level);
+    config_ = std::move(next);
+    ++reloads_.ok;
+    reloads_.last_error.clear();
+    spdlog::info("reloaded: {}", summary(config_));
+    result = control::make_result({{"reloaded", true}, {"summary", summary(config_)}});
+  } catch (const config::ConfigError& e) {
+    ++reloads_.failed;
+    reloads_.last_error = e.what();
+    spdlog::error("reload refused, running configuration unchanged:\n{}", e.what());
+    json diags = json::array();
+    for (const auto& d : e.diagnostics())
+      diags.push_back({{"file", d.file}, {"line", d.line}, {"column", d.column}, {"message", d.message}});
+    result = control::make_error(control::errc::kFailed,
+                                 "reload refused, running configuration unchanged: " + std::string(e.what()));
+    result["error"]["diagnostics"] = diags;
+  } catch (const std::exception& e) {
+    ++reloads_.failed;
+    reloads_.last_error = e.what();
+    spdlog::error("reload refused, running configuration unchanged: {}", e.what());
+    result = control::make_error(control::errc::kFailed,
+                                 "reload refused, running configuration unchanged: " + std::string(e.what()));
+  }
+  notifier_.ready(summary(config_));
+  return result;
+}
+
+void Daemon::register_commands() {
+  commands_["version"] = [](const json&, const PeerCredentials&) {
+    return control::make_result({{"version", kVersion}, {"config_schema", kConfigSchemaVersion}});
+  };
+  commands_["status"] = [this](const json&, const PeerCredentials&) {
+    return control::make_result(status_json());
+  };
+  commands_["devices"] = [this](const json&, const PeerCredentials&) {
+    return control::make_result(devices_json());
+  };
+  commands_["routes"] = [](const json&, const PeerCredentials&) {
+    // The interrupt routing engine registers its routes here once devices
+    // are exported; until then there are none to show.
+    return control::make_result({{"routes", json::array()}});
+  };
+  commands_["stats"] = [this](const json&, const PeerCredentials&) {
+    return control::make_result(stats_json());
+  };
+  commands_["reload"] = [this](const json&, const PeerCredentials& peer) {
+    return reload("control request from pid " + std::to_string(peer.pid));
+  };
+  commands_["udev-event"] = [this](const json& req, const PeerCredentials&) { return udev_event(req); };
+}
+
+json Daemon::handle(const json& request, const PeerCredentials& peer) {
+  const std::string cmd = request["cmd"].get<std::string>();
+  auto it = commands_.find(cmd);
+  if (it == commands_.end()) {
+    std::string known;
+    for (const auto& [name, fn] : commands_) known += (known.empty() ? "" : ", ") + name;
+    return control::make_error(control::errc::kUnknownCommand,
+                               "unknown command '" + cmd + "' (known: " + known + ")");
+  }
+  return it->second(request, peer);
+}
+
+json Daemon::status_json() const {
+  const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::steady_clock::now() - started_);
+  json events = json::array();
+  for (const auto& e : udev_events_)
+    events.push_back({{"action", e.action}, {"device", e.device}, {"pf", e.pf}, {"managed", e.managed}});
+  return {
+      {"version", kVersion},
+      {"pid", ::getpid()},
+      {"state", stopping_ ? "stopping" : "running"},
+      {"host", config::to_string(config_.host)},
+      {"config", options_.config_path},
+      {"control_socket", config_.control.socket},
+      {"log_level", spdlog::level::to_string_view(spdlog::get_level()).data()},
+      {"uptime_s", uptime.count()},
+      {"physical_functions", config_.physical_functions.size()},
+      {"vfs", count_vfs(config_)},
+      {"virtio_devices", config_.virtio_devices.size()},
+      {"watchdog_usec", notifier_.watchdog_interval() ? notifier_.watchdog_interval()->count() * 2 : 0},
+      {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}, {"last_error", reloads_.last_error}}},
+      {"udev_events", events},
+  };
+}
+
+json Daemon::devices_json() const {
+  json pfs = json::array();
+  for (const auto& pf : config_.physical_functions) {
+    json vfs = json::array();
+    for (unsigned i = 0; i < pf.num_vfs; ++i) {
+      const config::VfConfig* vf = nullptr;
+      for (const auto& candidate : pf.vfs)
+        if (candidate.index == i) vf = &candidate;
+      vfs.push_back(vf_json(vf, i));
+    }
+    json j = {{"pf", pf.ref.to_string()}, {"num_vfs", pf.num_vfs}, {"vfs", vfs}};
+    if (pf.ref.address) j["address"] = pf.ref.address->to_string();
+    if (!pf.ref.netdev.empty()) j["netdev"] = pf.ref.netdev;
+    pfs.push_back(std::move(j));
+  }
+  json virtio = json::array();
+  for (const auto& dev : config_.virtio_devices) {
+    json backend = {{"type", config::to_string(dev.backend_kind)}};
+    if (dev.backend_kind == config::BackendKind::tap) {
+      backend["name"] = dev.tap.name;
+      if (!dev.tap.netns.empty()) backend["netns"] = dev.tap.netns;
+    } else {
+      backend["pf"] = dev.vf.pf.to_string();
+      backend["vf"] = dev.vf.vf;
+    }
+    virtio.push_back({{"name", dev.name},
+                      {"transport", config::to_string(dev.transport)},
+                      {"socket", dev.socket},
+                      {"queue_pairs", dev.queue_pairs},
+                      {"queue_size", dev.queue_size},
+                      {"packed", config::to_string(dev.packed)},
+                      {"backend", backend},
+                      {"state", "declared"}});
+  }
+  return {{"physical_functions", pfs}, {"virtio_devices", virtio}};
+}
+
+json Daemon::stats_json() const {
+  const auto& c = control_->stats();
+  return {{"control",
+           {{"connections", c.connections},
+            {"active", c.active},
+            {"requests", c.requests},
+            {"errors", c.errors},
+            {"rejected_peers", c.rejected_peers}}},
+          {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}}},
+          {"udev_events", udev_events_total_},
+          {"routes", json::object()}};
+}
+
+// A VF came or went (udev/90-sriovd.rules runs `sriovctl udev-event`).
+// Answers whether the VF belongs to a configured PF.
+json Daemon::udev_event(const json& req) {
+  const std::string action = req.value("action", "");
+  const std::string device = req.value("device", "");
+  if (action != "add" && action != "remove" && action != "change" && action != "bind" &&
+      action != "unbind")
+    return control::make_error(control::errc::kBadRequest,
+                               "udev-event: \"action\" must be add, remove, change, bind or unbind");
+  auto vf_addr = PciAddress::parse(device);
+  if (!vf_addr)
+    return control::make_error(control::errc::kBadRequest,
+                               "udev-event: \"device\" must be a PCI address, got '" + device + "'");
+  // On remove the sysfs node is gone; udev passes the PF it remembered.
+  std::optional<PciAddress> pf_addr;
+  std::optional<unsigned> index;
+  if (auto id = host::resolve_vf(options_.sysfs_root, *vf_addr)) {
+    pf_addr = id->pf;
+    index = id->index;
+  } else if (req.contains("pf") && req["pf"].is_string()) {
+    pf_addr = PciAddress::parse(req["pf"].get<std::string>());
+  }
+  bool managed = false;
+  if (pf_addr) {
+    for (const auto& pf : config_.physical_functions) {
+      std::optional<PciAddress> configured = pf.ref.address;
+      if (!configured && !pf.ref.netdev.empty())
+        configured = host::pci_address_of_netdev(options_.sysfs_root, pf.ref.netdev);
+      if (configured == pf_addr) managed = true;
+    }
+  }
+  ++udev_events_total_;
+  udev_events_.push_back({action, vf_addr->to_string(), pf_addr ? pf_addr->to_string() : "", managed});
+  if (udev_events_.size() > kUdevEventsKept) udev_events_.pop_front();
+  spdlog::info("udev: {} {} (PF {}){}", action, vf_addr->to_string(),
+               pf_addr ? pf_addr->to_string() : "unknown", managed ? ", managed" : ", not ours");
+  json result = {{"managed", managed}, {"device", vf_addr->to_string()}};
+  if (pf_addr) result["pf"] = pf_addr->to_string();
+  if (index) result["vf_index"] = *index;
+  return control::make_result(result);
+}
+
+}  // namespace sriovd::daemon

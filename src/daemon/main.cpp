@@ -1,0 +1,97 @@
+// sriovd: the SR-IOV device assignment daemon.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "sriovd/config/loader.hpp"
+#include "sriovd/daemon/daemon.hpp"
+#include "sriovd/daemon/logging.hpp"
+#include "sriovd/version.hpp"
+
+namespace {
+
+constexpr const char* kDefaultConfig = "/etc/sriovd/sriovd.yaml";
+
+// Exit codes, as in sysexits(3) where one fits.
+constexpr int kExitUsage = 64;
+constexpr int kExitConfig = 78;  // EX_CONFIG
+constexpr int kExitFailure = 1;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sriovd - SR-IOV device assignment daemon"};
+  std::string config_path = kDefaultConfig;
+  std::string check_path;
+  std::string log_level;
+  std::string sysfs_root = "/sys";
+  bool foreground = false;
+  bool version = false;
+  app.add_option("-c,--config", config_path, "configuration file")->capture_default_str();
+  app.add_option("--check-config", check_path, "validate FILE and exit; touches nothing");
+  app.add_flag("-f,--foreground", foreground,
+               "log for a terminal (timestamps) instead of for journald (<N> priorities)");
+  app.add_option("-l,--log-level", log_level,
+                 "trace, debug, info, warn, error, critical or off; overrides the file");
+  app.add_option("--sysfs-root", sysfs_root, "where sysfs is mounted (tests)")->capture_default_str();
+  app.add_flag("-V,--version", version, "print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+
+  if (version) {
+    std::printf("sriovd %s (config schema %d)\n", sriovd::kVersion, sriovd::kConfigSchemaVersion);
+    return 0;
+  }
+  if (!log_level.empty() && !sriovd::daemon::valid_log_level(log_level)) {
+    std::fprintf(stderr, "sriovd: --log-level: unknown level '%s' (trace, debug, info, warn, error, critical, off)\n",
+                 log_level.c_str());
+    return kExitUsage;
+  }
+
+  if (!check_path.empty()) {
+    try {
+      const auto cfg = sriovd::config::load(check_path);
+      std::printf("%s: OK (host %s, %zu PF(s), %zu virtio device(s))\n", check_path.c_str(),
+                  sriovd::config::to_string(cfg.host), cfg.physical_functions.size(),
+                  cfg.virtio_devices.size());
+      return 0;
+    } catch (const sriovd::config::ConfigError& e) {
+      for (const auto& d : e.diagnostics()) std::fprintf(stderr, "%s\n", d.to_string().c_str());
+      std::fprintf(stderr, "%s: %zu error(s)\n", check_path.c_str(), e.diagnostics().size());
+      return kExitConfig;
+    }
+  }
+
+  const auto style = foreground || ::isatty(STDERR_FILENO) ? sriovd::daemon::LogStyle::human
+                                                             : sriovd::daemon::LogStyle::journal;
+  sriovd::daemon::setup_logging(style, log_level.empty() ? "info" : log_level);
+
+  sriovd::config::Config cfg;
+  try {
+    cfg = sriovd::config::load(config_path);
+  } catch (const sriovd::config::ConfigError& e) {
+    spdlog::critical("invalid configuration, nothing was changed:\n{}", e.what());
+    return kExitConfig;
+  }
+  if (log_level.empty()) sriovd::daemon::set_log_level(cfg.log_level);
+
+  try {
+    sriovd::daemon::Options options;
+    options.config_path = config_path;
+    if (!log_level.empty()) options.log_level = log_level;
+    options.sysfs_root = sysfs_root;
+    sriovd::daemon::Daemon daemon(std::move(options), std::move(cfg));
+    return daemon.run();
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return kExitFailure;
+  }
+}
