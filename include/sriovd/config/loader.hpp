@@ -39,3 +39,11 @@ Config load(const std::string& path);
 Config parse(std::string_view text, const std::string& file);
 
 }  // namespace sriovd::config
+
+namespace sriovd::config {
+
+// The config as YAML that load() reads back to the same values (defaults
+// written out). Used by `sriovctl config` and the round-trip tests.
+std::string to_yaml(const Config& cfg);
+
+}  // namespace sriovd::config

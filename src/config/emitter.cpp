@@ -1,0 +1,125 @@
+#include <yaml-cpp/yaml.h>
+
+#include "sriovd/config/loader.hpp"
+
+namespace sriovd::config {
+namespace {
+
+void emit_pf_ref(YAML::Emitter& out, const PfRef& ref) {
+  if (ref.address)
+    out << YAML::Key << "address" << YAML::Value << YAML::DoubleQuoted << ref.address->to_string();
+  else
+    out << YAML::Key << "netdev" << YAML::Value << ref.netdev;
+}
+
+void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
+  out << YAML::BeginMap << YAML::Key << "index" << YAML::Value << vf.index;
+  if (vf.mac) out << YAML::Key << "mac" << YAML::Value << YAML::DoubleQuoted << vf.mac->to_string();
+  if (vf.vlan) {
+    out << YAML::Key << "vlan" << YAML::Value << *vf.vlan;
+    out << YAML::Key << "qos" << YAML::Value << static_cast<unsigned>(vf.qos);
+  }
+  if (vf.trust) out << YAML::Key << "trust" << YAML::Value << *vf.trust;
+  if (vf.spoofchk) out << YAML::Key << "spoofchk" << YAML::Value << *vf.spoofchk;
+  if (vf.link_state) out << YAML::Key << "link_state" << YAML::Value << to_string(*vf.link_state);
+  if (vf.max_tx_rate) out << YAML::Key << "max_tx_rate" << YAML::Value << *vf.max_tx_rate;
+  if (vf.min_tx_rate) out << YAML::Key << "min_tx_rate" << YAML::Value << *vf.min_tx_rate;
+  if (vf.assign) {
+    const auto& a = *vf.assign;
+    out << YAML::Key << "assign" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "owner" << YAML::Value << a.owner;
+    out << YAML::Key << "export" << YAML::Value << to_string(a.export_kind);
+    if (!a.socket.empty()) out << YAML::Key << "socket" << YAML::Value << a.socket;
+    out << YAML::Key << "msix_policy" << YAML::Value << to_string(a.msix_policy);
+    out << YAML::Key << "max_vectors" << YAML::Value << a.max_vectors;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+}
+
+void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << dev.name;
+  out << YAML::Key << "type" << YAML::Value << "net";
+  out << YAML::Key << "transport" << YAML::Value << to_string(dev.transport);
+  out << YAML::Key << "socket" << YAML::Value << dev.socket;
+  out << YAML::Key << "queues" << YAML::Value << dev.queue_pairs;
+  out << YAML::Key << "queue_size" << YAML::Value << dev.queue_size;
+  // Quoted: a plain on/off would read back as a YAML 1.1 boolean elsewhere.
+  out << YAML::Key << "packed" << YAML::Value << YAML::DoubleQuoted << to_string(dev.packed);
+  if (dev.mac) out << YAML::Key << "mac" << YAML::Value << YAML::DoubleQuoted << dev.mac->to_string();
+  out << YAML::Key << "mtu" << YAML::Value << dev.mtu;
+  out << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << to_string(dev.backend_kind);
+  if (dev.backend_kind == BackendKind::tap) {
+    out << YAML::Key << "name" << YAML::Value << dev.tap.name;
+    if (!dev.tap.netns.empty()) out << YAML::Key << "netns" << YAML::Value << dev.tap.netns;
+    out << YAML::Key << "offloads" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    const auto& o = dev.tap.offloads;
+    if (o.csum) out << "csum";
+    if (o.tso4) out << "tso4";
+    if (o.tso6) out << "tso6";
+    if (o.tso_ecn) out << "tso_ecn";
+    if (o.ufo) out << "ufo";
+    out << YAML::EndSeq;
+  } else {
+    out << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << dev.vf.pf.to_string();
+    out << YAML::Key << "vf" << YAML::Value << dev.vf.vf;
+  }
+  out << YAML::EndMap << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string to_yaml(const Config& cfg) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "version" << YAML::Value << 1;
+  out << YAML::Key << "host" << YAML::Value << to_string(cfg.host);
+  out << YAML::Key << "log_level" << YAML::Value << cfg.log_level;
+  out << YAML::Key << "state_dir" << YAML::Value << cfg.state_dir;
+  if (cfg.host == HostMode::simulated) {
+    out << YAML::Key << "simulated" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "physical_functions" << YAML::Value << YAML::BeginSeq;
+    for (const auto& sim : cfg.simulated_pfs) {
+      out << YAML::BeginMap;
+      out << YAML::Key << "address" << YAML::Value << YAML::DoubleQuoted << sim.address.to_string();
+      out << YAML::Key << "vendor_id" << YAML::Value << YAML::Hex << sim.vendor_id << YAML::Dec;
+      out << YAML::Key << "device_id" << YAML::Value << YAML::Hex << sim.device_id << YAML::Dec;
+      out << YAML::Key << "total_vfs" << YAML::Value << sim.total_vfs;
+      out << YAML::Key << "msix_vectors_per_vf" << YAML::Value << sim.msix_vectors_per_vf;
+      out << YAML::Key << "netdev" << YAML::Value << sim.netdev;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::Key << "control" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "socket" << YAML::Value << cfg.control.socket;
+  if (!cfg.control.group.empty()) out << YAML::Key << "group" << YAML::Value << cfg.control.group;
+  if (!cfg.control.allowed_uids.empty())
+    out << YAML::Key << "allowed_uids" << YAML::Value << YAML::Flow << cfg.control.allowed_uids;
+  out << YAML::EndMap;
+  out << YAML::Key << "interrupts" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "relay_threads" << YAML::Value << cfg.interrupts.relay_threads;
+  if (!cfg.interrupts.cpus.empty())
+    out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
+  out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
+  out << YAML::EndMap;
+  out << YAML::Key << "physical_functions" << YAML::Value << YAML::BeginSeq;
+  for (const auto& pf : cfg.physical_functions) {
+    out << YAML::BeginMap;
+    emit_pf_ref(out, pf.ref);
+    out << YAML::Key << "num_vfs" << YAML::Value << pf.num_vfs;
+    out << YAML::Key << "vfs" << YAML::Value << YAML::BeginSeq;
+    for (const auto& vf : pf.vfs) emit_vf(out, vf);
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+  out << YAML::Key << "virtio_devices" << YAML::Value << YAML::BeginSeq;
+  for (const auto& dev : cfg.virtio_devices) emit_virtio(out, dev);
+  out << YAML::EndSeq;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace sriovd::config

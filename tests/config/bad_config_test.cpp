@@ -1,0 +1,252 @@
+// Bad configurations, one rule each: every case asserts the exact position
+// and the exact text of the first diagnostic, so a message that stops naming
+// its input fails here.
+#include <gtest/gtest.h>
+
+#include "sriovd/config/loader.hpp"
+
+namespace sriovd::config {
+namespace {
+
+// Lines 1-2.
+const std::string kSystem = "version: 1\nhost: system\n";
+// Lines 1-8: a simulated host with one PF of 4 VFs, 4 vectors each.
+const std::string kSimulated = R"(version: 1
+host: simulated
+simulated:
+  physical_functions:
+    - address: "0000:3b:00.0"
+      netdev: simpf0
+      total_vfs: 4
+      msix_vectors_per_vf: 4
+)";
+// Lines 9-13 after kSimulated: the PF with VF 0 open for more keys.
+const std::string kPf = R"(physical_functions:
+  - address: "0000:3b:00.0"
+    num_vfs: 2
+    vfs:
+      - index: 0
+)";
+// Lines 3-7 after kSystem: one virtio device open for more keys.
+const std::string kVirtio = R"(virtio_devices:
+  - name: n0
+    type: net
+    transport: vhost-user
+    socket: /run/sriovd/n0.sock
+)";
+
+struct BadCase {
+  const char* name;
+  std::string text;
+  int line;
+  int column;
+  std::string message;
+};
+
+std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << c.name; }
+
+const std::string kTopKeys =
+    "(expected one of: version, host, log_level, state_dir, simulated, control, physical_functions, "
+    "virtio_devices, interrupts)";
+
+// clang-format off
+const BadCase kCases[] = {
+  // --- the file as a whole (YAML 1.2 syntax, document shape) ---
+  {"SyntaxError", "version: 1\nhost: [system\n", 3, 1,
+   "YAML syntax error: end of sequence flow not found"},
+  {"EmptyFile", "", 1, 1, "the file is empty; expected a mapping with 'version: 1'"},
+  {"DocumentIsAList", "- version: 1\n", 1, 1, "document: expected a mapping, got a list"},
+  {"MissingVersion", "host: system\n", 1, 1, "document: missing required key 'version'"},
+  {"UnsupportedVersion", "version: 2\nhost: system\n", 1, 10,
+   "version: unsupported schema version 2 (this sriovd reads version 1)"},
+  {"VersionNotANumber", "version: one\nhost: system\n", 1, 10,
+   "version: expected an integer from 0 to 4294967295, got 'one'"},
+  {"MissingHost", "version: 1\n", 1, 1, "document: missing required key 'host'"},
+  {"UnknownHostMode", "version: 1\nhost: cloud\n", 2, 7,
+   "host: expected one of system, simulated, got 'cloud'"},
+  {"UnknownTopLevelKey", kSystem + "logging: debug\n", 3, 1, "unknown key 'logging' " + kTopKeys},
+  {"DuplicateKey", kSystem + "host: simulated\n", 3, 1, "duplicate key 'host' (first at line 2)"},
+  {"UnknownLogLevel", kSystem + "log_level: loud\n", 3, 12,
+   "log_level: expected one of trace, debug, info, warn, error, critical, off, got 'loud'"},
+  {"RelativeStateDir", kSystem + "state_dir: var/lib/sriovd\n", 3, 12,
+   "state_dir: expected an absolute path, got 'var/lib/sriovd'"},
+
+  // --- host: simulated ---
+  {"SimulatedWithoutSection", "version: 1\nhost: simulated\n", 1, 1,
+   "document: 'host: simulated' needs a 'simulated' section"},
+  {"SimulatedSectionOnSystemHost", kSystem + "simulated:\n  physical_functions: []\n", 4, 3,
+   "simulated: only allowed with 'host: simulated' (host is system)"},
+  {"SimulatedBadAddress",
+   "version: 1\nhost: simulated\nsimulated:\n  physical_functions:\n    - {address: 0000:3b:00, netdev: p0}\n",
+   5, 17, "simulated.physical_functions[0].address: expected a PCI address like 0000:03:00.0, got '0000:3b:00'"},
+  {"SimulatedDeviceNumberOutOfRange",
+   "version: 1\nhost: simulated\nsimulated:\n  physical_functions:\n    - {address: 0000:3b:20.0, netdev: p0}\n",
+   5, 17, "simulated.physical_functions[0].address: expected a PCI address like 0000:03:00.0, got '0000:3b:20.0'"},
+  {"SimulatedZeroTotalVfs",
+   "version: 1\nhost: simulated\nsimulated:\n  physical_functions:\n    - {address: 0000:3b:00.0, netdev: p0, total_vfs: 0}\n",
+   5, 54, "simulated.physical_functions[0].total_vfs: expected an integer from 1 to 256, got '0'"},
+  {"SimulatedNetdevTooLong",
+   "version: 1\nhost: simulated\nsimulated:\n  physical_functions:\n    - {address: 0000:3b:00.0, netdev: averyveryverylongname}\n",
+   5, 39, "simulated.physical_functions[0].netdev: 'averyveryverylongname' is not a valid interface name "
+          "(1 to 15 characters, no '/', ':' or spaces)"},
+  {"SimulatedDuplicateAddress",
+   kSimulated + "    - {address: \"0000:3b:00.0\", netdev: simpf1}\n", 9, 17,
+   "simulated.physical_functions[1].address: PCI address 0000:3b:00.0 is already simulated at line 5"},
+
+  // --- control ---
+  {"RelativeControlSocket", kSystem + "control:\n  socket: control.sock\n", 4, 11,
+   "control.socket: expected an absolute path, got 'control.sock'"},
+  {"ControlSocketTooLong", kSystem + "control:\n  socket: /" + std::string(110, 'x') + "\n", 4, 11,
+   "control.socket: socket path is 111 bytes; the limit is 107"},
+  {"UnknownGroup", kSystem + "control:\n  group: no-such-group-here\n", 4, 10,
+   "control.group: no such group 'no-such-group-here' on this host"},
+  {"NegativeUid", kSystem + "control:\n  allowed_uids: [-1]\n", 4, 18,
+   "control.allowed_uids[0]: expected an integer from 0 to 4294967294, got '-1'"},
+  {"ControlSocketIsAList", kSystem + "control:\n  socket: [/a, /b]\n", 4, 11,
+   "control.socket: expected a string, got a list"},
+
+  // --- interrupts ---
+  {"ZeroRelayThreads", kSystem + "interrupts:\n  relay_threads: 0\n", 4, 18,
+   "interrupts.relay_threads: expected an integer from 1 to 64, got '0'"},
+  {"CpuListedTwice", kSystem + "interrupts:\n  cpus: [1, 1]\n", 4, 13,
+   "interrupts.cpus[1]: CPU 1 is listed twice"},
+  {"BusyPollYesIsNotABoolean", kSystem + "interrupts:\n  busy_poll: yes\n", 4, 14,
+   "interrupts.busy_poll: expected true or false, got 'yes'"},
+  {"InterruptsIsAList", kSystem + "interrupts: [1]\n", 3, 13,
+   "interrupts: expected a mapping, got a list"},
+
+  // --- physical_functions ---
+  {"PfNamedTwice", kSystem + "physical_functions:\n  - {address: 0000:03:00.0, netdev: eth0, num_vfs: 1}\n", 4, 5,
+   "physical_functions[0]: expected exactly one of 'address' or 'netdev' to name the PF"},
+  {"PfWithoutNumVfs", kSystem + "physical_functions:\n  - address: \"0000:03:00.0\"\n", 4, 5,
+   "physical_functions[0]: missing required key 'num_vfs'"},
+  {"PfNotSimulated", kSimulated + "physical_functions:\n  - {address: 0000:3c:00.0, num_vfs: 1}\n", 10, 15,
+   "physical_functions[0].address: PF '0000:3c:00.0' is not one of the simulated PFs"},
+  {"NumVfsAboveTotalVfs", kSimulated + "physical_functions:\n  - {netdev: simpf0, num_vfs: 5}\n", 10, 31,
+   "physical_functions[0].num_vfs: num_vfs 5 exceeds total_vfs 4 of simulated PF 0000:3b:00.0"},
+  {"PfConfiguredTwice", kSimulated + kPf + "  - {netdev: simpf0, num_vfs: 1}\n", 14, 14,
+   "physical_functions[1].netdev: PF '0000:3b:00.0' is already configured at line 10"},
+  {"VfsIsAMapping", kSystem + "physical_functions:\n  - {address: 0000:03:00.0, num_vfs: 1, vfs: {index: 0}}\n", 4, 46,
+   "physical_functions[0].vfs: expected a list, got a mapping"},
+  {"VfIsAScalar", kSystem + "physical_functions:\n  - {address: 0000:03:00.0, num_vfs: 1, vfs: [zero]}\n", 4, 47,
+   "physical_functions[0].vfs[0]: expected a mapping, got 'zero'"},
+  {"VfIndexNotBelowNumVfs", kSimulated + kPf + "      - index: 2\n", 14, 16,
+   "physical_functions[0].vfs[1].index: VF index 2 is not below num_vfs 2 of PF 0000:3b:00.0"},
+  {"VfConfiguredTwice", kSimulated + kPf + "      - index: 0\n", 14, 16,
+   "physical_functions[0].vfs[1].index: VF 0 of PF 0000:3b:00.0 is already configured at line 13"},
+  {"UnknownVfKey", kSimulated + kPf + "        vlna: 5\n", 14, 9,
+   "physical_functions[0].vfs[0]: unknown key 'vlna' (expected one of: index, mac, vlan, qos, trust, "
+   "spoofchk, link_state, max_tx_rate, min_tx_rate, assign)"},
+  {"MalformedMac", kSimulated + kPf + "        mac: 02:00:00:00:00\n", 14, 14,
+   "physical_functions[0].vfs[0].mac: expected a MAC address like 02:00:00:00:00:01, got '02:00:00:00:00'"},
+  {"MulticastMac", kSimulated + kPf + "        mac: 01:00:5e:00:00:01\n", 14, 14,
+   "physical_functions[0].vfs[0].mac: '01:00:5e:00:00:01' is a multicast address; a device MAC must be unicast"},
+  {"ZeroMac", kSimulated + kPf + "        mac: 00:00:00:00:00:00\n", 14, 14,
+   "physical_functions[0].vfs[0].mac: 00:00:00:00:00:00 is not a usable MAC; omit the key to leave the MAC unchanged"},
+  {"VlanOutOfRange", kSimulated + kPf + "        vlan: 4096\n", 14, 15,
+   "physical_functions[0].vfs[0].vlan: expected an integer from 0 to 4095, got '4096'"},
+  {"QuotedVlan", kSimulated + kPf + "        vlan: \"100\"\n", 14, 15,
+   "physical_functions[0].vfs[0].vlan: expected an integer from 0 to 4095, got a string"},
+  {"QosOutOfRange", kSimulated + kPf + "        vlan: 10\n        qos: 8\n", 15, 14,
+   "physical_functions[0].vfs[0].qos: expected an integer from 0 to 7, got '8'"},
+  {"QosWithoutVlan", kSimulated + kPf + "        qos: 3\n", 14, 14,
+   "physical_functions[0].vfs[0].qos: qos needs a vlan to tag with"},
+  {"UnknownLinkState", kSimulated + kPf + "        link_state: up\n", 14, 21,
+   "physical_functions[0].vfs[0].link_state: expected one of auto, enable, disable, got 'up'"},
+  {"TrustIsANumber", kSimulated + kPf + "        trust: 1\n", 14, 16,
+   "physical_functions[0].vfs[0].trust: expected true or false, got '1'"},
+  {"MinRateAboveMaxRate", kSimulated + kPf + "        max_tx_rate: 100\n        min_tx_rate: 200\n", 15, 22,
+   "physical_functions[0].vfs[0].min_tx_rate: min_tx_rate 200 exceeds max_tx_rate 100"},
+  {"DuplicateVfMac", kSimulated + kPf + "        mac: 02:00:00:00:00:01\n      - index: 1\n        mac: 02:00:00:00:00:01\n",
+   15, 9, "VF 1 of PF 0000:3b:00.0: MAC 02:00:00:00:00:01 is already used by VF 0 of PF 0000:3b:00.0"},
+
+  // --- assign ---
+  {"AssignWithoutOwner", kSimulated + kPf + "        assign: {export: none}\n", 14, 17,
+   "physical_functions[0].vfs[0].assign: missing required key 'owner'"},
+  {"ExportWithoutSocket", kSimulated + kPf + "        assign: {owner: vm1}\n", 14, 17,
+   "physical_functions[0].vfs[0].assign: missing required key 'socket'"},
+  {"SocketWithoutExport", kSimulated + kPf + "        assign: {owner: vm1, export: none, socket: /run/a.sock}\n", 14, 52,
+   "physical_functions[0].vfs[0].assign.socket: a socket is only used with 'export: vfio-user'"},
+  {"UnknownMsixPolicy", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/a.sock, msix_policy: lazy}\n", 14, 64,
+   "physical_functions[0].vfs[0].assign.msix_policy: expected one of direct, relay, adaptive, got 'lazy'"},
+  {"MaxVectorsAboveTheVfs", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/a.sock, max_vectors: 5}\n", 14, 64,
+   "physical_functions[0].vfs[0].assign.max_vectors: expected an integer from 0 to 4, got '5'"},
+  {"OwnerWithSpace", kSimulated + kPf + "        assign: {owner: vm one, export: none}\n", 14, 25,
+   "physical_functions[0].vfs[0].assign.owner: owner 'vm one' may use only letters, digits, '-', '_' and '.' (at most 64)"},
+  {"ExportSocketIsControlSocket", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/sriovd/control.sock}\n", 14, 38,
+   "VF 0 of PF 0000:3b:00.0: socket '/run/sriovd/control.sock' is already used by control.socket"},
+
+  // --- virtio_devices ---
+  {"VirtioWithoutType", kSystem + "virtio_devices:\n  - {name: n0, transport: vhost-user, socket: /run/n0.sock, backend: {type: tap, name: t0}}\n",
+   4, 5, "virtio_devices[0]: missing required key 'type'"},
+  {"DuplicateVirtioKey", kSystem + kVirtio + "    backend: {type: tap, name: t0}\n    type: blk\n", 9, 5,
+   "virtio_devices[0]: duplicate key 'type' (first at line 5)"},
+  {"UnknownTransport", kSystem + "virtio_devices:\n  - {name: n0, type: net, transport: mmio, socket: /run/n0.sock, backend: {type: tap, name: t0}}\n",
+   4, 38, "virtio_devices[0].transport: expected one of vhost-user, vfio-user, got 'mmio'"},
+  {"NotANetDevice", kSystem + "virtio_devices:\n  - {name: n0, type: blk, transport: vhost-user, socket: /run/n0.sock, backend: {type: tap, name: t0}}\n",
+   4, 22, "virtio_devices[0].type: expected one of net, got 'blk'"},
+  {"TooManyQueues", kSystem + kVirtio + "    queues: 17\n    backend: {type: tap, name: t0}\n", 8, 13,
+   "virtio_devices[0].queues: expected an integer from 1 to 16, got '17'"},
+  {"SplitRingNotPowerOfTwo", kSystem + kVirtio + "    queue_size: 1000\n    backend: {type: tap, name: t0}\n", 8, 17,
+   "virtio_devices[0].queue_size: queue_size 1000 is not a power of two, which split rings require (only 'packed: on' allows it)"},
+  {"MtuTooSmall", kSystem + kVirtio + "    mtu: 10\n    backend: {type: tap, name: t0}\n", 8, 10,
+   "virtio_devices[0].mtu: expected an integer from 68 to 65535, got '10'"},
+  {"VirtioWithoutBackend", kSystem + kVirtio, 4, 5, "virtio_devices[0]: missing required key 'backend'"},
+  {"DuplicateVirtioName", kSystem + kVirtio + "    backend: {type: tap, name: t0}\n" +
+   "  - {name: n0, type: net, transport: vhost-user, socket: /run/n1.sock, backend: {type: tap, name: t1}}\n", 9, 12,
+   "virtio_devices[1].name: virtio device 'n0' is already defined at line 4"},
+  {"TapWithoutName", kSystem + kVirtio + "    backend: {type: tap}\n", 8, 14,
+   "virtio_devices[0].backend: missing required key 'name'"},
+  {"TapWithVfKey", kSystem + kVirtio + "    backend: {type: tap, name: t0, vf: 1}\n", 8, 40,
+   "virtio_devices[0].backend.vf: 'vf' is only used with 'type: vf'"},
+  {"UnknownOffload", kSystem + kVirtio + "    backend: {type: tap, name: t0, offloads: [csum, gso]}\n", 8, 53,
+   "virtio_devices[0].backend.offloads[1]: expected one of csum, tso4, tso6, tso_ecn, ufo, got 'gso'"},
+  {"TsoWithoutCsum", kSystem + kVirtio + "    backend: {type: tap, name: t0, offloads: [tso4]}\n", 8, 46,
+   "virtio_devices[0].backend.offloads: tso4, tso6 and ufo need csum (segmentation offloads imply checksum offload)"},
+  {"NetnsWithSlash", kSystem + kVirtio + "    backend: {type: tap, name: t0, netns: ../x}\n", 8, 43,
+   "virtio_devices[0].backend.netns: '../x' is not a network namespace name (as in 'ip netns')"},
+  {"TapUsedTwice", kSystem + kVirtio + "    backend: {type: tap, name: t0}\n" +
+   "  - {name: n1, type: net, transport: vhost-user, socket: /run/n1.sock, backend: {type: tap, name: t0}}\n", 9, 99,
+   "virtio_devices[1].backend.name: tap 't0' is already the backend of 'n0'"},
+  {"BackendPfNotConfigured", kSimulated + kPf + "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: simpf9, vf: 0}}\n",
+   15, 96, "virtio_devices[0].backend.pf: PF 'simpf9' is not in physical_functions"},
+  {"BackendVfNotBelowNumVfs", kSimulated + kPf + "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: 0000:3b:00.0, vf: 3}}\n",
+   15, 114, "virtio_devices[0].backend.vf: VF index 3 is not below num_vfs 2 of PF 0000:3b:00.0"},
+  {"BackendVfIsExported", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/vf0.sock}\n" +
+   "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: 0000:3b:00.0, vf: 0}}\n",
+   16, 114, "virtio_devices[0].backend.vf: VF 0 of PF 0000:3b:00.0 is exported over vfio-user to 'vm1' (line 13); "
+            "its netdev cannot also back a virtio device"},
+  {"BackendVfUsedTwice", kSimulated + kPf +
+   "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: 0000:3b:00.0, vf: 1}}\n" +
+   "  - {name: n1, type: net, transport: vhost-user, socket: /run/n1.sock, backend: {type: vf, pf: simpf0, vf: 1}}\n",
+   16, 108, "virtio_devices[1].backend.vf: VF 1 of PF 0000:3b:00.0 is already the backend of 'n0'"},
+  {"SocketSharedByVirtioAndVf", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/n0.sock}\n" +
+   "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: tap, name: t0}}\n",
+   16, 58, "virtio device 'n0': socket '/run/n0.sock' is already used by VF 0 of PF 0000:3b:00.0 (line 14)"},
+};
+// clang-format on
+
+class BadConfig : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadConfig, FirstDiagnosticNamesLineColumnAndProblem) {
+  const BadCase& c = GetParam();
+  try {
+    parse(c.text, "bad.yaml");
+    FAIL() << "accepted:\n" << c.text;
+  } catch (const ConfigError& e) {
+    ASSERT_FALSE(e.diagnostics().empty());
+    const Diagnostic& d = e.diagnostics().front();
+    EXPECT_EQ(d.file, "bad.yaml");
+    EXPECT_EQ(d.message, c.message) << "all diagnostics:\n" << e.what();
+    EXPECT_EQ(d.line, c.line) << d.to_string();
+    EXPECT_EQ(d.column, c.column) << d.to_string();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadConfig, ::testing::ValuesIn(kCases),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+TEST(BadConfigTable, HasAtLeastFortyCases) { EXPECT_GE(std::size(kCases), 40U); }
+
+}  // namespace
+}  // namespace sriovd::config
