@@ -1,0 +1,436 @@
+// The sriovd process as a user meets it: started with a config file, driven
+// over its control socket by sriovctl and by raw clients, reloaded, stopped.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "sriovd/control/client.hpp"
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+
+namespace sriovd {
+namespace {
+
+using control::json;
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+// Writes `bytes` bytes with no newline, as far as the daemon lets it, and
+// returns what came back before the daemon closed the connection.
+std::string flood_line(const std::string& path, size_t bytes) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string chunk(4096, 'x');
+  for (size_t sent = 0; sent < bytes;) {
+    const ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), bytes - sent), MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string reply;
+  char buf[512];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply;
+}
+
+std::string config_text(const std::string& socket, int num_vfs, const std::string& extra_control = "") {
+  return "version: 1\n"
+         "host: simulated\n"
+         "simulated:\n"
+         "  physical_functions:\n"
+         "    - {address: \"0000:3b:00.0\", netdev: simpf0, total_vfs: 8, msix_vectors_per_vf: 4}\n"
+         "control:\n"
+         "  socket: " + socket + "\n" + extra_control +
+         "physical_functions:\n"
+         "  - address: \"0000:3b:00.0\"\n"
+         "    num_vfs: " + std::to_string(num_vfs) + "\n"
+         "    vfs:\n"
+         "      - index: 0\n"
+         "        mac: \"02:00:00:00:00:01\"\n"
+         "        assign: {owner: vm1, socket: " + socket + ".vf0}\n";
+}
+
+class Daemon : public ::testing::Test {
+ protected:
+  std::string socket() const { return dir_.file("run/control.sock"); }
+  std::string config_path() const { return dir_.file("sriovd.yaml"); }
+
+  void write_config(int num_vfs, const std::string& extra_control = "") {
+    dir_.write("sriovd.yaml", config_text(socket(), num_vfs, extra_control));
+  }
+
+  // Starts sriovd and waits until its control socket answers.
+  void start(std::vector<std::string> extra_args = {}) {
+    std::vector<std::string> argv = {SRIOVD_BIN, "--config", config_path(), "--sysfs-root",
+                                     dir_.file("sys")};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    daemon_ = std::make_unique<test::Process>(argv, dir_.file("sriovd.log"));
+    const bool up = test::wait_until(
+        [&] {
+          try {
+            control::Client c(socket(), 1s);
+            return c.request({{"cmd", "version"}}).value("ok", false);
+          } catch (const std::exception&) {
+            return false;
+          }
+        },
+        10s);
+    ASSERT_TRUE(up) << "sriovd did not come up:\n" << daemon_->log();
+  }
+
+  json request(const json& req) {
+    control::Client c(socket(), 5s);
+    return c.request(req);
+  }
+
+  test::RunResult ctl(std::vector<std::string> args) {
+    std::vector<std::string> argv = {SRIOVCTL_BIN, "--socket", socket()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return test::run(argv);
+  }
+
+  void TearDown() override {
+    if (daemon_ && HasFailure()) std::cerr << "--- sriovd log ---\n" << daemon_->log();
+  }
+
+  test::TempDir dir_;
+  std::unique_ptr<test::Process> daemon_;
+};
+
+TEST_F(Daemon, AnswersStatusVersionAndDevices) {
+  write_config(2);
+  start();
+  json status = request({{"cmd", "status"}});
+  ASSERT_TRUE(status["ok"]) << status;
+  EXPECT_EQ(status["result"]["host"], "simulated");
+  EXPECT_EQ(status["result"]["state"], "running");
+  EXPECT_EQ(status["result"]["pid"], daemon_->pid());
+  EXPECT_EQ(status["result"]["vfs"], 2);
+
+  json devices = request({{"cmd", "devices"}});
+  ASSERT_TRUE(devices["ok"]) << devices;
+  const json& pf = devices["result"]["physical_functions"][0];
+  EXPECT_EQ(pf["pf"], "0000:3b:00.0");
+  ASSERT_EQ(pf["vfs"].size(), 2U);
+  EXPECT_EQ(pf["vfs"][0]["owner"], "vm1");
+  EXPECT_EQ(pf["vfs"][0]["mac"], "02:00:00:00:00:01");
+
+  json version = request({{"cmd", "version"}, {"id", 7}});
+  EXPECT_EQ(version["id"], 7);
+  EXPECT_EQ(version["result"]["config_schema"], 1);
+}
+
+TEST_F(Daemon, ControlSocketIsMode0660) {
+  write_config(1);
+  start();
+  struct stat st{};
+  ASSERT_EQ(::stat(socket().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660U);
+}
+
+TEST_F(Daemon, SriovctlPrintsTablesAndJson) {
+  write_config(2);
+  start();
+  auto status = ctl({"status"});
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("host:            simulated"));
+  auto devices = ctl({"devices"});
+  EXPECT_EQ(devices.exit_code, 0) << devices.output;
+  EXPECT_THAT(devices.output, HasSubstr("PF            VF  MAC"));
+  EXPECT_THAT(devices.output, HasSubstr("0000:3b:00.0  0   02:00:00:00:00:01"));
+  auto as_json = ctl({"--json", "devices"});
+  ASSERT_EQ(as_json.exit_code, 0);
+  json parsed = json::parse(as_json.output);
+  EXPECT_EQ(parsed["physical_functions"][0]["num_vfs"], 2);
+  for (const char* cmd : {"routes", "stats", "version"}) {
+    auto r = ctl({cmd});
+    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+  }
+}
+
+TEST_F(Daemon, ReloadAppliesAGoodFileAndRefusesABadOne) {
+  write_config(2);
+  start();
+  // A good file, through sriovctl.
+  write_config(3);
+  auto ok = ctl({"reload"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(request({{"cmd", "status"}})["result"]["vfs"], 3);
+
+  // A bad file: the reply names the line, the running state stays.
+  dir_.write("sriovd.yaml", config_text(socket(), 3) + "        vlan: 9999\n");
+  auto bad = ctl({"reload"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr(config_path() + ":15:15: physical_functions[0].vfs[0].vlan: "
+                                    "expected an integer from 0 to 4095, got '9999'"));
+  json status = request({{"cmd", "status"}})["result"];
+  EXPECT_EQ(status["vfs"], 3);
+  EXPECT_EQ(status["reloads"]["ok"], 1);
+  EXPECT_EQ(status["reloads"]["failed"], 1);
+  json raw = request({{"cmd", "reload"}});
+  EXPECT_FALSE(raw["ok"]);
+  EXPECT_EQ(raw["error"]["diagnostics"][0]["line"], 15);
+}
+
+TEST_F(Daemon, SighupReloadsAndABadFileChangesNothing) {
+  write_config(2);
+  start();
+  write_config(4);
+  daemon_->signal(SIGHUP);
+  EXPECT_TRUE(test::wait_until([&] { return request({{"cmd", "status"}})["result"]["vfs"] == 4; }, 5s));
+  dir_.write("sriovd.yaml", "version: 1\nhost: [\n");
+  daemon_->signal(SIGHUP);
+  EXPECT_TRUE(test::wait_until(
+      [&] { return request({{"cmd", "status"}})["result"]["reloads"]["failed"] == 1; }, 5s));
+  EXPECT_EQ(request({{"cmd", "status"}})["result"]["vfs"], 4);
+  EXPECT_TRUE(daemon_->running());
+}
+
+TEST_F(Daemon, ReloadRefusesAChangeThatNeedsARestart) {
+  write_config(2);
+  start();
+  dir_.write("sriovd.yaml", config_text(dir_.file("run/other.sock"), 2));
+  json reply = request({{"cmd", "reload"}});
+  EXPECT_FALSE(reply["ok"]);
+  EXPECT_THAT(reply["error"]["message"].get<std::string>(), HasSubstr("control.socket changes"));
+  EXPECT_EQ(request({{"cmd", "status"}})["result"]["control_socket"], socket());
+}
+
+TEST_F(Daemon, ServesManyClientsAtOnce) {
+  write_config(2);
+  start();
+  constexpr int kClients = 16;
+  constexpr int kRequests = 50;
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kClients; ++t)
+    threads.emplace_back([&, t] {
+      control::Client c(socket(), 10s);
+      for (int i = 0; i < kRequests; ++i) {
+        json reply = c.request({{"cmd", i % 2 ? "status" : "devices"}, {"id", t * 1000 + i}});
+        if (reply["ok"] == true && reply["id"] == t * 1000 + i) ++good;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(good.load(), kClients * kRequests);
+  json stats = request({{"cmd", "stats"}})["result"]["control"];
+  EXPECT_GE(stats["requests"].get<int>(), kClients * kRequests);
+  EXPECT_GE(stats["connections"].get<int>(), kClients);
+}
+
+TEST_F(Daemon, MalformedRequestsGetClearErrorsAndTheDaemonLives) {
+  write_config(1);
+  start();
+  control::Client c(socket(), 5s);
+  json r = json::parse(c.send_raw("this is not json\n"));
+  EXPECT_EQ(r["error"]["code"], "bad_json");
+  r = json::parse(c.send_raw("[1,2]\n"));
+  EXPECT_EQ(r["error"]["code"], "bad_request");
+  r = json::parse(c.send_raw("{\"cmd\": 5}\n"));
+  EXPECT_EQ(r["error"]["code"], "bad_request");
+  r = c.request({{"cmd", "frobnicate"}});
+  EXPECT_EQ(r["error"]["code"], "unknown_command");
+  EXPECT_THAT(r["error"]["message"].get<std::string>(), HasSubstr("unknown command 'frobnicate'"));
+  r = c.request({{"cmd", "udev-event"}, {"action", "add"}, {"device", "not-an-address"}});
+  EXPECT_EQ(r["error"]["code"], "bad_request");
+  // The same connection still works after errors.
+  EXPECT_TRUE(c.request({{"cmd", "version"}})["ok"]);
+
+  // An endless line: an error, then the daemon closes that connection only
+  // (our writes past the limit then fail with EPIPE, which is the point).
+  EXPECT_EQ(json::parse(flood_line(socket(), 70 * 1024))["error"]["code"], "line_too_long");
+  EXPECT_TRUE(request({{"cmd", "status"}})["ok"]);
+  EXPECT_TRUE(daemon_->running());
+}
+
+TEST_F(Daemon, PeerOutsideTheAllowListIsRefused) {
+  write_config(1, "  allowed_uids: [" + std::to_string(::getuid() + 4242) + "]\n");
+  daemon_ = std::make_unique<test::Process>(
+      std::vector<std::string>{SRIOVD_BIN, "--config", config_path()}, dir_.file("sriovd.log"));
+  ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(socket()); }, 10s));
+  json reply;
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        try {
+          reply = request({{"cmd", "status"}});
+          return true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      5s));
+  EXPECT_FALSE(reply["ok"]);
+  EXPECT_EQ(reply["error"]["code"], "permission_denied");
+  EXPECT_THAT(reply["error"]["message"].get<std::string>(),
+              HasSubstr("peer uid " + std::to_string(::getuid()) + " is not in control.allowed_uids"));
+  EXPECT_TRUE(daemon_->running());
+
+  // Allowing this uid through a reload (SIGHUP: no client can ask) opens the door.
+  write_config(1, "  allowed_uids: [" + std::to_string(::getuid()) + "]\n");
+  daemon_->signal(SIGHUP);
+  EXPECT_TRUE(test::wait_until(
+      [&] {
+        try {
+          return request({{"cmd", "status"}})["ok"] == true;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      5s));
+}
+
+TEST_F(Daemon, SigtermEndsItWithinASecondWithExitZero) {
+  write_config(2);
+  start();
+  control::Client idle(socket(), 5s);  // an open connection must not hold it up
+  const auto t0 = std::chrono::steady_clock::now();
+  daemon_->signal(SIGTERM);
+  auto status = daemon_->wait_for(1s);
+  ASSERT_TRUE(status) << "still running 1 s after SIGTERM";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  EXPECT_FALSE(std::filesystem::exists(socket())) << "control socket left behind";
+}
+
+TEST_F(Daemon, SigintStopsItToo) {
+  write_config(1);
+  start();
+  daemon_->signal(SIGINT);
+  auto status = daemon_->wait_for(2s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+TEST_F(Daemon, InvalidConfigAtStartupExits78AndCreatesNothing) {
+  dir_.write("sriovd.yaml", config_text(socket(), 2) + "bogus: 1\n");
+  test::Process p({SRIOVD_BIN, "--config", config_path()}, dir_.file("sriovd.log"));
+  auto status = p.wait_for(5s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 78);
+  EXPECT_THAT(p.log(), HasSubstr(config_path() + ":15:1: unknown key 'bogus'"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("run"))) << "a bad config touched the host";
+}
+
+TEST_F(Daemon, StaleSocketIsReplacedButALiveDaemonIsNot) {
+  write_config(1);
+  // A socket file nobody listens on, as a crashed daemon leaves it.
+  std::filesystem::create_directories(dir_.file("run"));
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, socket().c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ::close(fd);
+  }
+  start();
+  // A second daemon on the same socket refuses to start and leaves the first alone.
+  test::Process second({SRIOVD_BIN, "--config", config_path()}, dir_.file("second.log"));
+  auto status = second.wait_for(5s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 1);
+  EXPECT_THAT(second.log(), HasSubstr("another sriovd is already serving " + socket()));
+  EXPECT_TRUE(request({{"cmd", "status"}})["ok"]);
+}
+
+TEST_F(Daemon, LogsForJournaldUnlessForeground) {
+  write_config(1);
+  start();
+  EXPECT_THAT(daemon_->log(), HasSubstr("<6>sriovd 0.1.0 ready"));
+  daemon_->signal(SIGTERM);
+  daemon_->wait_for(2s);
+  daemon_.reset();
+  std::filesystem::remove(dir_.file("sriovd.log"));
+  start({"--foreground", "--log-level", "debug"});
+  const std::string log = daemon_->log();
+  EXPECT_THAT(log, ::testing::ContainsRegex("[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+ info  sriovd 0.1.0 ready"));
+  EXPECT_EQ(request({{"cmd", "status"}})["result"]["log_level"], "debug");
+}
+
+// The udev rules run exactly these sriovctl command lines; run them the way
+// udev would, against a sysfs tree where 0000:3b:02.1 is VF 1 of the PF.
+TEST_F(Daemon, UdevRuleCommandsReportManagedVfs) {
+  namespace fs = std::filesystem;
+  const fs::path sys = dir_.file("sys");
+  fs::create_directories(sys / "devices/pci0000:3a/0000:3b:00.0");
+  fs::create_directories(sys / "devices/pci0000:3a/0000:3b:02.1");
+  fs::create_directories(sys / "devices/pci0000:3a/0000:5e:02.0");
+  fs::create_directories(sys / "bus/pci/devices");
+  for (const char* d : {"0000:3b:00.0", "0000:3b:02.1", "0000:5e:02.0"})
+    fs::create_symlink(std::string("../../../devices/pci0000:3a/") + d, sys / "bus/pci/devices" / d);
+  fs::create_symlink("../0000:3b:00.0", sys / "devices/pci0000:3a/0000:3b:02.1/physfn");
+  fs::create_symlink("../0000:3b:02.1", sys / "devices/pci0000:3a/0000:3b:00.0/virtfn1");
+  write_config(2);
+  start();
+
+  const std::string rules = test::read_file(std::string(SRIOVD_BINARY_DIR) + "/test-units/90-sriovd.rules");
+  std::smatch add, remove;
+  ASSERT_TRUE(std::regex_search(rules, add, std::regex(R"re(IMPORT\{program\}="(\S+) ([^"]*add %k)")re")));
+  ASSERT_TRUE(std::regex_search(rules, remove, std::regex(R"re(RUN\+="(\S+) ([^"]*remove %k[^"]*)")re")));
+  EXPECT_EQ(add[1].str(), SRIOVCTL_BIN);
+  auto udev_run = [&](std::string args, const std::string& kernel, const std::string& pf) {
+    args = std::regex_replace(args, std::regex("%k"), kernel);
+    args = std::regex_replace(args, std::regex(R"(\$env\{SRIOVD_PF\})"), pf);
+    std::vector<std::string> argv = {SRIOVCTL_BIN, "--socket", socket()};
+    std::istringstream words(args);
+    for (std::string w; words >> w;) argv.push_back(w);
+    return test::run(argv);
+  };
+  auto managed = udev_run(add[2].str(), "0000:3b:02.1", "");
+  EXPECT_EQ(managed.exit_code, 0) << managed.output;
+  EXPECT_EQ(managed.output, "SRIOVD_MANAGED=1\nSRIOVD_PF=0000:3b:00.0\nSRIOVD_VF_INDEX=1\n");
+  auto foreign = udev_run(add[2].str(), "0000:5e:02.0", "");
+  EXPECT_EQ(foreign.output, "SRIOVD_MANAGED=0\n");
+  // On remove sysfs is gone; the PF comes from udev's database.
+  fs::remove_all(sys / "bus/pci/devices/0000:3b:02.1");
+  auto gone = udev_run(remove[2].str(), "0000:3b:02.1", "0000:3b:00.0");
+  EXPECT_EQ(gone.exit_code, 0) << gone.output;
+  json events = request({{"cmd", "status"}})["result"]["udev_events"];
+  ASSERT_EQ(events.size(), 3U);
+  EXPECT_EQ(events[2]["action"], "remove");
+  EXPECT_EQ(events[2]["managed"], true);
+}
+
+TEST(SriovdCli, CheckConfigVersionAndUsage) {
+  auto ok = test::run({SRIOVD_BIN, "--check-config", std::string(SRIOVD_SOURCE_DIR) + "/config/demo.yaml"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("OK (host simulated"));
+  test::TempDir dir;
+  const std::string bad = dir.write("bad.yaml", "version: 1\nhost: system\nlog_level: loud\n");
+  auto r = test::run({SRIOVD_BIN, "--check-config", bad});
+  EXPECT_EQ(r.exit_code, 78);
+  EXPECT_THAT(r.output, HasSubstr(bad + ":3:12: log_level: expected one of"));
+  auto v = test::run({SRIOVD_BIN, "--version"});
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_THAT(v.output, HasSubstr("sriovd 0.1.0"));
+  EXPECT_EQ(test::run({SRIOVD_BIN, "--no-such-flag"}).exit_code, 64);
+  EXPECT_EQ(test::run({SRIOVD_BIN, "--log-level", "loud"}).exit_code, 64);
+}
+
+TEST(SriovctlCli, NoDaemonIsAClearError) {
+  auto r = test::run({SRIOVCTL_BIN, "--socket", "/tmp/no-such-sriovd.sock", "status"});
+  EXPECT_EQ(r.exit_code, 69);
+  EXPECT_THAT(r.output, HasSubstr("cannot connect to /tmp/no-such-sriovd.sock (is sriovd running?)"));
+}
+
+}  // namespace
+}  // namespace sriovd
