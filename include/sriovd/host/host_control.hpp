@@ -1,0 +1,64 @@
+#pragma once
+// Reads and changes one Key of host state, the way the kernel wants it done,
+// and verifies the result: a drivers_probe that "succeeds" with the wrong
+// driver bound is an error here, not a surprise later.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sriovd/host/state.hpp"
+#include "sriovd/host/sysfs_io.hpp"
+#include "sriovd/host/vf_link.hpp"
+
+namespace sriovd::host {
+
+struct GroupMember {
+  PciAddress address;
+  std::string driver;  // "" when unbound
+  bool bridge = false;
+  bool ok = false;     // does not stop the group from being viable
+};
+
+struct GroupReport {
+  int group = -1;  // -1: the device has no IOMMU group
+  std::vector<GroupMember> members;
+  [[nodiscard]] bool viable() const;
+};
+
+class HostControl {
+ public:
+  HostControl(SysfsIo& sysfs, VfLinkControl& vf_link,
+              std::chrono::milliseconds vf_timeout = std::chrono::seconds(10));
+
+  json get(const Key& key);
+  void set(const Key& key, const json& value);
+
+  // Topology helpers, all through sysfs.
+  [[nodiscard]] bool exists(const PciAddress& dev);
+  [[nodiscard]] std::optional<unsigned> total_vfs(const PciAddress& pf);
+  [[nodiscard]] unsigned num_vfs(const PciAddress& pf);
+  [[nodiscard]] std::optional<PciAddress> vf_address(const PciAddress& pf, unsigned index);
+  [[nodiscard]] std::string driver(const PciAddress& dev);
+  [[nodiscard]] std::string pf_netdev(const PciAddress& pf);
+  [[nodiscard]] std::optional<PciAddress> resolve_netdev(const std::string& netdev);
+  [[nodiscard]] GroupReport iommu_group(const PciAddress& dev);
+
+  SysfsIo& sysfs() { return sysfs_; }
+
+ private:
+  PciAddress target(const Key& key);
+  std::string dev_path(const PciAddress& dev, const std::string& attr) const;
+  json get_binding(const PciAddress& dev);
+  void set_binding(const PciAddress& dev, const json& value);
+  json get_numvfs(const PciAddress& pf);
+  void set_numvfs(const PciAddress& pf, const json& value);
+  void wait_for_vfs(const PciAddress& pf, unsigned n);
+
+  SysfsIo& sysfs_;
+  VfLinkControl& vf_link_;
+  std::chrono::milliseconds vf_timeout_;
+};
+
+}  // namespace sriovd::host

@@ -1,0 +1,66 @@
+#pragma once
+// Plans the difference between the configuration and the host, and carries
+// it out as a journaled transaction: each step's before-value is written to
+// state.json before the step is done; on any failure the steps done are
+// undone in reverse. A journal left by a crash is rolled back on start.
+
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sriovd/config/config.hpp"
+#include "sriovd/host/host_control.hpp"
+#include "sriovd/host/state.hpp"
+
+namespace sriovd::host {
+
+// A VF by PF address and index.
+using VfRef = std::pair<PciAddress, unsigned>;
+
+class ApplyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Reconciler {
+ public:
+  Reconciler(HostControl& host, StateFile state);
+
+  // Rolls back a transaction a crash left in the journal. Returns what it
+  // undid (empty when there was nothing).
+  std::vector<std::string> recover();
+
+  // The steps that bring the host to `cfg` (with `released` VFs given back
+  // to the host), without acting. Throws std::runtime_error when the config
+  // cannot be met on this host (a PF missing, no SR-IOV, VFs in use by others).
+  std::vector<Step> plan(const config::Config& cfg, const std::set<VfRef>& released = {});
+
+  // Carries out `steps` as one transaction. On failure everything done is
+  // undone and ApplyError says which step failed and why.
+  void apply(std::vector<Step> steps, const std::string& kind = "apply");
+
+  // plan + apply.
+  std::vector<Step> converge(const config::Config& cfg, const std::set<VfRef>& released = {});
+
+  // Gives everything back: every key in the ledger to its original value.
+  std::vector<Step> release_all();
+
+  [[nodiscard]] const Ledger& ledger() const { return journal_.ledger; }
+  [[nodiscard]] const std::string& state_path() const { return state_.path(); }
+
+  // Called before each step; tests use it to die at a chosen point.
+  std::function<void(const Step&, size_t index)> before_step;
+
+ private:
+  std::vector<std::string> rollback(std::vector<Step>& steps);
+  PciAddress resolve(const config::PfRef& ref);
+
+  HostControl& host_;
+  StateFile state_;
+  Journal journal_;
+};
+
+}  // namespace sriovd::host

@@ -1,0 +1,259 @@
+#include "sriovd/host/host_control.hpp"
+
+#include <thread>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::host {
+
+namespace {
+
+constexpr const char* kVfio = "vfio-pci";
+
+std::string override_text(const std::optional<std::string>& raw) {
+  if (!raw || *raw == "(null)") return "";
+  return *raw;
+}
+
+}  // namespace
+
+bool GroupReport::viable() const {
+  if (group < 0) return false;
+  for (const auto& m : members)
+    if (!m.ok) return false;
+  return true;
+}
+
+HostControl::HostControl(SysfsIo& sysfs, VfLinkControl& vf_link, std::chrono::milliseconds vf_timeout)
+    : sysfs_(sysfs), vf_link_(vf_link), vf_timeout_(vf_timeout) {}
+
+std::string HostControl::dev_path(const PciAddress& dev, const std::string& attr) const {
+  return "bus/pci/devices/" + dev.to_string() + (attr.empty() ? "" : "/" + attr);
+}
+
+bool HostControl::exists(const PciAddress& dev) { return sysfs_.exists(dev_path(dev, "")); }
+
+std::optional<unsigned> HostControl::total_vfs(const PciAddress& pf) {
+  auto text = sysfs_.read(dev_path(pf, "sriov_totalvfs"));
+  if (!text) return std::nullopt;
+  return static_cast<unsigned>(std::stoul(*text));
+}
+
+unsigned HostControl::num_vfs(const PciAddress& pf) {
+  auto text = sysfs_.read(dev_path(pf, "sriov_numvfs"));
+  if (!text) throw std::runtime_error("PF " + pf.to_string() + " has no sriov_numvfs: it does not support SR-IOV");
+  return static_cast<unsigned>(std::stoul(*text));
+}
+
+std::optional<PciAddress> HostControl::vf_address(const PciAddress& pf, unsigned index) {
+  auto name = sysfs_.link_name(dev_path(pf, "virtfn" + std::to_string(index)));
+  return name ? PciAddress::parse(*name) : std::nullopt;
+}
+
+std::string HostControl::driver(const PciAddress& dev) { return sysfs_.link_name(dev_path(dev, "driver")).value_or(""); }
+
+std::string HostControl::pf_netdev(const PciAddress& pf) {
+  auto names = sysfs_.list(dev_path(pf, "net"));
+  return names.empty() ? "" : names.front();
+}
+
+std::optional<PciAddress> HostControl::resolve_netdev(const std::string& netdev) {
+  auto name = sysfs_.link_name("class/net/" + netdev + "/device");
+  return name ? PciAddress::parse(*name) : std::nullopt;
+}
+
+PciAddress HostControl::target(const Key& key) {
+  if (key.vf < 0) return key.device;
+  auto vf = vf_address(key.device, static_cast<unsigned>(key.vf));
+  if (!vf)
+    throw std::runtime_error("PF " + key.device.to_string() + " has no VF " + std::to_string(key.vf) +
+                             " (no virtfn" + std::to_string(key.vf) + " link)");
+  return *vf;
+}
+
+GroupReport HostControl::iommu_group(const PciAddress& dev) {
+  GroupReport report;
+  auto group = sysfs_.link_name(dev_path(dev, "iommu_group"));
+  if (!group) return report;
+  report.group = std::stoi(*group);
+  for (const auto& name : sysfs_.list("kernel/iommu_groups/" + *group + "/devices")) {
+    auto addr = PciAddress::parse(name);
+    if (!addr) continue;
+    GroupMember m;
+    m.address = *addr;
+    m.driver = driver(*addr);
+    const std::string cls = sysfs_.read(dev_path(*addr, "class")).value_or("0x000000");
+    m.bridge = cls.rfind("0x0604", 0) == 0;
+    // As the kernel's VFIO decides viability: bound to vfio-pci, to no
+    // driver, to pci-stub, or a bridge (pcieport) is fine; anything else
+    // means another driver could DMA through the same IOMMU context.
+    m.ok = m.driver == kVfio || m.driver.empty() || m.driver == "pci-stub" || m.bridge;
+    report.members.push_back(m);
+  }
+  return report;
+}
+
+json HostControl::get(const Key& key) {
+  switch (key.kind) {
+    case KeyKind::autoprobe: {
+      auto text = sysfs_.read(dev_path(key.device, "sriov_drivers_autoprobe"));
+      if (!text) throw std::runtime_error("PF " + key.device.to_string() + " has no sriov_drivers_autoprobe");
+      return *text == "1";
+    }
+    case KeyKind::numvfs:
+      return get_numvfs(key.device);
+    case KeyKind::vf_settings: {
+      const std::string netdev = pf_netdev(key.device);
+      if (netdev.empty())
+        throw std::runtime_error("PF " + key.device.to_string() + " has no netdev to read VF settings through");
+      return vf_link_.get(netdev, static_cast<unsigned>(key.vf)).to_json();
+    }
+    case KeyKind::binding:
+      return get_binding(target(key));
+    case KeyKind::group_check:
+      return iommu_group(target(key)).viable();
+  }
+  return nullptr;
+}
+
+void HostControl::set(const Key& key, const json& value) {
+  switch (key.kind) {
+    case KeyKind::autoprobe:
+      sysfs_.write(dev_path(key.device, "sriov_drivers_autoprobe"), value.get<bool>() ? "1" : "0");
+      return;
+    case KeyKind::numvfs:
+      set_numvfs(key.device, value);
+      return;
+    case KeyKind::vf_settings: {
+      const std::string netdev = pf_netdev(key.device);
+      if (netdev.empty())
+        throw std::runtime_error("PF " + key.device.to_string() + " has no netdev: cannot change settings of VF " +
+                                 std::to_string(key.vf));
+      vf_link_.set(netdev, static_cast<unsigned>(key.vf), VfSettings::from_json(value));
+      return;
+    }
+    case KeyKind::binding:
+      set_binding(target(key), value);
+      return;
+    case KeyKind::group_check: {
+      const PciAddress dev = target(key);
+      const GroupReport report = iommu_group(dev);
+      if (report.group < 0)
+        throw std::runtime_error(dev.to_string() +
+                                 " has no IOMMU group: is the IOMMU on (intel_iommu=on or amd_iommu=on)?");
+      for (const auto& m : report.members)
+        if (!m.ok)
+          throw std::runtime_error("IOMMU group " + std::to_string(report.group) + " of " + dev.to_string() +
+                                   " is not viable: member " + m.address.to_string() + " is bound to " + m.driver +
+                                   " (bind it to vfio-pci or unbind it)");
+      return;
+    }
+  }
+}
+
+json HostControl::get_binding(const PciAddress& dev) {
+  return {{"driver", driver(dev)}, {"override", override_text(sysfs_.read(dev_path(dev, "driver_override")))}};
+}
+
+void HostControl::set_binding(const PciAddress& dev, const json& value) {
+  const std::string want = value.at("driver").get<std::string>();
+  const std::string want_override = value.value("override", "");
+  const std::string addr = dev.to_string();
+  std::string have = driver(dev);
+  const std::string have_override = override_text(sysfs_.read(dev_path(dev, "driver_override")));
+
+  if (want == "*") {
+    // The device's own driver, whichever the kernel picks with no override.
+    if (have == kVfio || (!have.empty() && !have_override.empty())) {
+      sysfs_.write("bus/pci/drivers/" + have + "/unbind", addr);
+      have.clear();
+    }
+    if (!have_override.empty()) sysfs_.write(dev_path(dev, "driver_override"), "\n");
+    if (have.empty()) sysfs_.write("bus/pci/drivers_probe", addr);
+    return;
+  }
+  if (have == want && have_override == want_override) return;
+  if (!have.empty() && have != want) {
+    sysfs_.write("bus/pci/drivers/" + have + "/unbind", addr);
+    have.clear();
+  }
+  // Writing a newline clears driver_override; leaving it set is what keeps
+  // the original driver from ever binding again.
+  if (have_override != want_override) sysfs_.write(dev_path(dev, "driver_override"), want_override + "\n");
+  if (want.empty() || have == want) return;
+
+  sysfs_.write("bus/pci/drivers_probe", addr);
+  std::string bound = driver(dev);
+  if (bound.empty() && (want_override.empty() || want_override == want)) {
+    // drivers_probe reports success whether or not a driver took the
+    // device; ask the wanted driver directly.
+    try {
+      sysfs_.write("bus/pci/drivers/" + want + "/bind", addr);
+    } catch (const SystemError&) {
+      // Reported below with the state found.
+    }
+    bound = driver(dev);
+  }
+  if (bound != want)
+    throw std::runtime_error("binding " + addr + " to " + want + ": drivers_probe succeeded but the device is " +
+                             (bound.empty() ? std::string("bound to no driver") : "bound to " + bound) +
+                             (want == kVfio ? " (is the vfio-pci module loaded?)" : ""));
+}
+
+json HostControl::get_numvfs(const PciAddress& pf) {
+  const unsigned n = num_vfs(pf);
+  json vfs = json::array();
+  const std::string netdev = pf_netdev(pf);
+  for (unsigned i = 0; i < n; ++i) {
+    auto addr = vf_address(pf, i);
+    if (!addr) continue;
+    json snap = {{"index", i}, {"binding", get_binding(*addr)}};
+    if (!netdev.empty()) {
+      try {
+        snap["settings"] = vf_link_.get(netdev, i).to_json();
+      } catch (const std::exception&) {
+        // A PF that cannot report VF settings has none to restore.
+      }
+    }
+    vfs.push_back(snap);
+  }
+  return {{"numvfs", n}, {"vfs", vfs}};
+}
+
+void HostControl::set_numvfs(const PciAddress& pf, const json& value) {
+  const unsigned want = value.at("numvfs").get<unsigned>();
+  const unsigned have = num_vfs(pf);
+  const std::string path = dev_path(pf, "sriov_numvfs");
+  if (have != want) {
+    // The kernel changes a non-zero VF count only through 0.
+    if (have != 0) sysfs_.write(path, "0");
+    if (want != 0) sysfs_.write(path, std::to_string(want));
+  }
+  wait_for_vfs(pf, want);
+  // A snapshot (from get) brings the VFs back as they were.
+  if (value.contains("vfs") && have != want) {
+    for (const auto& snap : value["vfs"]) {
+      const Key settings{KeyKind::vf_settings, pf, snap.at("index").get<int>()};
+      if (snap.contains("settings")) set(settings, snap["settings"]);
+      set(Key{KeyKind::binding, pf, snap.at("index").get<int>()}, snap.at("binding"));
+    }
+  }
+}
+
+void HostControl::wait_for_vfs(const PciAddress& pf, unsigned n) {
+  const auto deadline = std::chrono::steady_clock::now() + vf_timeout_;
+  for (;;) {
+    unsigned present = 0;
+    for (unsigned i = 0; i < n; ++i) {
+      auto vf = vf_address(pf, i);
+      if (vf && exists(*vf)) ++present;
+    }
+    if (present == n && !vf_address(pf, n)) return;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error("PF " + pf.to_string() + ": " + std::to_string(present) + " of " + std::to_string(n) +
+                               " VFs appeared within " + std::to_string(vf_timeout_.count()) + " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace sriovd::host

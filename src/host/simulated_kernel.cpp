@@ -1,0 +1,573 @@
+#include "sriovd/host/simulated_kernel.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::host {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kBusDir = "devices/pci0000:00";
+constexpr unsigned kFirstVfOffset = 0x10;  // routing-ID offset of VF 0 (as Intel PFs report)
+constexpr unsigned kVfStride = 1;
+constexpr uint16_t kPfMsixVectors = 64;
+
+std::string hex(unsigned value, int digits) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%0*x", digits, value);
+  return buf;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+void put_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::trunc | std::ios::binary);
+  out << text;
+}
+
+void put_link(const fs::path& link, const std::string& target) {
+  std::error_code ec;
+  fs::remove(link, ec);
+  fs::create_symlink(target, link);
+}
+
+uint16_t vf_device_id(uint16_t vendor, uint16_t pf_device) {
+  // The VF device ID the PF's SR-IOV capability reports; known pairs as the
+  // hardware has them, else the next ID.
+  if (vendor == 0x8086 && pf_device == 0x1572) return 0x154c;  // X710 -> X710 VF
+  if (vendor == 0x8086 && pf_device == 0x1592) return 0x1889;  // E810 -> E810 VF
+  return static_cast<uint16_t>(pf_device + 1);
+}
+
+[[noreturn]] void fail(int err, const std::string& what) { throw SystemError(err, what); }
+
+}  // namespace
+
+SimulatedKernel::SimulatedKernel(std::string dir, const std::vector<config::SimulatedPf>& pfs)
+    : real_(dir), dir_(std::move(dir)) {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+  for (const char* d : {kBusDir, "bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups", "class/net"})
+    fs::create_directories(fs::path(dir_) / d);
+  put_file(fs::path(dir_) / "bus/pci/drivers_probe", "");
+  for (const char* drv : {kPfDriver, kVfDriver, "vfio-pci", "pci-stub"}) {
+    const fs::path p = fs::path(dir_) / "bus/pci/drivers" / drv;
+    fs::create_directories(p);
+    put_file(p / "bind", "");
+    put_file(p / "unbind", "");
+  }
+  for (const auto& sim : pfs) {
+    Device pf;
+    pf.address = sim.address;
+    pf.vendor = sim.vendor_id;
+    pf.device = sim.device_id;
+    pf.class_code = 0x020000;  // Ethernet controller
+    pf.native_driver = kPfDriver;
+    pf.driver = kPfDriver;
+    pf.group = next_group_++;
+    pf.total_vfs = sim.total_vfs;
+    pf.vf_msix = sim.msix_vectors_per_vf;
+    pf.vf_device = vf_device_id(sim.vendor_id, sim.device_id);
+    pf.netdev = sim.netdev;
+    pf.msix_vectors = kPfMsixVectors;
+    devices_[pf.address] = pf;
+    write_device(devices_[pf.address]);
+  }
+}
+
+SimulatedKernel::~SimulatedKernel() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+// --- reads: the materialised tree, after letting late VFs appear ---
+
+std::optional<std::string> SimulatedKernel::read(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  materialize_due();
+  return real_.read(path);
+}
+
+std::optional<std::string> SimulatedKernel::link_name(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  materialize_due();
+  return real_.link_name(path);
+}
+
+std::vector<std::string> SimulatedKernel::list(const std::string& dir) {
+  std::lock_guard lock(mutex_);
+  materialize_due();
+  return real_.list(dir);
+}
+
+bool SimulatedKernel::exists(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  materialize_due();
+  return real_.exists(path);
+}
+
+// --- writes: the kernel's reactions ---
+
+void SimulatedKernel::check_fault(const std::string& op) {
+  const unsigned n = operations_++;
+  if (nth_fault_ && nth_fault_->first == n) {
+    const int err = nth_fault_->second;
+    nth_fault_.reset();
+    fail(err, "injected fault at operation " + std::to_string(n) + " (" + op + ")");
+  }
+  for (auto& f : faults_) {
+    if (f.times == 0 || op.find(f.path_contains) == std::string::npos) continue;
+    if (f.skip > 0) {
+      --f.skip;
+      continue;
+    }
+    --f.times;
+    fail(f.error, "injected fault on " + op);
+  }
+}
+
+SimulatedKernel::Device& SimulatedKernel::device_at(const std::string& addr_text, const std::string& path) {
+  auto addr = PciAddress::parse(addr_text);
+  Device* d = addr ? find(*addr) : nullptr;
+  if (!d || !d->materialized) fail(ENODEV, "write to " + path + ": no device " + addr_text);
+  return *d;
+}
+
+SimulatedKernel::Device* SimulatedKernel::find(const PciAddress& a) {
+  auto it = devices_.find(a);
+  return it == devices_.end() ? nullptr : &it->second;
+}
+
+SimulatedKernel::Device* SimulatedKernel::find_pf_by_netdev(const std::string& netdev) {
+  for (auto& [addr, d] : devices_)
+    if (d.total_vfs > 0 && d.netdev == netdev) return &d;
+  return nullptr;
+}
+
+void SimulatedKernel::write(const std::string& path, const std::string& raw) {
+  std::lock_guard lock(mutex_);
+  materialize_due();
+  const std::string value = trim(raw);
+  check_fault(path);
+  const fs::path p(path);
+  const std::string leaf = p.filename().string();
+  const std::string parent = p.parent_path().filename().string();
+  const std::string grandparent = p.parent_path().parent_path().string();
+
+  if (path == "bus/pci/drivers_probe") {
+    probe(device_at(value, path));
+    return;
+  }
+  if (grandparent == "bus/pci/drivers" && (leaf == "bind" || leaf == "unbind")) {
+    if (unloaded_.count(parent)) fail(ENOENT, "open " + path + ": no such driver (module not loaded)");
+    Device& d = device_at(value, path);
+    if (leaf == "unbind") {
+      if (d.driver != parent) fail(ENODEV, "unbind " + value + " from " + parent + ": not bound to it");
+      if (d.busy) fail(EBUSY, "unbind " + value + " from " + parent + ": device busy");
+      unbind(d);
+    } else {
+      if (!d.driver.empty()) fail(EBUSY, "bind " + value + " to " + parent + ": already bound to " + d.driver);
+      if (!d.override.empty() && d.override != parent)
+        fail(ENODEV, "bind " + value + " to " + parent + ": driver_override is " + d.override);
+      if (parent != "vfio-pci" && parent != "pci-stub" && parent != d.native_driver)
+        fail(ENODEV, "bind " + value + " to " + parent + ": driver does not match the device");
+      bind(d, parent);
+    }
+    return;
+  }
+  if (grandparent == "bus/pci/devices") {
+    Device& d = device_at(parent, path);
+    if (leaf == "driver_override") {
+      d.override = value == "(null)" ? "" : value;
+      write_device(d);
+      return;
+    }
+    if (leaf == "sriov_numvfs" && d.total_vfs > 0) {
+      unsigned n = 0;
+      try {
+        n = static_cast<unsigned>(std::stoul(value));
+      } catch (const std::exception&) {
+        fail(EINVAL, "write '" + value + "' to " + path);
+      }
+      set_numvfs(d, n, path);
+      return;
+    }
+    if (leaf == "sriov_drivers_autoprobe" && d.total_vfs > 0) {
+      if (value != "0" && value != "1") fail(EINVAL, "write '" + value + "' to " + path);
+      d.autoprobe = value == "1";
+      write_device(d);
+      return;
+    }
+  }
+  if (path.size() > 13 && path.compare(path.size() - 13, 13, "driver/unbind") == 0) {
+    // devices/<addr>/driver/unbind: the driver link followed.
+    const std::string addr = p.parent_path().parent_path().filename().string();
+    Device& d = device_at(addr, path);
+    if (d.driver.empty()) fail(ENOENT, "write to " + path + ": device has no driver");
+    if (d.busy) fail(EBUSY, "unbind " + addr + ": device busy");
+    unbind(d);
+    return;
+  }
+  fail(EACCES, "write to " + path + ": not a writable attribute in the simulated kernel");
+}
+
+void SimulatedKernel::set_numvfs(Device& pf, unsigned n, const std::string& path) {
+  if (n > pf.total_vfs) fail(ERANGE, "write " + std::to_string(n) + " to " + path + ": above sriov_totalvfs");
+  if (n == pf.num_vfs) return;
+  // The kernel refuses to change a non-zero VF count except through 0.
+  if (n != 0 && pf.num_vfs != 0) fail(EBUSY, "write " + std::to_string(n) + " to " + path + ": VFs already enabled");
+  if (n == 0) {
+    for (auto& [addr, d] : devices_)
+      if (d.physfn == pf.address && d.busy) fail(EBUSY, "write 0 to " + path + ": VF " + addr.to_string() + " busy");
+    for (auto it = devices_.begin(); it != devices_.end();) {
+      if (it->second.physfn == pf.address) {
+        remove_device_files(it->second);
+        vf_settings_.erase({pf.address, it->second.vf_index});
+        it = devices_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    pf.num_vfs = 0;
+    write_device(pf);
+    return;
+  }
+  const unsigned pf_rid = (pf.address.bus << 8U) | (pf.address.device << 3U) | pf.address.function;
+  const bool late = vf_delay_.count() > 0;
+  for (unsigned i = 0; i < n; ++i) {
+    const unsigned rid = pf_rid + kFirstVfOffset + i * kVfStride;
+    Device vf;
+    vf.address = {pf.address.domain, static_cast<uint8_t>(rid >> 8U), static_cast<uint8_t>((rid >> 3U) & 0x1fU),
+                  static_cast<uint8_t>(rid & 7U)};
+    vf.vendor = pf.vendor;
+    vf.device = pf.vf_device;
+    vf.class_code = pf.class_code;
+    vf.native_driver = kVfDriver;
+    vf.group = next_group_++;
+    vf.physfn = pf.address;
+    vf.vf_index = i;
+    vf.msix_vectors = pf.vf_msix;
+    vf.materialized = !late;
+    devices_[vf.address] = vf;
+  }
+  pf.num_vfs = static_cast<uint16_t>(n);
+  if (late) materialize_at_ = std::chrono::steady_clock::now() + vf_delay_;
+  write_device(pf);
+  for (auto& [addr, d] : devices_)
+    if (d.physfn == pf.address) {
+      if (d.materialized) write_device(d);
+      if (pf.autoprobe && !late) probe(d);
+    }
+}
+
+void SimulatedKernel::materialize_due() {
+  if (!materialize_at_ || std::chrono::steady_clock::now() < *materialize_at_) return;
+  materialize_at_.reset();
+  for (auto& [addr, d] : devices_)
+    if (!d.materialized) {
+      d.materialized = true;
+      write_device(d);
+      if (Device* pf = find(*d.physfn); pf && pf->autoprobe) probe(d);
+      write_device(*find(*d.physfn));
+    }
+}
+
+void SimulatedKernel::probe(Device& d) {
+  if (!d.driver.empty()) return;
+  // driver_override wins; a name no loaded driver answers to leaves it
+  // unbound, and drivers_probe still "succeeds" - the trap sriovd must verify.
+  const std::string driver = d.override.empty() ? d.native_driver : d.override;
+  if (unloaded_.count(driver)) return;
+  if (driver == "vfio-pci" || driver == "pci-stub" || driver == d.native_driver) bind(d, driver);
+}
+
+void SimulatedKernel::set_driver_loaded(const std::string& driver, bool loaded) {
+  std::lock_guard lock(mutex_);
+  const fs::path p = fs::path(dir_) / "bus/pci/drivers" / driver;
+  if (loaded) {
+    unloaded_.erase(driver);
+    fs::create_directories(p);
+    put_file(p / "bind", "");
+    put_file(p / "unbind", "");
+  } else {
+    unloaded_.insert(driver);
+    std::error_code ec;
+    fs::remove_all(p, ec);
+  }
+}
+
+void SimulatedKernel::bind(Device& d, const std::string& driver) {
+  d.driver = driver;
+  write_device(d);
+}
+
+void SimulatedKernel::unbind(Device& d) {
+  link_driver(d, false);
+  d.driver.clear();
+  write_device(d);
+}
+
+// --- VF settings over "netlink" ---
+
+VfSettings SimulatedKernel::effective_settings(const PciAddress& pf, unsigned vf) const {
+  VfSettings s;
+  if (auto it = vf_settings_.find({pf, vf}); it != vf_settings_.end()) s = it->second;
+  // What a PF driver reports for a fresh VF.
+  if (!s.mac) s.mac = MacAddress{};
+  if (!s.vlan) s.vlan = 0;
+  if (!s.qos) s.qos = 0;
+  if (!s.trust) s.trust = false;
+  if (!s.spoofchk) s.spoofchk = true;
+  if (!s.link_state) s.link_state = "auto";
+  if (!s.max_tx_rate) s.max_tx_rate = 0;
+  if (!s.min_tx_rate) s.min_tx_rate = 0;
+  return s;
+}
+
+VfSettings SimulatedKernel::get(const std::string& pf_netdev, unsigned vf) {
+  std::lock_guard lock(mutex_);
+  Device* pf = find_pf_by_netdev(pf_netdev);
+  if (!pf) fail(ENODEV, "PF " + pf_netdev + ": no such netdev");
+  if (vf >= pf->num_vfs) fail(EINVAL, "PF " + pf_netdev + ": no VF " + std::to_string(vf));
+  return effective_settings(pf->address, vf);
+}
+
+void SimulatedKernel::set(const std::string& pf_netdev, unsigned vf, const VfSettings& settings) {
+  std::lock_guard lock(mutex_);
+  Device* pf = find_pf_by_netdev(pf_netdev);
+  if (!pf) fail(ENODEV, "PF " + pf_netdev + ": no such netdev");
+  if (vf >= pf->num_vfs) fail(EINVAL, "PF " + pf_netdev + ": no VF " + std::to_string(vf));
+  check_fault("netlink/" + pf_netdev + "/vf" + std::to_string(vf));
+  VfSettings& s = vf_settings_[{pf->address, vf}];
+  if (settings.mac) s.mac = settings.mac;
+  if (settings.vlan) s.vlan = settings.vlan;
+  if (settings.qos) s.qos = settings.qos;
+  if (settings.trust) s.trust = settings.trust;
+  if (settings.spoofchk) s.spoofchk = settings.spoofchk;
+  if (settings.link_state) s.link_state = settings.link_state;
+  if (settings.max_tx_rate) s.max_tx_rate = settings.max_tx_rate;
+  if (settings.min_tx_rate) s.min_tx_rate = settings.min_tx_rate;
+}
+
+// --- controls ---
+
+void SimulatedKernel::inject(const Fault& fault) {
+  std::lock_guard lock(mutex_);
+  faults_.push_back(fault);
+}
+
+void SimulatedKernel::fail_nth_operation(unsigned n, int error) {
+  std::lock_guard lock(mutex_);
+  nth_fault_ = {operations_ + n, error};
+}
+
+void SimulatedKernel::clear_faults() {
+  std::lock_guard lock(mutex_);
+  faults_.clear();
+  nth_fault_.reset();
+}
+
+unsigned SimulatedKernel::operations() const {
+  std::lock_guard lock(mutex_);
+  return operations_;
+}
+
+void SimulatedKernel::delay_vf_appearance(std::chrono::milliseconds delay) {
+  std::lock_guard lock(mutex_);
+  vf_delay_ = delay;
+}
+
+void SimulatedKernel::set_busy(const PciAddress& dev, bool busy) {
+  std::lock_guard lock(mutex_);
+  if (Device* d = find(dev)) d->busy = busy;
+}
+
+void SimulatedKernel::bind_by_hand(const PciAddress& dev, const std::string& driver) {
+  std::lock_guard lock(mutex_);
+  Device* d = find(dev);
+  if (!d) fail(ENODEV, "bind_by_hand: no device " + dev.to_string());
+  if (!d->driver.empty()) unbind(*d);
+  bind(*d, driver);
+}
+
+void SimulatedKernel::add_device(const PciAddress& dev, uint16_t vendor, uint16_t device, uint32_t class_code,
+                                 const std::string& driver, int iommu_group) {
+  std::lock_guard lock(mutex_);
+  Device d;
+  d.address = dev;
+  d.vendor = vendor;
+  d.device = device;
+  d.class_code = class_code;
+  d.native_driver = driver;
+  d.driver = driver;
+  d.group = iommu_group >= 0 ? iommu_group : next_group_++;
+  devices_[dev] = d;
+  write_device(devices_[dev]);
+}
+
+int SimulatedKernel::iommu_group_of(const PciAddress& dev) const {
+  std::lock_guard lock(mutex_);
+  auto it = devices_.find(dev);
+  return it == devices_.end() ? -1 : it->second.group;
+}
+
+std::string SimulatedKernel::snapshot() const {
+  std::lock_guard lock(mutex_);
+  std::ostringstream s;
+  for (const auto& [addr, d] : devices_) {
+    s << addr.to_string() << " driver=" << (d.driver.empty() ? "-" : d.driver)
+      << " override=" << (d.override.empty() ? "-" : d.override);
+    if (d.total_vfs > 0) s << " numvfs=" << d.num_vfs << " autoprobe=" << d.autoprobe;
+    s << "\n";
+  }
+  for (const auto& [addr, d] : devices_)
+    if (d.physfn)
+      s << d.physfn->to_string() << "/vf" << d.vf_index << " " << effective_settings(*d.physfn, d.vf_index).to_json().dump()
+        << "\n";
+  return s.str();
+}
+
+// --- the tree ---
+
+std::string SimulatedKernel::vf_netdev(const Device& vf) const {
+  auto it = devices_.find(*vf.physfn);
+  return it->second.netdev + "v" + std::to_string(vf.vf_index);
+}
+
+std::vector<uint8_t> SimulatedKernel::config_space(const Device& d) {
+  std::vector<uint8_t> c(4096, 0);
+  auto put16 = [&](size_t off, unsigned v) {
+    c[off] = static_cast<uint8_t>(v);
+    c[off + 1] = static_cast<uint8_t>(v >> 8U);
+  };
+  auto put32 = [&](size_t off, unsigned v) {
+    put16(off, v & 0xffffU);
+    put16(off + 2, v >> 16U);
+  };
+  put16(0x00, d.vendor);
+  put16(0x02, d.device);
+  put16(0x06, 0x0010);  // status: capabilities list
+  c[0x09] = static_cast<uint8_t>(d.class_code);
+  c[0x0a] = static_cast<uint8_t>(d.class_code >> 8U);
+  c[0x0b] = static_cast<uint8_t>(d.class_code >> 16U);
+  c[0x34] = 0x40;
+  // PCI Express capability, endpoint.
+  c[0x40] = 0x10;
+  c[0x41] = d.msix_vectors ? 0x70 : 0x00;
+  put16(0x42, 0x0002);
+  if (d.msix_vectors) {
+    // MSI-X (PCI Local Bus 3.0 §6.8.2): table in BAR3 at 0, PBA in BAR3 at 0x2000.
+    c[0x70] = 0x11;
+    c[0x71] = 0x00;
+    put16(0x72, (d.msix_vectors - 1U) & 0x7ffU);
+    put32(0x74, 0x00000000U | 3U);
+    put32(0x78, 0x00002000U | 3U);
+  }
+  if (d.total_vfs > 0) {
+    // SR-IOV extended capability (ID 0x0010, version 1) at 0x100.
+    put32(0x100, 0x0010U | (1U << 16U));
+    put16(0x108, d.num_vfs ? 0x0009 : 0);  // VF Enable | VF MSE
+    put16(0x10c, d.total_vfs);             // InitialVFs
+    put16(0x10e, d.total_vfs);             // TotalVFs
+    put16(0x110, d.num_vfs);               // NumVFs
+    put16(0x114, kFirstVfOffset);
+    put16(0x116, kVfStride);
+    put16(0x11a, d.vf_device);
+  }
+  return c;
+}
+
+void SimulatedKernel::link_driver(const Device& d, bool present) {
+  if (d.driver.empty()) return;
+  const fs::path drv = fs::path(dir_) / "bus/pci/drivers" / d.driver;
+  const fs::path link = drv / d.address.to_string();
+  std::error_code ec;
+  fs::remove(link, ec);
+  if (present && !fs::exists(drv)) {
+    fs::create_directories(drv);
+    put_file(drv / "bind", "");
+    put_file(drv / "unbind", "");
+  }
+  if (present) fs::create_symlink("../../../../" + std::string(kBusDir) + "/" + d.address.to_string(), link);
+}
+
+void SimulatedKernel::remove_device_files(const Device& d) {
+  const std::string a = d.address.to_string();
+  std::error_code ec;
+  link_driver(d, false);
+  if (d.physfn && !d.native_driver.empty()) fs::remove(fs::path(dir_) / "class/net" / vf_netdev(d), ec);
+  fs::remove_all(fs::path(dir_) / kBusDir / a, ec);
+  fs::remove(fs::path(dir_) / "bus/pci/devices" / a, ec);
+  const fs::path group = fs::path(dir_) / "kernel/iommu_groups" / std::to_string(d.group);
+  fs::remove(group / "devices" / a, ec);
+  if (fs::is_empty(group / "devices", ec)) fs::remove_all(group, ec);
+  if (d.physfn)
+    if (auto it = devices_.find(*d.physfn); it != devices_.end())
+      fs::remove(fs::path(dir_) / kBusDir / d.physfn->to_string() / ("virtfn" + std::to_string(d.vf_index)), ec);
+}
+
+void SimulatedKernel::write_device(const Device& d) {
+  if (!d.materialized) return;
+  const std::string a = d.address.to_string();
+  const fs::path dev = fs::path(dir_) / kBusDir / a;
+  fs::create_directories(dev);
+  put_link(fs::path(dir_) / "bus/pci/devices" / a, "../../../" + std::string(kBusDir) + "/" + a);
+  put_file(dev / "vendor", hex(d.vendor, 4) + "\n");
+  put_file(dev / "device", hex(d.device, 4) + "\n");
+  put_file(dev / "class", hex(d.class_code, 6) + "\n");
+  put_file(dev / "subsystem_vendor", hex(d.vendor, 4) + "\n");
+  put_file(dev / "subsystem_device", hex(0, 4) + "\n");
+  put_file(dev / "revision", "0x02\n");
+  put_file(dev / "irq", "0\n");
+  put_file(dev / "numa_node", "0\n");
+  put_file(dev / "resource", std::string(7, '\n'));
+  put_file(dev / "driver_override", (d.override.empty() ? "(null)" : d.override) + "\n");
+  const auto cfg = config_space(d);
+  put_file(dev / "config", std::string(cfg.begin(), cfg.end()));
+  const fs::path group = fs::path(dir_) / "kernel/iommu_groups" / std::to_string(d.group) / "devices";
+  fs::create_directories(group);
+  put_link(group / a, "../../../../" + std::string(kBusDir) + "/" + a);
+  put_link(dev / "iommu_group", "../../../kernel/iommu_groups/" + std::to_string(d.group));
+  std::error_code ec;
+  fs::remove(dev / "driver", ec);
+  if (!d.driver.empty()) {
+    put_link(dev / "driver", "../../../bus/pci/drivers/" + d.driver);
+    link_driver(d, true);
+  }
+  // A netdev exists while the device's own network driver holds it.
+  std::string netdev;
+  if (d.total_vfs > 0) netdev = d.netdev;
+  if (d.physfn && d.driver == d.native_driver) netdev = vf_netdev(d);
+  fs::remove_all(dev / "net", ec);
+  if (d.physfn) fs::remove(fs::path(dir_) / "class/net" / vf_netdev(d), ec);
+  if (!netdev.empty() && d.driver == d.native_driver) {
+    fs::create_directories(dev / "net" / netdev);
+    put_link(dev / "net" / netdev / "device", "../../../" + a);
+    put_link(fs::path(dir_) / "class/net" / netdev, "../../" + std::string(kBusDir) + "/" + a + "/net/" + netdev);
+  }
+  if (d.total_vfs > 0) {
+    put_file(dev / "sriov_totalvfs", std::to_string(d.total_vfs) + "\n");
+    put_file(dev / "sriov_numvfs", std::to_string(d.num_vfs) + "\n");
+    put_file(dev / "sriov_drivers_autoprobe", std::string(d.autoprobe ? "1" : "0") + "\n");
+    put_file(dev / "sriov_offset", std::to_string(kFirstVfOffset) + "\n");
+    put_file(dev / "sriov_stride", std::to_string(kVfStride) + "\n");
+    put_file(dev / "sriov_vf_device", hex(d.vf_device, 4).substr(2) + "\n");
+    for (const auto& entry : fs::directory_iterator(dev))
+      if (entry.path().filename().string().rfind("virtfn", 0) == 0) fs::remove(entry.path(), ec);
+    for (const auto& [addr, vf] : devices_)
+      if (vf.physfn == d.address && vf.materialized)
+        put_link(dev / ("virtfn" + std::to_string(vf.vf_index)), "../" + addr.to_string());
+  }
+  if (d.physfn) put_link(dev / "physfn", "../" + d.physfn->to_string());
+}
+
+}  // namespace sriovd::host
