@@ -127,6 +127,12 @@ VfSettings NetlinkVfLink::get(const std::string& pf_netdev, unsigned index) {
   if (int err = rtnl_link_get_kernel(sock_, 0, pf_netdev.c_str(), &raw); err < 0)
     throw std::runtime_error("PF " + pf_netdev + ": cannot read link: " + nl_geterror(err));
   LinkPtr link(raw);
+  // Asked first: libnl 3.7's rtnl_link_vf_get() crashes on a link that
+  // carries no VF list at all.
+  uint32_t num_vf = 0;
+  if (rtnl_link_get_num_vf(link.get(), &num_vf) < 0 || index >= num_vf)
+    throw std::runtime_error("PF " + pf_netdev + ": reports no VF " + std::to_string(index) +
+                             " (no SR-IOV support, or the VF does not exist)");
   VfPtr vf(rtnl_link_vf_get(link.get(), index));
   if (!vf)
     throw std::runtime_error("PF " + pf_netdev + ": reports no VF " + std::to_string(index) +
