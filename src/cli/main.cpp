@@ -47,11 +47,17 @@ void print_status(const json& r) {
 }
 
 void print_devices(const json& r) {
-  Table vfs({"PF", "VF", "MAC", "VLAN", "OWNER", "EXPORT", "SOCKET", "STATE"});
-  for (const auto& pf : r["physical_functions"])
+  Table vfs({"PF", "VF", "ADDRESS", "DRIVER", "GROUP", "MAC", "VLAN", "OWNER", "EXPORT", "STATE"});
+  for (const auto& pf : r["physical_functions"]) {
+    if (pf.value("state", "") == "missing") {
+      vfs.add({field(pf, "pf"), "-", "-", "-", "-", "-", "-", "-", "-", "PF missing"});
+      continue;
+    }
     for (const auto& vf : pf["vfs"])
-      vfs.add({field(pf, "pf"), field(vf, "index"), field(vf, "mac"), field(vf, "vlan"),
-               field(vf, "owner"), field(vf, "export"), field(vf, "socket"), field(vf, "state")});
+      vfs.add({field(pf, "pf"), field(vf, "index"), field(vf, "address"), field(vf, "driver").empty() ? "-" : field(vf, "driver"),
+               field(vf, "iommu_group"), field(vf, "mac"), field(vf, "vlan"), field(vf, "owner"), field(vf, "export"),
+               field(vf, "state")});
+  }
   std::fputs(vfs.render().c_str(), stdout);
   if (!r["virtio_devices"].empty()) {
     Table virtio({"VIRTIO", "TRANSPORT", "SOCKET", "QUEUES", "BACKEND", "STATE"});
@@ -66,6 +72,11 @@ void print_devices(const json& r) {
     std::fputs("\n", stdout);
     std::fputs(virtio.render().c_str(), stdout);
   }
+}
+
+void print_steps(const json& steps, const char* none) {
+  if (steps.empty()) std::printf("%s\n", none);
+  for (const auto& s : steps) std::printf("  %s\n", s.get<std::string>().c_str());
 }
 
 void print_routes(const json& r) {
@@ -101,16 +112,30 @@ int main(int argc, char** argv) {
   app.add_flag("-j,--json", as_json, "print the daemon's JSON reply");
   app.add_option("-t,--timeout", timeout_s, "seconds to wait for a reply")->capture_default_str();
 
-  for (const char* name : {"status", "devices", "routes", "stats", "reload", "version"}) {
+  for (const char* name : {"status", "devices", "routes", "stats", "reload", "plan", "version"}) {
     static const std::map<std::string, std::string> help = {
         {"status", "daemon state, configuration and uptime"},
-        {"devices", "PFs, VFs and virtio devices with their owners and state"},
+        {"devices", "PFs, VFs and virtio devices with their drivers, owners and state"},
         {"routes", "interrupt routes with their counters"},
         {"stats", "counters of the control API, reloads and routes"},
-        {"reload", "re-read the configuration file (a bad file changes nothing)"},
+        {"reload", "re-read the configuration file and apply the difference (a bad file changes nothing)"},
+        {"plan", "show what a reload of the file on disk would change on the host, without acting"},
         {"version", "daemon and client versions"}};
     app.add_subcommand(name, help.at(name));
   }
+  auto* release = app.add_subcommand("release", "give one VF back to the host (until the next reload)");
+  std::string release_pf, release_device;
+  int release_vf = -1;
+  release->add_option("pf", release_pf, "PF address or netdev");
+  release->add_option("vf", release_vf, "VF index");
+  release->add_option("--device", release_device, "the VF's own PCI address instead of PF and index");
+  auto* fault = app.add_subcommand("simulate-fault", "simulated host only: make a sysfs write or VF setting fail");
+  std::string fault_path;
+  int fault_errno = 5, fault_skip = 0, fault_times = 1;
+  fault->add_option("path", fault_path, "substring of the sysfs path, or netlink/<pf>/vf<N>")->required();
+  fault->add_option("--errno", fault_errno, "error to fail with (default EIO)");
+  fault->add_option("--skip", fault_skip, "matching operations to let through first");
+  fault->add_option("--times", fault_times, "how many to fail");
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   std::string udev_action, udev_device, udev_pf;
   bool udev_env = false;
@@ -127,6 +152,23 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = app.get_subcommands().front()->get_name();
   json request = {{"cmd", cmd}};
+  if (cmd == "release") {
+    if (!release_device.empty()) {
+      request["device"] = release_device;
+    } else if (!release_pf.empty() && release_vf >= 0) {
+      request["pf"] = release_pf;
+      request["vf"] = release_vf;
+    } else {
+      std::fprintf(stderr, "sriovctl: release: give PF and VF index, or --device ADDRESS\n");
+      return kExitUsage;
+    }
+  }
+  if (cmd == "simulate-fault") {
+    request["path"] = fault_path;
+    request["errno"] = fault_errno;
+    request["skip"] = fault_skip;
+    request["times"] = fault_times;
+  }
   if (cmd == "udev-event") {
     request["action"] = udev_action;
     request["device"] = udev_device;
@@ -167,6 +209,13 @@ int main(int argc, char** argv) {
                 field(result, "config_schema").c_str(), sriovd::kVersion);
   } else if (cmd == "reload") {
     std::printf("reloaded: %s\n", field(result, "summary").c_str());
+    print_steps(result["changes"], "  (no host changes)");
+  } else if (cmd == "plan") {
+    std::printf("plan for %s:\n", field(result, "config").c_str());
+    print_steps(result["steps"], "  (nothing to change)");
+  } else if (cmd == "release") {
+    std::printf("released %s:\n", field(result, "released").c_str());
+    print_steps(result["changes"], "  (no host changes)");
   } else if (cmd == "udev-event" && udev_env) {
     std::printf("SRIOVD_MANAGED=%d\n", result.value("managed", false) ? 1 : 0);
     if (result.contains("pf")) std::printf("SRIOVD_PF=%s\n", result["pf"].get<std::string>().c_str());

@@ -31,39 +31,19 @@ std::string summary(const config::Config& cfg) {
          " virtio device(s), host " + config::to_string(cfg.host);
 }
 
-json vf_json(const config::VfConfig* vf, unsigned index) {
-  json j = {{"index", index}};
-  if (!vf) {
-    j["state"] = "declared";
-    return j;
-  }
-  if (vf->mac) j["mac"] = vf->mac->to_string();
-  if (vf->vlan) j["vlan"] = *vf->vlan;
-  if (vf->vlan) j["qos"] = vf->qos;
-  if (vf->trust) j["trust"] = *vf->trust;
-  if (vf->spoofchk) j["spoofchk"] = *vf->spoofchk;
-  if (vf->link_state) j["link_state"] = config::to_string(*vf->link_state);
-  if (vf->max_tx_rate) j["max_tx_rate"] = *vf->max_tx_rate;
-  if (vf->min_tx_rate) j["min_tx_rate"] = *vf->min_tx_rate;
-  if (vf->assign) {
-    j["owner"] = vf->assign->owner;
-    j["export"] = config::to_string(vf->assign->export_kind);
-    if (!vf->assign->socket.empty()) j["socket"] = vf->assign->socket;
-    j["msix_policy"] = config::to_string(vf->assign->msix_policy);
-  }
-  j["state"] = "declared";
-  return j;
-}
-
 }  // namespace
 
 Daemon::Daemon(Options options, config::Config config)
     : options_(std::move(options)), config_(std::move(config)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
       watchdog_timer_(io_), started_(std::chrono::steady_clock::now()) {
   register_commands();
+  // The control socket first: it refuses to start a second daemon, which
+  // must not get as far as touching the host.
   control_ = std::make_unique<ControlServer>(
       io_, config_.control,
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
+  host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
+  host_->start(config_);
 }
 
 Daemon::~Daemon() = default;
@@ -75,7 +55,7 @@ int Daemon::run() {
   notifier_.ready(summary(config_));
   io_.run();
   spdlog::info("sriovd stopped");
-  return 0;
+  return exit_code_;
 }
 
 void Daemon::wait_for_signal() {
@@ -106,7 +86,15 @@ void Daemon::shutdown(const char* why) {
   stopping_ = true;
   spdlog::info("{}: stopping", why);
   notifier_.stopping();
-  // Later layers release their devices here, before the control API goes.
+  try {
+    const auto steps = host_->release_all();
+    spdlog::info("host released: {} change(s) undone", steps.size());
+  } catch (const std::exception& e) {
+    // The release transaction rolled itself back: the host stays as
+    // configured and the journal keeps what to undo at the next start.
+    spdlog::error("host release failed: {}", e.what());
+    exit_code_ = 1;
+  }
   control_->stop();
   boost::system::error_code ignored;
   signals_.cancel(ignored);
@@ -127,13 +115,14 @@ json Daemon::reload(const std::string& trigger) {
                                next.control.socket + ": that needs a restart");
     if (next.state_dir != config_.state_dir)
       throw std::runtime_error("state_dir changes: that needs a restart");
+    const auto steps = host_->apply(next);
     control_->update_access(next.control);
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
     ++reloads_.ok;
     reloads_.last_error.clear();
     spdlog::info("reloaded: {}", summary(config_));
-    result = control::make_result({{"reloaded", true}, {"summary", summary(config_)}});
+    result = control::make_result({{"reloaded", true}, {"summary", summary(config_)}, {"changes", steps_json(steps)}});
   } catch (const config::ConfigError& e) {
     ++reloads_.failed;
     reloads_.last_error = e.what();
@@ -177,6 +166,13 @@ void Daemon::register_commands() {
     return reload("control request from pid " + std::to_string(peer.pid));
   };
   commands_["udev-event"] = [this](const json& req, const PeerCredentials&) { return udev_event(req); };
+  commands_["plan"] = [this](const json&, const PeerCredentials&) {
+    // What a reload of the file on disk would change, without acting.
+    config::Config next = config::load(options_.config_path);
+    return control::make_result({{"config", options_.config_path}, {"steps", steps_json(host_->plan(next))}});
+  };
+  commands_["release"] = [this](const json& req, const PeerCredentials&) { return release(req); };
+  commands_["simulate-fault"] = [this](const json& req, const PeerCredentials&) { return simulate_fault(req); };
 }
 
 json Daemon::handle(const json& request, const PeerCredentials& peer) {
@@ -216,20 +212,7 @@ json Daemon::status_json() const {
 }
 
 json Daemon::devices_json() const {
-  json pfs = json::array();
-  for (const auto& pf : config_.physical_functions) {
-    json vfs = json::array();
-    for (unsigned i = 0; i < pf.num_vfs; ++i) {
-      const config::VfConfig* vf = nullptr;
-      for (const auto& candidate : pf.vfs)
-        if (candidate.index == i) vf = &candidate;
-      vfs.push_back(vf_json(vf, i));
-    }
-    json j = {{"pf", pf.ref.to_string()}, {"num_vfs", pf.num_vfs}, {"vfs", vfs}};
-    if (pf.ref.address) j["address"] = pf.ref.address->to_string();
-    if (!pf.ref.netdev.empty()) j["netdev"] = pf.ref.netdev;
-    pfs.push_back(std::move(j));
-  }
+  json out = host_->devices_json(config_);
   json virtio = json::array();
   for (const auto& dev : config_.virtio_devices) {
     json backend = {{"type", config::to_string(dev.backend_kind)}};
@@ -240,6 +223,7 @@ json Daemon::devices_json() const {
       backend["pf"] = dev.vf.pf.to_string();
       backend["vf"] = dev.vf.vf;
     }
+    // Served once the virtio layer lands; until then only declared.
     virtio.push_back({{"name", dev.name},
                       {"transport", config::to_string(dev.transport)},
                       {"socket", dev.socket},
@@ -249,7 +233,50 @@ json Daemon::devices_json() const {
                       {"backend", backend},
                       {"state", "declared"}});
   }
-  return {{"physical_functions", pfs}, {"virtio_devices", virtio}};
+  out["virtio_devices"] = virtio;
+  return out;
+}
+
+// Gives one VF back to the host: {"pf": PF, "vf": N} or {"device": VF address}.
+json Daemon::release(const json& req) {
+  std::optional<PciAddress> pf;
+  std::optional<unsigned> index;
+  if (req.contains("device")) {
+    auto dev = req["device"].is_string() ? PciAddress::parse(req["device"].get<std::string>()) : std::nullopt;
+    if (!dev) return control::make_error(control::errc::kBadRequest, "release: \"device\" must be a PCI address");
+    auto id = host::resolve_vf(host_->simulated() ? host_->simulated()->root() : options_.sysfs_root, *dev);
+    if (!id) return control::make_error(control::errc::kBadRequest, "release: " + dev->to_string() + " is not a VF");
+    pf = id->pf;
+    index = id->index;
+  } else if (req.contains("pf") && req["pf"].is_string() && req.contains("vf") && req["vf"].is_number_unsigned()) {
+    const std::string name = req["pf"].get<std::string>();
+    for (const auto& p : config_.physical_functions)
+      if (p.ref.to_string() == name || p.ref.netdev == name || (p.ref.address && p.ref.address->to_string() == name))
+        pf = p.ref.address;
+    if (!pf) return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' is not configured");
+    index = req["vf"].get<unsigned>();
+  } else {
+    return control::make_error(control::errc::kBadRequest,
+                               "release: give {\"device\": VF address} or {\"pf\": PF, \"vf\": index}");
+  }
+  const auto steps = host_->release_vf(config_, *pf, *index);
+  return control::make_result({{"released", pf->to_string() + " VF " + std::to_string(*index)},
+                               {"changes", steps_json(steps)}});
+}
+
+// Simulated host only: inject a fault into a sysfs write or VF setting.
+json Daemon::simulate_fault(const json& req) {
+  host::SimulatedKernel* sim = host_->simulated();
+  if (!sim) return control::make_error(control::errc::kBadRequest, "simulate-fault: only with host: simulated");
+  if (!req.contains("path") || !req["path"].is_string())
+    return control::make_error(control::errc::kBadRequest, "simulate-fault: \"path\" (a substring) is required");
+  host::SimulatedKernel::Fault f;
+  f.path_contains = req["path"].get<std::string>();
+  f.error = req.value("errno", EIO);
+  f.skip = req.value("skip", 0U);
+  f.times = req.value("times", 1U);
+  sim->inject(f);
+  return control::make_result({{"injected", f.path_contains}, {"errno", f.error}});
 }
 
 json Daemon::stats_json() const {
@@ -281,7 +308,8 @@ json Daemon::udev_event(const json& req) {
   // On remove the sysfs node is gone; udev passes the PF it remembered.
   std::optional<PciAddress> pf_addr;
   std::optional<unsigned> index;
-  if (auto id = host::resolve_vf(options_.sysfs_root, *vf_addr)) {
+  const std::string sysfs_root = host_->simulated() ? host_->simulated()->root() : options_.sysfs_root;
+  if (auto id = host::resolve_vf(sysfs_root, *vf_addr)) {
     pf_addr = id->pf;
     index = id->index;
   } else if (req.contains("pf") && req["pf"].is_string()) {
@@ -292,7 +320,7 @@ json Daemon::udev_event(const json& req) {
     for (const auto& pf : config_.physical_functions) {
       std::optional<PciAddress> configured = pf.ref.address;
       if (!configured && !pf.ref.netdev.empty())
-        configured = host::pci_address_of_netdev(options_.sysfs_root, pf.ref.netdev);
+        configured = host::pci_address_of_netdev(sysfs_root, pf.ref.netdev);
       if (configured == pf_addr) managed = true;
     }
   }
@@ -301,6 +329,18 @@ json Daemon::udev_event(const json& req) {
   if (udev_events_.size() > kUdevEventsKept) udev_events_.pop_front();
   spdlog::info("udev: {} {} (PF {}){}", action, vf_addr->to_string(),
                pf_addr ? pf_addr->to_string() : "unknown", managed ? ", managed" : ", not ours");
+  if (managed && action == "add") {
+    // A VF of ours appeared (a PF came back, VFs were re-created): bring it
+    // to what the config says, after this reply has gone to udev.
+    asio::post(io_, [this] {
+      try {
+        const auto steps = host_->reconcile(config_);
+        spdlog::info("udev: reconciled, {} change(s)", steps.size());
+      } catch (const std::exception& e) {
+        spdlog::error("udev: reconcile failed: {}", e.what());
+      }
+    });
+  }
   json result = {{"managed", managed}, {"device", vf_addr->to_string()}};
   if (pf_addr) result["pf"] = pf_addr->to_string();
   if (index) result["vf_index"] = *index;

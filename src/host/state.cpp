@@ -81,8 +81,14 @@ std::string Step::describe() const {
       return where + ": sriov_drivers_autoprobe " + value_text(before) + " -> " + value_text(after);
     case KeyKind::numvfs:
       return where + ": sriov_numvfs " + value_text(before) + " -> " + value_text(after);
-    case KeyKind::vf_settings:
-      return where + ": settings " + (before.is_null() ? std::string("?") : before.dump()) + " -> " + after.dump();
+    case KeyKind::vf_settings: {
+      // Only the fields that change, before and after.
+      json was = json::object();
+      if (before.is_object())
+        for (auto f = after.begin(); f != after.end(); ++f)
+          if (before.contains(f.key())) was[f.key()] = before[f.key()];
+      return where + ": settings " + (before.is_null() ? std::string("?") : was.dump()) + " -> " + after.dump();
+    }
     case KeyKind::binding:
       return where + ": driver " + value_text(before) + " -> " + value_text(after);
     case KeyKind::group_check:

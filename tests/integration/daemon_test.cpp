@@ -50,9 +50,13 @@ std::string flood_line(const std::string& path, size_t bytes) {
   return reply;
 }
 
+// The test's daemon keeps its state (and its simulated sysfs tree) beside
+// its control socket, in the test's own directory.
 std::string config_text(const std::string& socket, int num_vfs, const std::string& extra_control = "") {
+  const std::string dir = std::filesystem::path(socket).parent_path().parent_path().string();
   return "version: 1\n"
          "host: simulated\n"
+         "state_dir: " + dir + "/state\n"
          "simulated:\n"
          "  physical_functions:\n"
          "    - {address: \"0000:3b:00.0\", netdev: simpf0, total_vfs: 8, msix_vectors_per_vf: 4}\n"
@@ -154,8 +158,9 @@ TEST_F(Daemon, SriovctlPrintsTablesAndJson) {
   EXPECT_THAT(status.output, HasSubstr("host:            simulated"));
   auto devices = ctl({"devices"});
   EXPECT_EQ(devices.exit_code, 0) << devices.output;
-  EXPECT_THAT(devices.output, HasSubstr("PF            VF  MAC"));
-  EXPECT_THAT(devices.output, HasSubstr("0000:3b:00.0  0   02:00:00:00:00:01"));
+  EXPECT_THAT(devices.output, HasSubstr("PF            VF  ADDRESS       DRIVER    GROUP  MAC"));
+  EXPECT_THAT(devices.output,
+              ::testing::ContainsRegex("0000:3b:00.0  0   0000:3b:02.0  vfio-pci  [0-9]+ +02:00:00:00:00:01  -     vm1"));
   auto as_json = ctl({"--json", "devices"});
   ASSERT_EQ(as_json.exit_code, 0);
   json parsed = json::parse(as_json.output);
@@ -179,7 +184,7 @@ TEST_F(Daemon, ReloadAppliesAGoodFileAndRefusesABadOne) {
   dir_.write("sriovd.yaml", config_text(socket(), 3) + "        vlan: 9999\n");
   auto bad = ctl({"reload"});
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_THAT(bad.output, HasSubstr(config_path() + ":15:15: physical_functions[0].vfs[0].vlan: "
+  EXPECT_THAT(bad.output, HasSubstr(config_path() + ":16:15: physical_functions[0].vfs[0].vlan: "
                                     "expected an integer from 0 to 4095, got '9999'"));
   json status = request({{"cmd", "status"}})["result"];
   EXPECT_EQ(status["vfs"], 3);
@@ -187,7 +192,7 @@ TEST_F(Daemon, ReloadAppliesAGoodFileAndRefusesABadOne) {
   EXPECT_EQ(status["reloads"]["failed"], 1);
   json raw = request({{"cmd", "reload"}});
   EXPECT_FALSE(raw["ok"]);
-  EXPECT_EQ(raw["error"]["diagnostics"][0]["line"], 15);
+  EXPECT_EQ(raw["error"]["diagnostics"][0]["line"], 16);
 }
 
 TEST_F(Daemon, SighupReloadsAndABadFileChangesNothing) {
@@ -326,7 +331,7 @@ TEST_F(Daemon, InvalidConfigAtStartupExits78AndCreatesNothing) {
   auto status = p.wait_for(5s);
   ASSERT_TRUE(status);
   EXPECT_EQ(WEXITSTATUS(*status), 78);
-  EXPECT_THAT(p.log(), HasSubstr(config_path() + ":15:1: unknown key 'bogus'"));
+  EXPECT_THAT(p.log(), HasSubstr(config_path() + ":16:1: unknown key 'bogus'"));
   EXPECT_FALSE(std::filesystem::exists(dir_.file("run"))) << "a bad config touched the host";
 }
 
@@ -408,6 +413,95 @@ TEST_F(Daemon, UdevRuleCommandsReportManagedVfs) {
   ASSERT_EQ(events.size(), 3U);
   EXPECT_EQ(events[2]["action"], "remove");
   EXPECT_EQ(events[2]["managed"], true);
+}
+
+// --- the host layer as the daemon drives it (simulated host) ---
+
+const json* find_vf(const json& devices, unsigned index) {
+  for (const auto& vf : devices["physical_functions"][0]["vfs"])
+    if (vf["index"] == index) return &vf;
+  return nullptr;
+}
+
+TEST_F(Daemon, StartupAppliesTheConfigToTheHost) {
+  write_config(2);
+  start();
+  json devices = request({{"cmd", "devices"}})["result"];
+  const json& pf = devices["physical_functions"][0];
+  EXPECT_EQ(pf["active_vfs"], 2);
+  EXPECT_EQ(pf["driver"], "i40e");
+  const json* vf0 = find_vf(devices, 0);
+  ASSERT_TRUE(vf0);
+  EXPECT_EQ((*vf0)["address"], "0000:3b:02.0");
+  EXPECT_EQ((*vf0)["driver"], "vfio-pci");
+  EXPECT_EQ((*vf0)["state"], "assigned");
+  EXPECT_EQ((*vf0)["group_viable"], true);
+  EXPECT_EQ((*vf0)["msix_vectors"], 4);
+  const json* vf1 = find_vf(devices, 1);
+  EXPECT_EQ((*vf1)["driver"], "iavf");  // not assigned: its own driver
+  EXPECT_EQ((*vf1)["state"], "host");
+}
+
+TEST_F(Daemon, PlanShowsAReloadWithoutActing) {
+  write_config(2);
+  start();
+  write_config(3);
+  auto plan = ctl({"plan"});
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_THAT(plan.output, HasSubstr("0000:3b:00.0: sriov_numvfs 2 -> 3"));
+  EXPECT_EQ(request({{"cmd", "devices"}})["result"]["physical_functions"][0]["active_vfs"], 2);
+  auto reload = ctl({"reload"});
+  EXPECT_EQ(reload.exit_code, 0) << reload.output;
+  EXPECT_THAT(reload.output, HasSubstr("sriov_numvfs 2 -> 3"));
+  EXPECT_EQ(request({{"cmd", "devices"}})["result"]["physical_functions"][0]["active_vfs"], 3);
+  EXPECT_THAT(ctl({"plan"}).output, HasSubstr("(nothing to change)"));
+}
+
+TEST_F(Daemon, ReleaseGivesOneVfBackToTheHost) {
+  write_config(2);
+  start();
+  auto r = ctl({"release", "0000:3b:00.0", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("0000:3b:00.0 VF 0: driver vfio-pci -> (its own driver)"));
+  json devices = request({{"cmd", "devices"}})["result"];
+  EXPECT_EQ((*find_vf(devices, 0))["driver"], "iavf");
+  EXPECT_EQ((*find_vf(devices, 0))["state"], "released");
+  auto bad = ctl({"release", "--device", "0000:3b:00.0"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr("0000:3b:00.0 is not a VF"));
+}
+
+TEST_F(Daemon, AReloadThatFailsOnTheHostRollsBackAndKeepsTheOldConfig) {
+  write_config(2);
+  start();
+  // The third VF's binding will fail: the kernel refuses its driver_override.
+  auto f = ctl({"simulate-fault", "0000:3b:02.2/driver_override", "--errno", "16"});
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  dir_.write("sriovd.yaml", config_text(socket(), 3) + "      - index: 2\n        assign: {owner: vm3, socket: " +
+                                socket() + ".vf2}\n");
+  auto reload = ctl({"reload"});
+  EXPECT_EQ(reload.exit_code, 1);
+  EXPECT_THAT(reload.output, HasSubstr("rolled back"));
+  EXPECT_THAT(reload.output, HasSubstr("Device or resource busy"));
+  json status = request({{"cmd", "status"}})["result"];
+  EXPECT_EQ(status["vfs"], 2);
+  json devices = request({{"cmd", "devices"}})["result"];
+  EXPECT_EQ(devices["physical_functions"][0]["active_vfs"], 2);
+  EXPECT_EQ((*find_vf(devices, 0))["driver"], "vfio-pci");
+}
+
+TEST_F(Daemon, SigtermReleasesTheHostBeforeExiting) {
+  write_config(2);
+  start();
+  daemon_->signal(SIGTERM);
+  auto status = daemon_->wait_for(5s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  EXPECT_THAT(daemon_->log(), HasSubstr("host released: "));
+  EXPECT_THAT(daemon_->log(), HasSubstr("0000:3b:00.0: sriov_numvfs 2 -> 0"));
+  json journal = json::parse(test::read_file(dir_.file("state/state-simulated.json")));
+  EXPECT_TRUE(journal["ledger"].empty());
+  EXPECT_TRUE(journal["txn"].is_null());
 }
 
 TEST(SriovdCli, CheckConfigVersionAndUsage) {

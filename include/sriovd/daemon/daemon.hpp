@@ -11,6 +11,7 @@
 #include "sriovd/config/config.hpp"
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/daemon/control_server.hpp"
+#include "sriovd/daemon/host_service.hpp"
 #include "sriovd/daemon/notify.hpp"
 #include "sriovd/util/asio.hpp"
 
@@ -23,7 +24,10 @@ struct Options {
 };
 
 // The daemon's control thread: owns the io_context, the signals, the control
-// API and the running configuration. run() returns the process exit code.
+// API, the host layer and the running configuration. Construction applies
+// the config to the host (throwing, with the host rolled back, if it
+// cannot); run() serves until SIGTERM/SIGINT, releases the host and returns
+// the process exit code.
 class Daemon {
  public:
   Daemon(Options options, config::Config config);
@@ -48,6 +52,8 @@ class Daemon {
   control::json devices_json() const;
   control::json stats_json() const;
   control::json udev_event(const control::json& request);
+  control::json release(const control::json& request);
+  control::json simulate_fault(const control::json& request);
 
   Options options_;
   config::Config config_;
@@ -55,7 +61,9 @@ class Daemon {
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
   SystemdNotifier notifier_;
+  std::unique_ptr<HostService> host_;
   std::unique_ptr<ControlServer> control_;
+  int exit_code_ = 0;
   std::map<std::string, Command> commands_;
   std::chrono::steady_clock::time_point started_;
   bool stopping_ = false;

@@ -1,0 +1,52 @@
+#pragma once
+// The daemon's side of the host layer: picks the real or the simulated
+// kernel, recovers a crashed transaction on start, converges the host to
+// each accepted config, releases VFs, and reports devices.
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "sriovd/config/config.hpp"
+#include "sriovd/control/protocol.hpp"
+#include "sriovd/host/host_control.hpp"
+#include "sriovd/host/reconciler.hpp"
+#include "sriovd/host/simulated_kernel.hpp"
+
+namespace sriovd::daemon {
+
+class HostService {
+ public:
+  // Sets up the host layer for cfg.host; does not change the host yet.
+  HostService(const config::Config& cfg, const std::string& sysfs_root);
+  ~HostService();
+
+  // Rolls back what a crash left half done, then converges to cfg. Throws
+  // (with the host rolled back) when the config cannot be applied.
+  void start(const config::Config& cfg);
+  // Converges to a new config; on failure the host is as it was before.
+  std::vector<host::Step> apply(const config::Config& cfg);
+  // Converges to the same config again (released VFs stay released).
+  std::vector<host::Step> reconcile(const config::Config& cfg);
+  [[nodiscard]] std::vector<host::Step> plan(const config::Config& cfg);
+  // Gives one VF back to the host (until the next reload).
+  std::vector<host::Step> release_vf(const config::Config& cfg, const PciAddress& pf, unsigned index);
+  std::vector<host::Step> release_all();
+
+  [[nodiscard]] control::json devices_json(const config::Config& cfg);
+  [[nodiscard]] host::SimulatedKernel* simulated() { return sim_.get(); }
+  [[nodiscard]] const std::vector<std::string>& recovered() const { return recovered_; }
+
+ private:
+  std::unique_ptr<host::SimulatedKernel> sim_;
+  std::unique_ptr<host::SysfsIo> sysfs_;
+  std::unique_ptr<host::VfLinkControl> vf_link_;
+  std::unique_ptr<host::HostControl> control_;
+  std::unique_ptr<host::Reconciler> reconciler_;
+  std::set<host::VfRef> released_;
+  std::vector<std::string> recovered_;
+};
+
+control::json steps_json(const std::vector<host::Step>& steps);
+
+}  // namespace sriovd::daemon

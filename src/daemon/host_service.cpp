@@ -1,0 +1,145 @@
+#include "sriovd/daemon/host_service.hpp"
+
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "sriovd/host/netlink_vf_link.hpp"
+#include "sriovd/host/topology.hpp"
+
+namespace sriovd::daemon {
+
+using control::json;
+
+json steps_json(const std::vector<host::Step>& steps) {
+  json out = json::array();
+  for (const auto& s : steps) out.push_back(s.describe());
+  return out;
+}
+
+HostService::HostService(const config::Config& cfg, const std::string& sysfs_root) {
+  std::string journal = cfg.state_dir + "/state.json";
+  if (cfg.host == config::HostMode::simulated) {
+    // The simulated host is born anew with the daemon: a journal of an
+    // earlier one describes a host that no longer exists.
+    journal = cfg.state_dir + "/state-simulated.json";
+    std::error_code ec;
+    if (std::filesystem::remove(journal, ec))
+      spdlog::info("host: discarded the journal of the previous simulated host");
+    sim_ = std::make_unique<host::SimulatedKernel>(cfg.state_dir + "/simulated-sysfs", cfg.simulated_pfs);
+    control_ = std::make_unique<host::HostControl>(*sim_, *sim_);
+    spdlog::info("host: simulated kernel with {} PF(s), sysfs tree in {}", cfg.simulated_pfs.size(), sim_->root());
+  } else {
+    sysfs_ = std::make_unique<host::RealSysfs>(sysfs_root);
+    vf_link_ = std::make_unique<host::NetlinkVfLink>();
+    control_ = std::make_unique<host::HostControl>(*sysfs_, *vf_link_);
+  }
+  reconciler_ = std::make_unique<host::Reconciler>(*control_, host::StateFile(journal));
+}
+
+HostService::~HostService() = default;
+
+void HostService::start(const config::Config& cfg) {
+  recovered_ = reconciler_->recover();
+  for (const auto& s : recovered_) spdlog::warn("host: recovered: undid {}", s);
+  const auto steps = reconciler_->converge(cfg, released_);
+  spdlog::info("host: {} change(s) applied", steps.size());
+}
+
+std::vector<host::Step> HostService::apply(const config::Config& cfg) {
+  released_.clear();  // a reload starts from what the file says
+  return reconciler_->converge(cfg, released_);
+}
+
+std::vector<host::Step> HostService::reconcile(const config::Config& cfg) {
+  return reconciler_->converge(cfg, released_);
+}
+
+// What a reload would do: a reload forgets released VFs.
+std::vector<host::Step> HostService::plan(const config::Config& cfg) { return reconciler_->plan(cfg); }
+
+std::vector<host::Step> HostService::release_vf(const config::Config& cfg, const PciAddress& pf, unsigned index) {
+  released_.insert({pf, index});
+  try {
+    return reconciler_->converge(cfg, released_);
+  } catch (...) {
+    released_.erase({pf, index});
+    throw;
+  }
+}
+
+std::vector<host::Step> HostService::release_all() { return reconciler_->release_all(); }
+
+json HostService::devices_json(const config::Config& cfg) {
+  const auto devices = host::scan_pci(sim_ ? sim_->root() : sysfs_->root());
+  auto info_of = [&](const PciAddress& a) -> const host::PciDeviceInfo* {
+    for (const auto& d : devices)
+      if (d.address == a) return &d;
+    return nullptr;
+  };
+  json pfs = json::array();
+  for (const auto& pf_cfg : cfg.physical_functions) {
+    std::optional<PciAddress> addr = pf_cfg.ref.address;
+    if (!addr) addr = control_->resolve_netdev(pf_cfg.ref.netdev);
+    json pf = {{"pf", pf_cfg.ref.to_string()}, {"num_vfs", pf_cfg.num_vfs}};
+    const host::PciDeviceInfo* info = addr ? info_of(*addr) : nullptr;
+    if (!info) {
+      pf["state"] = "missing";
+      pf["vfs"] = json::array();
+      pfs.push_back(pf);
+      continue;
+    }
+    pf["address"] = info->address.to_string();
+    pf["driver"] = info->driver;
+    pf["netdevs"] = info->netdevs;
+    pf["numa_node"] = info->numa_node;
+    pf["total_vfs"] = info->total_vfs;
+    pf["active_vfs"] = control_->num_vfs(info->address);
+    pf["state"] = "present";
+    json vfs = json::array();
+    for (unsigned i = 0; i < std::max<unsigned>(pf_cfg.num_vfs, control_->num_vfs(info->address)); ++i) {
+      const config::VfConfig* vf_cfg = nullptr;
+      for (const auto& c : pf_cfg.vfs)
+        if (c.index == i) vf_cfg = &c;
+      json vf = {{"index", i}};
+      if (vf_cfg && vf_cfg->mac) vf["mac"] = vf_cfg->mac->to_string();
+      if (vf_cfg && vf_cfg->vlan) vf["vlan"] = *vf_cfg->vlan;
+      const bool assigned = vf_cfg && vf_cfg->assign;
+      if (assigned) {
+        vf["owner"] = vf_cfg->assign->owner;
+        vf["export"] = config::to_string(vf_cfg->assign->export_kind);
+        if (!vf_cfg->assign->socket.empty()) vf["socket"] = vf_cfg->assign->socket;
+        vf["msix_policy"] = config::to_string(vf_cfg->assign->msix_policy);
+      }
+      auto vf_addr = control_->vf_address(info->address, i);
+      const host::PciDeviceInfo* vf_info = vf_addr ? info_of(*vf_addr) : nullptr;
+      if (!vf_info) {
+        vf["state"] = "missing";
+        vfs.push_back(vf);
+        continue;
+      }
+      vf["address"] = vf_info->address.to_string();
+      vf["driver"] = vf_info->driver;
+      vf["iommu_group"] = vf_info->iommu_group;
+      vf["netdevs"] = vf_info->netdevs;
+      if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->table_size;
+      std::string state;
+      if (released_.count({info->address, i}))
+        state = "released";
+      else if (assigned)
+        state = vf_info->driver == "vfio-pci" ? "assigned" : "not bound";
+      else if (i >= pf_cfg.num_vfs)
+        state = "unconfigured";
+      else
+        state = vf_info->driver.empty() ? "unbound" : "host";
+      if (vf_info->driver == "vfio-pci") vf["group_viable"] = control_->iommu_group(vf_info->address).viable();
+      vf["state"] = state;
+      vfs.push_back(vf);
+    }
+    pf["vfs"] = vfs;
+    pfs.push_back(pf);
+  }
+  return {{"physical_functions", pfs}};
+}
+
+}  // namespace sriovd::daemon
