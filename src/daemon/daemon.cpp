@@ -43,7 +43,7 @@ Daemon::Daemon(Options options, config::Config config)
       io_, config_.control,
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
-  host_->start(config_);
+  host_->start(config_, options_.test_stop_before_step);
 }
 
 Daemon::~Daemon() = default;

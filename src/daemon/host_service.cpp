@@ -1,5 +1,6 @@
 #include "sriovd/daemon/host_service.hpp"
 
+#include <csignal>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -39,10 +40,18 @@ HostService::HostService(const config::Config& cfg, const std::string& sysfs_roo
 
 HostService::~HostService() = default;
 
-void HostService::start(const config::Config& cfg) {
+void HostService::start(const config::Config& cfg, std::optional<size_t> stop_before_step) {
   recovered_ = reconciler_->recover();
   for (const auto& s : recovered_) spdlog::warn("host: recovered: undid {}", s);
+  if (stop_before_step) {
+    reconciler_->before_step = [n = *stop_before_step](const host::Step& step, size_t i) {
+      if (i != n) return;
+      spdlog::warn("host: stopping myself before step {} ({}) as --test-stop-before-step asked", i, step.describe());
+      ::raise(SIGSTOP);
+    };
+  }
   const auto steps = reconciler_->converge(cfg, released_);
+  reconciler_->before_step = nullptr;
   spdlog::info("host: {} change(s) applied", steps.size());
 }
 

@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
                  "trace, debug, info, warn, error, critical or off; overrides the file");
   app.add_option("--sysfs-root", sysfs_root, "where sysfs is mounted (tests)")->capture_default_str();
   app.add_flag("-V,--version", version, "print the version and exit");
+  int test_stop_before_step = -1;
+  app.add_option("--test-stop-before-step", test_stop_before_step,
+                 "crash tests: SIGSTOP before step N of the first apply")
+      ->group("");  // hidden
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
     options.config_path = config_path;
     if (!log_level.empty()) options.log_level = log_level;
     options.sysfs_root = sysfs_root;
+    if (test_stop_before_step >= 0) options.test_stop_before_step = static_cast<size_t>(test_stop_before_step);
     sriovd::daemon::Daemon daemon(std::move(options), std::move(cfg));
     return daemon.run();
   } catch (const std::exception& e) {

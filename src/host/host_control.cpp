@@ -179,21 +179,18 @@ void HostControl::set_binding(const PciAddress& dev, const json& value) {
   }
   // Writing a newline clears driver_override; leaving it set is what keeps
   // the original driver from ever binding again.
-  if (have_override != want_override) sysfs_.write(dev_path(dev, "driver_override"), want_override + "\n");
-  if (want.empty() || have == want) return;
+  if (want.empty() || have == want) {
+    if (have_override != want_override) sysfs_.write(dev_path(dev, "driver_override"), want_override + "\n");
+    return;
+  }
 
+  // Probe with the wanted driver as the override, so that neither the
+  // device's native driver nor a driver without its ID (pci-stub) gets in
+  // the way; then leave the override as wanted.
+  if (have_override != want) sysfs_.write(dev_path(dev, "driver_override"), want + "\n");
   sysfs_.write("bus/pci/drivers_probe", addr);
   std::string bound = driver(dev);
-  if (bound.empty() && (want_override.empty() || want_override == want)) {
-    // drivers_probe reports success whether or not a driver took the
-    // device; ask the wanted driver directly.
-    try {
-      sysfs_.write("bus/pci/drivers/" + want + "/bind", addr);
-    } catch (const SystemError&) {
-      // Reported below with the state found.
-    }
-    bound = driver(dev);
-  }
+  if (want_override != want) sysfs_.write(dev_path(dev, "driver_override"), want_override + "\n");
   if (bound != want)
     throw std::runtime_error("binding " + addr + " to " + want + ": drivers_probe succeeded but the device is " +
                              (bound.empty() ? std::string("bound to no driver") : "bound to " + bound) +

@@ -21,6 +21,9 @@ struct Options {
   std::string config_path;
   std::optional<std::string> log_level;  // --log-level overrides the file
   std::string sysfs_root = "/sys";       // resolves udev events in system mode
+  // Crash tests: the daemon stops itself (SIGSTOP) before this step of its
+  // first apply, so a test can SIGKILL it mid-transaction.
+  std::optional<size_t> test_stop_before_step;
 };
 
 // The daemon's control thread: owns the io_context, the signals, the control

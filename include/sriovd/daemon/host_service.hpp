@@ -4,6 +4,7 @@
 // each accepted config, releases VFs, and reports devices.
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -23,7 +24,7 @@ class HostService {
 
   // Rolls back what a crash left half done, then converges to cfg. Throws
   // (with the host rolled back) when the config cannot be applied.
-  void start(const config::Config& cfg);
+  void start(const config::Config& cfg, std::optional<size_t> stop_before_step = std::nullopt);
   // Converges to a new config; on failure the host is as it was before.
   std::vector<host::Step> apply(const config::Config& cfg);
   // Converges to the same config again (released VFs stay released).

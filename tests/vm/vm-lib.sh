@@ -1,0 +1,124 @@
+# The real-kernel VM harness (sourced). A Debian kernel boots under QEMU TCG
+# with an emulated Intel IOMMU and an SR-IOV NVMe PF; a busybox initramfs
+# carries the binaries under test and one scenario script, whose
+# "VMTEST PASS|FAIL name" lines come back on the serial console.
+# Reused by every layer that needs real VFIO: give vm_run other binaries and
+# another scenario.
+
+if [[ -n ${SRIOVD_VM_CACHE:-} ]]; then
+  VM_CACHE=$SRIOVD_VM_CACHE
+elif [[ $EUID -eq 0 ]]; then
+  VM_CACHE=/var/cache/sriovd-vm
+else
+  VM_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/sriovd-vm
+fi
+VM_TIMEOUT=${SRIOVD_VM_TIMEOUT:-300}
+# Loaded in this order by the guest's init (TESTING.md): VFIO, then NVMe.
+VM_MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
+  drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/pci/pci-stub crypto/crct10dif_common
+  lib/crc-t10dif lib/crc64 crypto/crc64_rocksoft_generic lib/crc64-rocksoft block/t10-pi
+  drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
+
+vm_log() { echo "vm: $*" >&2; }
+
+# Installs QEMU and the initramfs tools when missing.
+vm_install_tools() {
+  local missing=()
+  for p in qemu-system-x86 busybox-static cpio kmod; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  if [[ $EUID -ne 0 ]]; then
+    vm_log "missing ${missing[*]} and not root to install them"
+    return 1
+  fi
+  vm_log "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# Fetches the newest Debian 6.1 kernel once and keeps vmlinuz and the
+# modules the guest needs under $VM_CACHE/<version>. Prints that directory.
+vm_kernel() {
+  local dir
+  dir=$(ls -d "$VM_CACHE"/6.1.0-*-amd64 2>/dev/null | sort -V | tail -n 1)
+  if [[ -n $dir && -f $dir/vmlinuz ]]; then
+    echo "$dir"
+    return 0
+  fi
+  local pkg
+  pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
+  if [[ -z $pkg ]]; then
+    apt-get update -qq >&2
+    pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
+  fi
+  [[ -n $pkg ]] || { vm_log "no linux-image-6.1.0-*-amd64 package found"; return 1; }
+  local version=${pkg#linux-image-}
+  local tmp
+  tmp=$(mktemp -d)
+  vm_log "downloading $pkg"
+  (cd "$tmp" && chmod 777 "$tmp" && apt-get download "$pkg" >&2) || { rm -rf "$tmp"; return 1; }
+  mkdir -p "$tmp/x"
+  local patterns=("./boot/vmlinuz-$version")
+  for m in $VM_MODULES; do patterns+=("./lib/modules/$version/kernel/$m.ko"); done
+  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp/x" "${patterns[@]}"
+  dir="$VM_CACHE/$version"
+  mkdir -p "$dir/modules"
+  cp "$tmp/x/boot/vmlinuz-$version" "$dir/vmlinuz"
+  for m in $VM_MODULES; do cp "$tmp/x/lib/modules/$version/kernel/$m.ko" "$dir/modules/"; done
+  rm -rf "$tmp"
+  echo "$dir"
+}
+
+# Copies a dynamically linked binary and the libraries ldd names into ROOT.
+vm_add_binary() {
+  local root=$1 bin=$2 dest=${3:-/bin/$(basename "$2")}
+  install -D -m 0755 "$bin" "$root$dest"
+  ldd "$bin" | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}' | while read -r lib; do
+    [[ -f $root$lib ]] || install -D -m 0755 "$lib" "$root$lib"
+  done
+}
+
+# vm_run SCENARIO LOG BINARY... : builds the initramfs, boots, writes the
+# console to LOG, and returns 0 when the scenario ended and every check passed.
+vm_run() {
+  local scenario=$1 log=$2
+  shift 2
+  local kernel
+  kernel=$(vm_kernel) || return 1
+  local root
+  root=$(mktemp -d)
+  mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,var/lib,modules}
+  cp /bin/busybox "$root/bin/busybox"
+  cp "$kernel"/modules/*.ko "$root/modules/"
+  : >"$root/modules.order"
+  for m in $VM_MODULES; do basename "$m" >>"$root/modules.order"; done
+  for b in "$@"; do vm_add_binary "$root" "$b"; done
+  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/guest-init" "$root/init"
+  install -m 0644 "$scenario" "$root/scenario.sh"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$root.cpio.gz"
+  rm -rf "$root"
+
+  vm_log "booting $(basename "$kernel") with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
+  local rc=0
+  timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
+    -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 1 \
+    -device intel-iommu,intremap=on \
+    -device pcie-root-port,id=rp1,slot=1 \
+    -device nvme-subsys,id=subsys0 \
+    -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \
+    -kernel "$kernel/vmlinuz" -initrd "$root.cpio.gz" \
+    -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
+    -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
+  rm -f "$root.cpio.gz"
+  if ! grep -q '^VMTEST END' "$log"; then
+    vm_log "the guest did not finish (qemu exit $rc); console in $log"
+    return 1
+  fi
+  local passed failed
+  passed=$(grep -c '^VMTEST PASS' "$log" || true)
+  failed=$(grep -c '^VMTEST FAIL' "$log" || true)
+  grep -E '^VMTEST (PASS|FAIL)' "$log" | sed 's/^/  /' >&2
+  vm_log "$passed passed, $failed failed"
+  [[ $failed -eq 0 && $passed -gt 0 ]]
+}
