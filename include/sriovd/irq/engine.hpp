@@ -1,0 +1,158 @@
+#pragma once
+// The interrupt routing engine: every guest-visible vector is one route,
+// source -> state -> sink. Sources are a device's interrupt eventfd (a VFIO
+// vector) or a device model calling trigger(); the sink is the eventfd the
+// VMM gave (vfio-user SET_IRQS, vhost-user call fd).
+//
+// Data plane: relay threads wait in epoll on the routes' relay eventfds. A
+// fire on an unmasked route is one atomic load and one eventfd write to the
+// sink; a fire on a masked route latches the pending bit, and unmask replays
+// it. Nothing on that path allocates, locks or logs.
+//
+// Modes: in relay mode the device signals the route's relay eventfd; in
+// direct mode the device signals the sink itself (VFIO SET_IRQS with the
+// VMM's fd), so the kernel wakes the VMM with no hop through sriovd. A mask
+// in direct mode has to move the source back to the relay (an ioctl): the
+// policy decides when that cost is worth paying.
+
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd::irq {
+
+using RouteId = uint32_t;
+
+enum class Mode : uint8_t { relay, direct };
+
+// direct: bind to the sink whenever unmasked; every mask/unmask retargets
+//         the source (one SET_IRQS each), as QEMU did before lazy release.
+// relay:  always through the relay; mask/unmask are flag flips.
+// adaptive: direct until the vector is masked; then relay (flag flips) for
+//         as long as masks keep coming; back to direct after a quiet period.
+enum class Policy : uint8_t { direct, relay, adaptive };
+
+const char* to_string(Mode);
+const char* to_string(Policy);
+
+// Points a device's vector at an eventfd: VFIO_DEVICE_SET_IRQS with one
+// eventfd, or the simulated VF's equivalent. Called on the control plane
+// and on mode switches, never per interrupt.
+class SourceBinder {
+ public:
+  virtual ~SourceBinder() = default;
+  virtual void bind(unsigned vector, int eventfd) = 0;
+};
+
+struct RouteSpec {
+  std::string device;             // for listings: "0000:3b:02.0" or a virtio device name
+  unsigned vector = 0;
+  Policy policy = Policy::relay;
+  SourceBinder* binder = nullptr;  // null: the source is trigger() (a device model)
+};
+
+struct RouteStats {
+  uint64_t fired = 0;           // interrupts seen by the relay or trigger()
+  uint64_t delivered = 0;       // signals written to the sink
+  uint64_t masked_pending = 0;  // fires that found the vector masked
+  uint64_t replayed = 0;        // pending interrupts delivered at unmask
+  uint64_t dropped = 0;         // fires with no sink, or a failed sink write
+  uint64_t masks = 0;
+  uint64_t unmasks = 0;
+  uint64_t mode_switches = 0;   // source retargeted between relay and sink
+};
+
+struct RouteInfo {
+  RouteId id = 0;
+  std::string device;
+  unsigned vector = 0;
+  Policy policy = Policy::relay;
+  Mode mode = Mode::relay;
+  bool masked = true;
+  bool pending = false;
+  bool has_sink = false;
+  RouteStats stats;
+};
+
+struct EngineOptions {
+  unsigned relay_threads = 1;
+  std::vector<int> cpus;      // relay thread i runs on cpus[i % n]; empty: no pinning
+  bool busy_poll = false;     // spin in epoll_wait(0) instead of sleeping
+  // adaptive: a route in relay that has seen no mask/unmask for this long
+  // goes back to direct at the next housekeeping().
+  std::chrono::nanoseconds adaptive_quiet{std::chrono::milliseconds(200)};
+  unsigned max_routes = 1U << 16U;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // --- control plane ---
+  // A new route starts masked with no sink (an MSI-X vector after reset).
+  RouteId add(const RouteSpec& spec);
+  void remove(RouteId id);
+  // Takes ownership of the VMM's eventfd (invalid: no sink). In direct or
+  // adaptive policy an unmasked route is bound to it at once.
+  void set_sink(RouteId id, UniqueFd sink);
+  // The eventfd the device signals in relay mode (owned by the engine).
+  [[nodiscard]] int relay_fd(RouteId id) const;
+  // adaptive: routes quiet for adaptive_quiet go back to direct.
+  void housekeeping(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+
+  // --- data plane (any thread, lock-free unless a mode switch is due) ---
+  void mask(RouteId id);
+  void unmask(RouteId id);
+  void trigger(RouteId id);
+  [[nodiscard]] bool pending(RouteId id) const;
+  [[nodiscard]] bool masked(RouteId id) const;
+  // Function reset: drops the pending bit.
+  void clear_pending(RouteId id);
+
+  // --- observation ---
+  [[nodiscard]] Mode mode(RouteId id) const;
+  [[nodiscard]] RouteStats stats(RouteId id) const;
+  [[nodiscard]] std::vector<RouteInfo> list() const;
+  [[nodiscard]] size_t size() const;
+  [[nodiscard]] const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Route;
+  struct RelayThread;
+
+  Route& at(RouteId id) const;
+  void fire(Route& r, uint64_t count);
+  void deliver(Route& r);
+  void switch_mode(Route& r, Mode to);
+  void quiesce();
+  void relay_loop(RelayThread& t);
+
+  static constexpr unsigned kChunkBits = 8;
+  static constexpr unsigned kChunk = 1U << kChunkBits;
+
+  EngineOptions options_;
+  // Routes live in fixed chunks that never move: a RouteId is an index, and
+  // relay threads hold Route pointers in epoll without any lock.
+  std::unique_ptr<std::atomic<Route*>[]> chunks_;
+  mutable std::mutex control_mutex_;  // add/remove/set_sink: control plane only
+  std::vector<RouteId> free_ids_;
+  RouteId next_id_ = 0;
+  size_t live_ = 0;
+  std::vector<std::unique_ptr<RelayThread>> threads_;
+  unsigned next_thread_ = 0;
+};
+
+}  // namespace sriovd::irq

@@ -1,0 +1,331 @@
+#include "sriovd/irq/engine.hpp"
+
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::irq {
+
+namespace {
+
+constexpr uint32_t kMasked = 1U << 0U;
+constexpr uint32_t kPending = 1U << 1U;
+constexpr uint32_t kLive = 1U << 2U;
+
+int64_t now_ns(std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now()) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+UniqueFd make_eventfd() {
+  UniqueFd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd) throw_errno("eventfd");
+  return fd;
+}
+
+}  // namespace
+
+const char* to_string(Mode m) { return m == Mode::direct ? "direct" : "relay"; }
+const char* to_string(Policy p) {
+  switch (p) {
+    case Policy::direct: return "direct";
+    case Policy::relay: return "relay";
+    case Policy::adaptive: return "adaptive";
+  }
+  return "?";
+}
+
+struct Engine::Route {
+  // Touched per interrupt: kept together, away from the cold fields.
+  alignas(64) std::atomic<uint32_t> flags{0};
+  std::atomic<int> sink{-1};
+  std::atomic<Mode> mode{Mode::relay};
+  std::atomic<uint64_t> fired{0}, delivered{0}, masked_pending{0}, replayed{0}, dropped{0};
+  std::atomic<uint64_t> masks{0}, unmasks{0}, mode_switches{0};
+  std::atomic<int64_t> last_mask_ns{0};
+
+  alignas(64) UniqueFd relay;
+  UniqueFd sink_owner;
+  std::vector<UniqueFd> retired_sinks;  // closed at the next quiescent point
+  std::mutex switch_mutex;              // mode switches only
+  RouteSpec spec;
+  RelayThread* thread = nullptr;
+  RouteId id = 0;
+};
+
+struct Engine::RelayThread {
+  UniqueFd epoll;
+  UniqueFd wake;
+  std::atomic<uint64_t> generation{0};
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+Engine::Engine(EngineOptions options) : options_(std::move(options)) {
+  const unsigned chunks = (options_.max_routes + kChunk - 1) / kChunk;
+  chunks_ = std::make_unique<std::atomic<Route*>[]>(chunks);
+  for (unsigned i = 0; i < chunks; ++i) chunks_[i].store(nullptr);
+  for (unsigned i = 0; i < options_.relay_threads; ++i) {
+    auto t = std::make_unique<RelayThread>();
+    t->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!t->epoll) throw_errno("epoll_create1 for relay thread");
+    t->wake = make_eventfd();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;  // the wake fd
+    if (::epoll_ctl(t->epoll.get(), EPOLL_CTL_ADD, t->wake.get(), &ev) != 0) throw_errno("epoll_ctl wake fd");
+    RelayThread* raw = t.get();
+    t->thread = std::thread([this, raw] { relay_loop(*raw); });
+    if (!options_.cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(options_.cpus[i % options_.cpus.size()], &set);
+      if (int rc = pthread_setaffinity_np(t->thread.native_handle(), sizeof set, &set); rc != 0)
+        throw SystemError(rc, "pinning relay thread " + std::to_string(i) + " to CPU " +
+                                  std::to_string(options_.cpus[i % options_.cpus.size()]));
+    }
+    pthread_setname_np(t->thread.native_handle(), ("sriovd-relay" + std::to_string(i)).c_str());
+    threads_.push_back(std::move(t));
+  }
+}
+
+Engine::~Engine() {
+  for (auto& t : threads_) {
+    t->stop.store(true);
+    const uint64_t one = 1;
+    (void)::write(t->wake.get(), &one, sizeof one);
+  }
+  for (auto& t : threads_) t->thread.join();
+  const unsigned chunks = (options_.max_routes + kChunk - 1) / kChunk;
+  for (unsigned i = 0; i < chunks; ++i) delete[] chunks_[i].load();
+}
+
+Engine::Route& Engine::at(RouteId id) const {
+  Route* chunk = id < options_.max_routes ? chunks_[id >> kChunkBits].load(std::memory_order_acquire) : nullptr;
+  if (!chunk) throw std::out_of_range("no interrupt route " + std::to_string(id));
+  return chunk[id & (kChunk - 1)];
+}
+
+void Engine::relay_loop(RelayThread& t) {
+  epoll_event events[64];
+  const int timeout = options_.busy_poll ? 0 : -1;
+  while (!t.stop.load(std::memory_order_relaxed)) {
+    const int n = ::epoll_wait(t.epoll.get(), events, 64, timeout);
+    t.generation.fetch_add(1, std::memory_order_release);
+    for (int i = 0; i < n; ++i) {
+      auto* r = static_cast<Route*>(events[i].data.ptr);
+      uint64_t count = 0;
+      if (!r) {
+        (void)::read(t.wake.get(), &count, sizeof count);
+        continue;
+      }
+      if (::read(r->relay.get(), &count, sizeof count) == sizeof count) fire(*r, count);
+    }
+  }
+}
+
+// Lock-free: a masked fire latches the pending bit; if an unmask raced in
+// between the load and the latch, its replay may have missed the bit, so
+// the fire claims it back and delivers.
+void Engine::fire(Route& r, uint64_t count) {
+  r.fired.fetch_add(count, std::memory_order_relaxed);
+  if (!(r.flags.load(std::memory_order_acquire) & kMasked)) {
+    deliver(r);
+    return;
+  }
+  r.masked_pending.fetch_add(1, std::memory_order_relaxed);
+  r.flags.fetch_or(kPending, std::memory_order_acq_rel);
+  if (!(r.flags.load(std::memory_order_acquire) & kMasked) &&
+      (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending))
+    deliver(r);
+}
+
+void Engine::deliver(Route& r) {
+  const int fd = r.sink.load(std::memory_order_acquire);
+  const uint64_t one = 1;
+  if (fd < 0 || ::write(fd, &one, sizeof one) != sizeof one) {
+    r.dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  r.delivered.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Engine::switch_mode(Route& r, Mode to) {
+  if (r.mode.load() == to || !r.spec.binder) return;
+  const int fd = to == Mode::direct ? r.sink.load() : r.relay.get();
+  if (to == Mode::direct && fd < 0) return;
+  r.spec.binder->bind(r.spec.vector, fd);
+  r.mode.store(to, std::memory_order_release);
+  r.mode_switches.fetch_add(1, std::memory_order_relaxed);
+}
+
+RouteId Engine::add(const RouteSpec& spec) {
+  std::lock_guard lock(control_mutex_);
+  RouteId id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    if (next_id_ >= options_.max_routes)
+      throw std::runtime_error("interrupt routes exhausted (" + std::to_string(options_.max_routes) + ")");
+    id = next_id_++;
+    if (!chunks_[id >> kChunkBits].load()) chunks_[id >> kChunkBits].store(new Route[kChunk], std::memory_order_release);
+  }
+  Route& r = at(id);
+  r.id = id;
+  r.spec = spec;
+  if (!r.spec.binder) r.spec.policy = Policy::relay;  // a device model has no source to bind
+  r.relay = make_eventfd();
+  r.flags.store(kMasked | kLive);
+  r.sink.store(-1);
+  r.mode.store(Mode::relay);
+  for (auto* c : {&r.fired, &r.delivered, &r.masked_pending, &r.replayed, &r.dropped, &r.masks, &r.unmasks,
+                  &r.mode_switches})
+    c->store(0);
+  r.last_mask_ns.store(0);
+  if (!threads_.empty()) {
+    r.thread = threads_[next_thread_++ % threads_.size()].get();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &r;
+    if (::epoll_ctl(r.thread->epoll.get(), EPOLL_CTL_ADD, r.relay.get(), &ev) != 0)
+      throw_errno("epoll_ctl add route " + std::to_string(id));
+  }
+  if (r.spec.binder) r.spec.binder->bind(r.spec.vector, r.relay.get());
+  ++live_;
+  return id;
+}
+
+// Waits until every relay thread has come back to epoll_wait once, so no
+// thread still holds a route pointer from before.
+void Engine::quiesce() {
+  for (auto& t : threads_) {
+    const uint64_t seen = t->generation.load(std::memory_order_acquire);
+    const uint64_t one = 1;
+    (void)::write(t->wake.get(), &one, sizeof one);
+    while (t->generation.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+  }
+}
+
+void Engine::remove(RouteId id) {
+  std::lock_guard lock(control_mutex_);
+  Route& r = at(id);
+  if (!(r.flags.load() & kLive)) throw std::out_of_range("interrupt route " + std::to_string(id) + " is not in use");
+  r.flags.store(kMasked);
+  if (r.thread) ::epoll_ctl(r.thread->epoll.get(), EPOLL_CTL_DEL, r.relay.get(), nullptr);
+  quiesce();
+  r.sink.store(-1);
+  r.relay.reset();
+  r.sink_owner.reset();
+  r.retired_sinks.clear();
+  r.spec = {};
+  free_ids_.push_back(id);
+  --live_;
+}
+
+void Engine::set_sink(RouteId id, UniqueFd sink) {
+  std::lock_guard lock(control_mutex_);
+  Route& r = at(id);
+  std::lock_guard switching(r.switch_mutex);
+  if (r.sink_owner) r.retired_sinks.push_back(std::move(r.sink_owner));
+  r.sink_owner = std::move(sink);
+  r.sink.store(r.sink_owner.valid() ? r.sink_owner.get() : -1, std::memory_order_release);
+  if (r.mode.load() == Mode::direct) {
+    // Rebind the device to the new sink (or back to the relay if none).
+    r.mode.store(Mode::relay);
+    if (r.sink_owner.valid()) {
+      switch_mode(r, Mode::direct);
+    } else if (r.spec.binder) {
+      r.spec.binder->bind(r.spec.vector, r.relay.get());
+      r.mode_switches.fetch_add(1, std::memory_order_relaxed);
+    }
+  } else if (r.spec.policy != Policy::relay && !(r.flags.load() & kMasked) && r.sink_owner.valid()) {
+    switch_mode(r, Mode::direct);
+  }
+  if (r.retired_sinks.size() > 1) {
+    // Older sinks cannot be in a relay thread's hands any more after this.
+    quiesce();
+    r.retired_sinks.erase(r.retired_sinks.begin(), r.retired_sinks.end() - 1);
+  }
+}
+
+int Engine::relay_fd(RouteId id) const { return at(id).relay.get(); }
+
+void Engine::mask(RouteId id) {
+  Route& r = at(id);
+  r.masks.fetch_add(1, std::memory_order_relaxed);
+  r.last_mask_ns.store(now_ns(), std::memory_order_relaxed);
+  r.flags.fetch_or(kMasked, std::memory_order_acq_rel);
+  if (r.mode.load(std::memory_order_acquire) == Mode::direct) {
+    // The kernel would keep signalling the VMM: the source must come back to
+    // the relay, where the pending bit can be latched.
+    std::lock_guard switching(r.switch_mutex);
+    switch_mode(r, Mode::relay);
+  }
+}
+
+void Engine::unmask(RouteId id) {
+  Route& r = at(id);
+  r.unmasks.fetch_add(1, std::memory_order_relaxed);
+  r.last_mask_ns.store(now_ns(), std::memory_order_relaxed);
+  r.flags.fetch_and(~kMasked, std::memory_order_acq_rel);
+  if (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending) {
+    r.replayed.fetch_add(1, std::memory_order_relaxed);
+    deliver(r);
+  }
+  if (r.spec.policy == Policy::direct && r.mode.load(std::memory_order_acquire) == Mode::relay) {
+    std::lock_guard switching(r.switch_mutex);
+    if (!(r.flags.load() & kMasked)) switch_mode(r, Mode::direct);
+  }
+}
+
+void Engine::trigger(RouteId id) { fire(at(id), 1); }
+
+bool Engine::pending(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kPending; }
+bool Engine::masked(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kMasked; }
+void Engine::clear_pending(RouteId id) { at(id).flags.fetch_and(~kPending, std::memory_order_acq_rel); }
+Mode Engine::mode(RouteId id) const { return at(id).mode.load(std::memory_order_acquire); }
+
+void Engine::housekeeping(std::chrono::steady_clock::time_point now) {
+  std::lock_guard lock(control_mutex_);
+  const int64_t cutoff = now_ns(now) - options_.adaptive_quiet.count();
+  for (RouteId id = 0; id < next_id_; ++id) {
+    Route& r = at(id);
+    const uint32_t f = r.flags.load(std::memory_order_acquire);
+    if (!(f & kLive) || (f & kMasked) || r.spec.policy != Policy::adaptive || r.mode.load() != Mode::relay ||
+        r.sink.load() < 0 || r.last_mask_ns.load(std::memory_order_relaxed) > cutoff)
+      continue;
+    std::lock_guard switching(r.switch_mutex);
+    if (!(r.flags.load() & kMasked)) switch_mode(r, Mode::direct);
+  }
+}
+
+RouteStats Engine::stats(RouteId id) const {
+  const Route& r = at(id);
+  return {r.fired.load(), r.delivered.load(), r.masked_pending.load(), r.replayed.load(), r.dropped.load(),
+          r.masks.load(), r.unmasks.load(), r.mode_switches.load()};
+}
+
+std::vector<RouteInfo> Engine::list() const {
+  std::lock_guard lock(control_mutex_);
+  std::vector<RouteInfo> out;
+  for (RouteId id = 0; id < next_id_; ++id) {
+    const Route& r = at(id);
+    const uint32_t f = r.flags.load();
+    if (!(f & kLive)) continue;
+    out.push_back({id, r.spec.device, r.spec.vector, r.spec.policy, r.mode.load(), (f & kMasked) != 0,
+                   (f & kPending) != 0, r.sink.load() >= 0, stats(id)});
+  }
+  return out;
+}
+
+size_t Engine::size() const {
+  std::lock_guard lock(control_mutex_);
+  return live_;
+}
+
+}  // namespace sriovd::irq
