@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
 
 namespace sriovd::host {
@@ -444,46 +445,17 @@ std::string SimulatedKernel::vf_netdev(const Device& vf) const {
 }
 
 std::vector<uint8_t> SimulatedKernel::config_space(const Device& d) {
-  std::vector<uint8_t> c(4096, 0);
-  auto put16 = [&](size_t off, unsigned v) {
-    c[off] = static_cast<uint8_t>(v);
-    c[off + 1] = static_cast<uint8_t>(v >> 8U);
-  };
-  auto put32 = [&](size_t off, unsigned v) {
-    put16(off, v & 0xffffU);
-    put16(off + 2, v >> 16U);
-  };
-  put16(0x00, d.vendor);
-  put16(0x02, d.device);
-  put16(0x06, 0x0010);  // status: capabilities list
-  c[0x09] = static_cast<uint8_t>(d.class_code);
-  c[0x0a] = static_cast<uint8_t>(d.class_code >> 8U);
-  c[0x0b] = static_cast<uint8_t>(d.class_code >> 16U);
-  c[0x34] = 0x40;
-  // PCI Express capability, endpoint.
-  c[0x40] = 0x10;
-  c[0x41] = d.msix_vectors ? 0x70 : 0x00;
-  put16(0x42, 0x0002);
-  if (d.msix_vectors) {
-    // MSI-X (PCI Local Bus 3.0 §6.8.2): table in BAR3 at 0, PBA in BAR3 at 0x2000.
-    c[0x70] = 0x11;
-    c[0x71] = 0x00;
-    put16(0x72, (d.msix_vectors - 1U) & 0x7ffU);
-    put32(0x74, 0x00000000U | 3U);
-    put32(0x78, 0x00002000U | 3U);
-  }
-  if (d.total_vfs > 0) {
-    // SR-IOV extended capability (ID 0x0010, version 1) at 0x100.
-    put32(0x100, 0x0010U | (1U << 16U));
-    put16(0x108, d.num_vfs ? 0x0009 : 0);  // VF Enable | VF MSE
-    put16(0x10c, d.total_vfs);             // InitialVFs
-    put16(0x10e, d.total_vfs);             // TotalVFs
-    put16(0x110, d.num_vfs);               // NumVFs
-    put16(0x114, kFirstVfOffset);
-    put16(0x116, kVfStride);
-    put16(0x11a, d.vf_device);
-  }
-  return c;
+  pci::EndpointSpec spec;
+  spec.vendor = d.vendor;
+  spec.device = d.device;
+  spec.class_code = d.class_code;
+  spec.msix_vectors = d.msix_vectors;  // table in BAR3 at 0, PBA at 0x2000
+  spec.total_vfs = d.total_vfs;
+  spec.num_vfs = d.num_vfs;
+  spec.first_vf_offset = kFirstVfOffset;
+  spec.vf_stride = kVfStride;
+  spec.vf_device = d.vf_device;
+  return pci::make_endpoint_config(spec);
 }
 
 void SimulatedKernel::link_driver(const Device& d, bool present) {

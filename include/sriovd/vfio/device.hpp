@@ -1,0 +1,83 @@
+#pragma once
+// A device as VFIO presents it: regions, interrupts, reset. Two
+// implementations share this interface: the kernel's VFIO (KernelDevice)
+// and the simulated VF of `host: simulated` (SimulatedDevice), so that
+// everything above runs unchanged on either.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sriovd/irq/engine.hpp"
+
+namespace sriovd::vfio {
+
+// VFIO's fixed region and IRQ indexes for PCI devices (linux/vfio.h).
+inline constexpr uint32_t kBar0Region = 0;
+inline constexpr uint32_t kConfigRegion = 7;
+inline constexpr uint32_t kMsixIrq = 2;
+
+struct SparseArea {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+struct RegionInfo {
+  uint32_t index = 0;
+  uint32_t flags = 0;  // VFIO_REGION_INFO_FLAG_*
+  uint64_t size = 0;
+  uint64_t offset = 0;  // of the region in the device fd
+  std::vector<SparseArea> sparse;  // mmap-able parts, when the region has holes
+  bool msix_mappable = false;      // the kernel lets the MSI-X table be mapped
+  [[nodiscard]] bool readable() const;
+  [[nodiscard]] bool writable() const;
+  [[nodiscard]] bool mappable() const;
+};
+
+struct IrqInfo {
+  uint32_t index = 0;
+  uint32_t flags = 0;  // VFIO_IRQ_INFO_*
+  uint32_t count = 0;
+  [[nodiscard]] bool eventfd() const;
+  [[nodiscard]] bool maskable() const;
+  // Set: the vector count fixed when MSI-X is enabled cannot grow without a
+  // disable and re-enable.
+  [[nodiscard]] bool noresize() const;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  [[nodiscard]] virtual const std::string& name() const = 0;
+  [[nodiscard]] virtual uint32_t num_regions() const = 0;
+  [[nodiscard]] virtual uint32_t num_irqs() const = 0;
+  virtual RegionInfo region(uint32_t index) = 0;
+  virtual void read(uint32_t region, uint64_t offset, void* data, size_t size) = 0;
+  virtual void write(uint32_t region, uint64_t offset, const void* data, size_t size) = 0;
+  virtual IrqInfo irq(uint32_t index) = 0;
+  // VFIO_DEVICE_SET_IRQS, DATA_EVENTFD|ACTION_TRIGGER for [start, start+n):
+  // fd -1 de-assigns a vector. The first call with start 0 enables the index.
+  virtual void set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) = 0;
+  // DATA_NONE|ACTION_TRIGGER, count 0: disables the whole index.
+  virtual void disable_irqs(uint32_t index) = 0;
+  // DATA_NONE|ACTION_TRIGGER on one vector: the kernel signals its eventfd
+  // as if the device had raised it (loopback).
+  virtual void trigger(uint32_t index, uint32_t vector) = 0;
+  virtual void reset() = 0;
+};
+
+// Points one MSI-X vector of a device at an eventfd for the routing engine.
+class MsixBinder : public irq::SourceBinder {
+ public:
+  explicit MsixBinder(Device& device) : device_(device) {}
+  void bind(unsigned vector, int eventfd) override {
+    const int fd[1] = {eventfd};
+    device_.set_irq_eventfds(kMsixIrq, vector, fd);
+  }
+
+ private:
+  Device& device_;
+};
+
+}  // namespace sriovd::vfio

@@ -1,0 +1,76 @@
+#pragma once
+// Kernel VFIO: the type1v2 container, a group, and a device of the group,
+// each owned by an RAII object. Every error names the device or group and
+// carries the errno text.
+
+#include <memory>
+#include <string>
+
+#include "sriovd/util/fd.hpp"
+#include "sriovd/util/pci_address.hpp"
+#include "sriovd/vfio/device.hpp"
+
+namespace sriovd::vfio {
+
+class Container {
+ public:
+  // Opens /dev/vfio/vfio and checks the API version and type1v2 support.
+  Container();
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  // VFIO_IOMMU_MAP_DMA / UNMAP_DMA (after the first group is attached).
+  void map_dma(uint64_t iova, void* vaddr, uint64_t size, bool writable = true);
+  void unmap_dma(uint64_t iova, uint64_t size);
+
+ private:
+  friend class Group;
+  void set_iommu();
+  UniqueFd fd_;
+  bool iommu_set_ = false;
+};
+
+class Group {
+ public:
+  // Opens /dev/vfio/<number>, checks that it is viable, and attaches it to
+  // the container (setting the container's IOMMU type on the first group).
+  Group(Container& container, int number);
+  ~Group();
+  [[nodiscard]] int number() const { return number_; }
+  [[nodiscard]] int fd() const { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+  int number_;
+};
+
+class KernelDevice : public Device {
+ public:
+  KernelDevice(Group& group, const PciAddress& address);
+  // Container, group and device for one PCI function bound to vfio-pci.
+  static std::unique_ptr<KernelDevice> open(const PciAddress& address, const std::string& sysfs_root = "/sys");
+
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] uint32_t num_regions() const override { return num_regions_; }
+  [[nodiscard]] uint32_t num_irqs() const override { return num_irqs_; }
+  RegionInfo region(uint32_t index) override;
+  void read(uint32_t region, uint64_t offset, void* data, size_t size) override;
+  void write(uint32_t region, uint64_t offset, const void* data, size_t size) override;
+  IrqInfo irq(uint32_t index) override;
+  void set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) override;
+  void disable_irqs(uint32_t index) override;
+  void trigger(uint32_t index, uint32_t vector) override;
+  void reset() override;
+
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  Container& container() { return *owned_container_; }
+
+ private:
+  std::unique_ptr<Container> owned_container_;  // set by open()
+  std::unique_ptr<Group> owned_group_;
+  std::string name_;
+  UniqueFd fd_;
+  uint32_t num_regions_ = 0;
+  uint32_t num_irqs_ = 0;
+  uint32_t flags_ = 0;
+};
+
+}  // namespace sriovd::vfio

@@ -1,0 +1,58 @@
+#pragma once
+// The simulated VF of `host: simulated`: the same Device interface as
+// kernel VFIO, with a config space carrying an MSI-X capability, a BAR0
+// holding the MSI-X table and PBA, per-vector eventfds as SET_IRQS leaves
+// them, and an interrupt generator for tests, benchmarks and the demo.
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "sriovd/vfio/device.hpp"
+
+namespace sriovd::vfio {
+
+class SimulatedDevice : public Device {
+ public:
+  static constexpr uint64_t kBar0Size = 0x4000;
+  static constexpr uint64_t kTableOffset = 0x0000;  // in BAR0
+  static constexpr uint64_t kPbaOffset = 0x2000;
+
+  SimulatedDevice(std::string name, uint16_t vendor, uint16_t device, uint16_t msix_vectors);
+  ~SimulatedDevice() override;
+
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] uint32_t num_regions() const override { return 9; }
+  [[nodiscard]] uint32_t num_irqs() const override { return 5; }
+  RegionInfo region(uint32_t index) override;
+  void read(uint32_t region, uint64_t offset, void* data, size_t size) override;
+  void write(uint32_t region, uint64_t offset, const void* data, size_t size) override;
+  IrqInfo irq(uint32_t index) override;
+  void set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) override;
+  void disable_irqs(uint32_t index) override;
+  void trigger(uint32_t index, uint32_t vector) override;
+  void reset() override;
+
+  // The interrupt generator: fires `vectors` round-robin, `burst` at a
+  // time, `rate` bursts per second (0: as fast as it can), until stopped.
+  void start_generator(std::vector<uint32_t> vectors, double rate, unsigned burst = 1);
+  void stop_generator();
+  [[nodiscard]] uint64_t generated() const { return generated_.load(); }
+  // SET_IRQS calls so far (what a naive mask costs).
+  [[nodiscard]] uint64_t set_irqs_calls() const { return set_irqs_calls_.load(); }
+
+ private:
+  std::string name_;
+  std::vector<uint8_t> config_;
+  std::vector<uint8_t> bar0_;
+  std::mutex mutex_;
+  std::vector<std::atomic<int>> vector_fds_;
+  bool msix_enabled_ = false;
+  std::atomic<uint64_t> generated_{0};
+  std::atomic<uint64_t> set_irqs_calls_{0};
+  std::atomic<bool> generator_stop_{false};
+  std::thread generator_;
+};
+
+}  // namespace sriovd::vfio

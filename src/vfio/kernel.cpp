@@ -1,0 +1,207 @@
+#include "sriovd/vfio/kernel.hpp"
+
+#include <fcntl.h>
+#include <linux/vfio.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::vfio {
+
+bool RegionInfo::readable() const { return flags & VFIO_REGION_INFO_FLAG_READ; }
+bool RegionInfo::writable() const { return flags & VFIO_REGION_INFO_FLAG_WRITE; }
+bool RegionInfo::mappable() const { return flags & VFIO_REGION_INFO_FLAG_MMAP; }
+bool IrqInfo::eventfd() const { return flags & VFIO_IRQ_INFO_EVENTFD; }
+bool IrqInfo::maskable() const { return flags & VFIO_IRQ_INFO_MASKABLE; }
+bool IrqInfo::noresize() const { return flags & VFIO_IRQ_INFO_NORESIZE; }
+
+Container::Container() : fd_(::open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC)) {
+  if (!fd_) throw_errno("opening /dev/vfio/vfio (is the vfio module loaded?)");
+  const int version = ::ioctl(fd_.get(), VFIO_GET_API_VERSION);
+  if (version != VFIO_API_VERSION)
+    throw std::runtime_error("VFIO API version " + std::to_string(version) + ", expected " +
+                             std::to_string(VFIO_API_VERSION));
+  if (::ioctl(fd_.get(), VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU) != 1)
+    throw std::runtime_error("VFIO container does not support the type1v2 IOMMU (vfio_iommu_type1 not loaded?)");
+}
+
+void Container::set_iommu() {
+  if (iommu_set_) return;
+  if (::ioctl(fd_.get(), VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU) != 0) throw_errno("VFIO_SET_IOMMU type1v2");
+  iommu_set_ = true;
+}
+
+void Container::map_dma(uint64_t iova, void* vaddr, uint64_t size, bool writable) {
+  vfio_iommu_type1_dma_map map{};
+  map.argsz = sizeof map;
+  map.flags = VFIO_DMA_MAP_FLAG_READ | (writable ? VFIO_DMA_MAP_FLAG_WRITE : 0U);
+  map.vaddr = reinterpret_cast<uint64_t>(vaddr);
+  map.iova = iova;
+  map.size = size;
+  if (::ioctl(fd_.get(), VFIO_IOMMU_MAP_DMA, &map) != 0)
+    throw_errno("VFIO_IOMMU_MAP_DMA iova 0x" + std::to_string(iova) + " size " + std::to_string(size));
+}
+
+void Container::unmap_dma(uint64_t iova, uint64_t size) {
+  vfio_iommu_type1_dma_unmap unmap{};
+  unmap.argsz = sizeof unmap;
+  unmap.iova = iova;
+  unmap.size = size;
+  if (::ioctl(fd_.get(), VFIO_IOMMU_UNMAP_DMA, &unmap) != 0)
+    throw_errno("VFIO_IOMMU_UNMAP_DMA iova 0x" + std::to_string(iova));
+}
+
+Group::Group(Container& container, int number)
+    : fd_(::open(("/dev/vfio/" + std::to_string(number)).c_str(), O_RDWR | O_CLOEXEC)), number_(number) {
+  const std::string name = "VFIO group " + std::to_string(number);
+  if (!fd_) throw_errno("opening /dev/vfio/" + std::to_string(number));
+  vfio_group_status status{};
+  status.argsz = sizeof status;
+  if (::ioctl(fd_.get(), VFIO_GROUP_GET_STATUS, &status) != 0) throw_errno(name + ": VFIO_GROUP_GET_STATUS");
+  if (!(status.flags & VFIO_GROUP_FLAGS_VIABLE))
+    throw std::runtime_error(name + " is not viable: bind every device in it to vfio-pci");
+  int cfd = container.fd();
+  if (::ioctl(fd_.get(), VFIO_GROUP_SET_CONTAINER, &cfd) != 0) throw_errno(name + ": VFIO_GROUP_SET_CONTAINER");
+  container.set_iommu();
+}
+
+Group::~Group() {
+  if (fd_) ::ioctl(fd_.get(), VFIO_GROUP_UNSET_CONTAINER);
+}
+
+KernelDevice::KernelDevice(Group& group, const PciAddress& address) : name_(address.to_string()) {
+  fd_.reset(::ioctl(group.fd(), VFIO_GROUP_GET_DEVICE_FD, name_.c_str()));
+  if (!fd_) throw_errno(name_ + ": VFIO_GROUP_GET_DEVICE_FD");
+  vfio_device_info info{};
+  info.argsz = sizeof info;
+  if (::ioctl(fd_.get(), VFIO_DEVICE_GET_INFO, &info) != 0) throw_errno(name_ + ": VFIO_DEVICE_GET_INFO");
+  if (!(info.flags & VFIO_DEVICE_FLAGS_PCI)) throw std::runtime_error(name_ + " is not a VFIO PCI device");
+  num_regions_ = info.num_regions;
+  num_irqs_ = info.num_irqs;
+  flags_ = info.flags;
+}
+
+std::unique_ptr<KernelDevice> KernelDevice::open(const PciAddress& address, const std::string& sysfs_root) {
+  std::error_code ec;
+  const auto group_link = std::filesystem::read_symlink(
+      sysfs_root + "/bus/pci/devices/" + address.to_string() + "/iommu_group", ec);
+  if (ec) throw std::runtime_error(address.to_string() + " has no IOMMU group (is the IOMMU on?)");
+  const int number = std::stoi(group_link.filename().string());
+  auto container = std::make_unique<Container>();
+  auto group = std::make_unique<Group>(*container, number);
+  auto device = std::make_unique<KernelDevice>(*group, address);
+  device->owned_container_ = std::move(container);
+  device->owned_group_ = std::move(group);
+  return device;
+}
+
+RegionInfo KernelDevice::region(uint32_t index) {
+  std::vector<uint8_t> buf(sizeof(vfio_region_info));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto* info = reinterpret_cast<vfio_region_info*>(buf.data());
+    info->argsz = static_cast<uint32_t>(buf.size());
+    info->index = index;
+    if (::ioctl(fd_.get(), VFIO_DEVICE_GET_REGION_INFO, info) != 0)
+      throw_errno(name_ + ": VFIO_DEVICE_GET_REGION_INFO " + std::to_string(index));
+    if (info->argsz > buf.size()) {  // capabilities follow: ask again with room
+      buf.resize(info->argsz);
+      continue;
+    }
+    RegionInfo out{index, info->flags, info->size, info->offset, {}, false};
+    if ((info->flags & VFIO_REGION_INFO_FLAG_CAPS) && info->cap_offset != 0) {
+      uint32_t off = info->cap_offset;
+      // Walk the capability chain, bounds-checked against what the kernel wrote.
+      for (int hops = 0; off != 0 && off + sizeof(vfio_info_cap_header) <= buf.size() && hops < 16; ++hops) {
+        vfio_info_cap_header hdr;
+        std::memcpy(&hdr, buf.data() + off, sizeof hdr);
+        if (hdr.id == VFIO_REGION_INFO_CAP_MSIX_MAPPABLE) out.msix_mappable = true;
+        if (hdr.id == VFIO_REGION_INFO_CAP_SPARSE_MMAP &&
+            off + sizeof(vfio_region_info_cap_sparse_mmap) <= buf.size()) {
+          vfio_region_info_cap_sparse_mmap sparse;
+          std::memcpy(&sparse, buf.data() + off, sizeof sparse);
+          const size_t areas_at = off + sizeof sparse;
+          for (uint32_t i = 0; i < sparse.nr_areas && areas_at + (i + 1) * sizeof(vfio_region_sparse_mmap_area) <= buf.size(); ++i) {
+            vfio_region_sparse_mmap_area a;
+            std::memcpy(&a, buf.data() + areas_at + i * sizeof a, sizeof a);
+            out.sparse.push_back({a.offset, a.size});
+          }
+        }
+        off = hdr.next;
+      }
+    }
+    return out;
+  }
+  throw std::runtime_error(name_ + ": region " + std::to_string(index) + " info keeps growing");
+}
+
+void KernelDevice::read(uint32_t index, uint64_t offset, void* data, size_t size) {
+  const RegionInfo r = region(index);
+  if (offset + size > r.size) throw std::out_of_range(name_ + ": read past region " + std::to_string(index));
+  if (::pread(fd_.get(), data, size, static_cast<off_t>(r.offset + offset)) != static_cast<ssize_t>(size))
+    throw_errno(name_ + ": read region " + std::to_string(index) + " at " + std::to_string(offset));
+}
+
+void KernelDevice::write(uint32_t index, uint64_t offset, const void* data, size_t size) {
+  const RegionInfo r = region(index);
+  if (offset + size > r.size) throw std::out_of_range(name_ + ": write past region " + std::to_string(index));
+  if (::pwrite(fd_.get(), data, size, static_cast<off_t>(r.offset + offset)) != static_cast<ssize_t>(size))
+    throw_errno(name_ + ": write region " + std::to_string(index) + " at " + std::to_string(offset));
+}
+
+IrqInfo KernelDevice::irq(uint32_t index) {
+  vfio_irq_info info{};
+  info.argsz = sizeof info;
+  info.index = index;
+  if (::ioctl(fd_.get(), VFIO_DEVICE_GET_IRQ_INFO, &info) != 0)
+    throw_errno(name_ + ": VFIO_DEVICE_GET_IRQ_INFO " + std::to_string(index));
+  return {index, info.flags, info.count};
+}
+
+void KernelDevice::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) {
+  std::vector<uint8_t> buf(sizeof(vfio_irq_set) + fds.size() * sizeof(int32_t));
+  auto* set = reinterpret_cast<vfio_irq_set*>(buf.data());
+  set->argsz = static_cast<uint32_t>(buf.size());
+  set->flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+  set->index = index;
+  set->start = start;
+  set->count = static_cast<uint32_t>(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) {
+    const int32_t fd = fds[i];
+    std::memcpy(buf.data() + sizeof(vfio_irq_set) + i * sizeof fd, &fd, sizeof fd);
+  }
+  if (::ioctl(fd_.get(), VFIO_DEVICE_SET_IRQS, set) != 0)
+    throw_errno(name_ + ": VFIO_DEVICE_SET_IRQS index " + std::to_string(index) + " vectors " +
+                std::to_string(start) + ".." + std::to_string(start + fds.size() - 1));
+}
+
+void KernelDevice::disable_irqs(uint32_t index) {
+  vfio_irq_set set{};
+  set.argsz = sizeof set;
+  set.flags = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
+  set.index = index;
+  if (::ioctl(fd_.get(), VFIO_DEVICE_SET_IRQS, &set) != 0)
+    throw_errno(name_ + ": disabling IRQ index " + std::to_string(index));
+}
+
+void KernelDevice::trigger(uint32_t index, uint32_t vector) {
+  vfio_irq_set set{};
+  set.argsz = sizeof set;
+  set.flags = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
+  set.index = index;
+  set.start = vector;
+  set.count = 1;
+  if (::ioctl(fd_.get(), VFIO_DEVICE_SET_IRQS, &set) != 0)
+    throw_errno(name_ + ": loopback trigger of vector " + std::to_string(vector));
+}
+
+void KernelDevice::reset() {
+  if (!(flags_ & VFIO_DEVICE_FLAGS_RESET)) throw std::runtime_error(name_ + " does not support VFIO_DEVICE_RESET");
+  if (::ioctl(fd_.get(), VFIO_DEVICE_RESET) != 0) throw_errno(name_ + ": VFIO_DEVICE_RESET");
+}
+
+}  // namespace sriovd::vfio
