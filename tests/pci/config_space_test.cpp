@@ -40,8 +40,9 @@ TEST(ConfigSpace, FindsTheMsixLayout) {
   ASSERT_EQ(pages.size(), 2U);
   EXPECT_EQ(pages[0], (std::pair<uint64_t, uint64_t>{0x1000, 0x2000}));
   EXPECT_EQ(pages[1], (std::pair<uint64_t, uint64_t>{0x3000, 0x4000}));
-  m->pba_offset = 0x1800 + 0x10;  // right after the table: one range
-  EXPECT_EQ(m->trapped_pages(3).size(), 1U);
+  MsixLayout adjacent = *m;
+  adjacent.pba_offset = 0x1810;  // right after the table: one range
+  EXPECT_EQ(adjacent.trapped_pages(3).size(), 1U);
   EXPECT_TRUE(m->trapped_pages(0).empty());
 }
 
