@@ -258,11 +258,13 @@ void Engine::set_sink(RouteId id, UniqueFd sink) {
 
 int Engine::relay_fd(RouteId id) const { return at(id).relay.get(); }
 
+// Only real transitions count as mask traffic: re-masking a masked vector
+// (a function mask over vector masks, a reset) is no guest activity.
 void Engine::mask(RouteId id) {
   Route& r = at(id);
+  if (r.flags.fetch_or(kMasked, std::memory_order_acq_rel) & kMasked) return;
   r.masks.fetch_add(1, std::memory_order_relaxed);
   r.last_mask_ns.store(now_ns(), std::memory_order_relaxed);
-  r.flags.fetch_or(kMasked, std::memory_order_acq_rel);
   if (r.mode.load(std::memory_order_acquire) == Mode::direct) {
     // The kernel would keep signalling the VMM: the source must come back to
     // the relay, where the pending bit can be latched.
@@ -273,14 +275,20 @@ void Engine::mask(RouteId id) {
 
 void Engine::unmask(RouteId id) {
   Route& r = at(id);
+  if (!(r.flags.fetch_and(~kMasked, std::memory_order_acq_rel) & kMasked)) return;
   r.unmasks.fetch_add(1, std::memory_order_relaxed);
-  r.last_mask_ns.store(now_ns(), std::memory_order_relaxed);
-  r.flags.fetch_and(~kMasked, std::memory_order_acq_rel);
+  const int64_t now = now_ns();
+  const int64_t previous = r.last_mask_ns.exchange(now, std::memory_order_relaxed);
   if (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending) {
     r.replayed.fetch_add(1, std::memory_order_relaxed);
     deliver(r);
   }
-  if (r.spec.policy == Policy::direct && r.mode.load(std::memory_order_acquire) == Mode::relay) {
+  // direct: always back to the sink. adaptive: only if this vector had been
+  // quiet (no mask traffic for adaptive_quiet) - a vector masked on every
+  // interrupt stays in relay, where masks are flag flips.
+  const bool go_direct = r.spec.policy == Policy::direct ||
+                         (r.spec.policy == Policy::adaptive && now - previous >= options_.adaptive_quiet.count());
+  if (go_direct && r.mode.load(std::memory_order_acquire) == Mode::relay) {
     std::lock_guard switching(r.switch_mutex);
     if (!(r.flags.load() & kMasked)) switch_mode(r, Mode::direct);
   }

@@ -160,9 +160,7 @@ TEST(Engine, AdaptiveStaysInRelayWhileMasksComeAndGoesDirectWhenQuiet) {
   RecordingBinder binder;
   const RouteId id = e.add({"0000:3b:02.0", 0, Policy::adaptive, &binder});
   Sink sink(e, id);
-  e.unmask(id);
-  const auto t0 = std::chrono::steady_clock::now();
-  e.housekeeping(t0 + 200ms);
+  e.unmask(id);  // the first unmask of a quiet vector goes direct at once
   EXPECT_EQ(e.mode(id), Mode::direct);
   EXPECT_EQ(e.stats(id).mode_switches, 1U);
 

@@ -79,7 +79,7 @@ class VfVectors : public ::testing::Test {
 
   irq::Policy policy = irq::Policy::relay;
   SimulatedDevice dev{"0000:3b:02.0", 0x8086, 0x154c, 4};
-  MsixBinder binder{dev};
+  MsixVectors binder{dev};
   std::unique_ptr<irq::Engine> engine;
   std::vector<irq::RouteId> ids;
   std::vector<int> sinks;
@@ -127,6 +127,31 @@ TEST_F(VfVectorsDirect, DirectBindBypassesTheRelay) {
   unmask(2);
   EXPECT_EQ(take(sinks[2]), 1U);
   EXPECT_EQ(dev.set_irqs_calls(), calls + 2);
+}
+
+TEST(MsixVectors, EnablesOnlyWhatIsUsedAndReenablesInOneBatchUnderNoresize) {
+  SimulatedDevice d("vf", 0x8086, 0x154c, 8);
+  MsixVectors v(d);
+  EXPECT_EQ(v.enabled(), 0U);
+  UniqueFd a(::eventfd(0, EFD_NONBLOCK)), b(::eventfd(0, EFD_NONBLOCK));
+  v.bind(0, a.get());
+  EXPECT_EQ(v.enabled(), 1U);
+  EXPECT_EQ(v.reenables(), 0U);
+  v.bind(3, b.get());  // NORESIZE: disable and enable 4 vectors in one call
+  EXPECT_EQ(v.enabled(), 4U);
+  EXPECT_EQ(v.reenables(), 1U);
+  d.trigger(kMsixIrq, 0);
+  d.trigger(kMsixIrq, 3);
+  EXPECT_EQ(take(a.get()), 1U);
+  EXPECT_EQ(take(b.get()), 1U);
+  v.bind(2, a.get());  // within the enabled range: one vector, no re-enable
+  EXPECT_EQ(v.reenables(), 1U);
+  v.reserve(8);
+  EXPECT_EQ(v.enabled(), 8U);
+  EXPECT_THROW(v.reserve(9), std::out_of_range);
+  v.disable();
+  d.trigger(kMsixIrq, 0);
+  EXPECT_EQ(take(a.get(), 10ms), 0U);
 }
 
 TEST(SimulatedDevice, GeneratorFiresAtTheAskedVectors) {

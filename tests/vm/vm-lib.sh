@@ -102,7 +102,7 @@ vm_run() {
   vm_log "booting $(basename "$kernel") with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
   local rc=0
   timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
-    -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 1 \
+    -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 2 \
     -device intel-iommu,intremap=on \
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \

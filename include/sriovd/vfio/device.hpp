@@ -67,17 +67,31 @@ class Device {
   virtual void reset() = 0;
 };
 
-// Points one MSI-X vector of a device at an eventfd for the routing engine.
-class MsixBinder : public irq::SourceBinder {
+// The device's MSI-X vectors as VFIO has them enabled. Only vectors in use
+// are enabled: the first use enables MSI-X with just enough vectors; a
+// vector beyond them is added one at a time when the kernel can resize, and
+// with one batched disable + re-enable (all eventfds in one SET_IRQS) when
+// it reports NORESIZE.
+class MsixVectors : public irq::SourceBinder {
  public:
-  explicit MsixBinder(Device& device) : device_(device) {}
-  void bind(unsigned vector, int eventfd) override {
-    const int fd[1] = {eventfd};
-    device_.set_irq_eventfds(kMsixIrq, vector, fd);
-  }
+  explicit MsixVectors(Device& device);
+  // irq::SourceBinder: vector's eventfd (-1: none).
+  void bind(unsigned vector, int eventfd) override;
+  // Enables at least `count` vectors at once (a VMM that knows how many it
+  // will use saves the re-enables).
+  void reserve(unsigned count);
+  void disable();
+
+  [[nodiscard]] unsigned enabled() const { return static_cast<unsigned>(fds_.size()); }
+  [[nodiscard]] unsigned capacity() const { return info_.count; }
+  [[nodiscard]] uint64_t reenables() const { return reenables_; }
 
  private:
+  void grow(size_t had);
   Device& device_;
+  IrqInfo info_;
+  std::vector<int> fds_;  // one per enabled vector
+  uint64_t reenables_ = 0;
 };
 
 }  // namespace sriovd::vfio
