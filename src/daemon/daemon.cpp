@@ -35,8 +35,13 @@ std::string summary(const config::Config& cfg) {
 
 Daemon::Daemon(Options options, config::Config config)
     : options_(std::move(options)), config_(std::move(config)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
-      watchdog_timer_(io_), started_(std::chrono::steady_clock::now()) {
+      watchdog_timer_(io_), housekeeping_timer_(io_), started_(std::chrono::steady_clock::now()) {
   register_commands();
+  irq::EngineOptions irq_options;
+  irq_options.relay_threads = config_.interrupts.relay_threads;
+  irq_options.busy_poll = config_.interrupts.busy_poll;
+  irq_options.cpus.assign(config_.interrupts.cpus.begin(), config_.interrupts.cpus.end());
+  irq_ = std::make_unique<irq::Engine>(irq_options);
   // The control socket first: it refuses to start a second daemon, which
   // must not get as far as touching the host.
   control_ = std::make_unique<ControlServer>(
@@ -51,6 +56,7 @@ Daemon::~Daemon() = default;
 int Daemon::run() {
   wait_for_signal();
   arm_watchdog();
+  arm_housekeeping();
   spdlog::info("sriovd {} ready: {}", kVersion, summary(config_));
   notifier_.ready(summary(config_));
   io_.run();
@@ -81,6 +87,16 @@ void Daemon::arm_watchdog() {
   });
 }
 
+// The adaptive policy's way back to direct bind, and nothing per interrupt.
+void Daemon::arm_housekeeping() {
+  housekeeping_timer_.expires_after(std::chrono::milliseconds(50));
+  housekeeping_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    irq_->housekeeping();
+    arm_housekeeping();
+  });
+}
+
 void Daemon::shutdown(const char* why) {
   if (stopping_) return;
   stopping_ = true;
@@ -99,6 +115,7 @@ void Daemon::shutdown(const char* why) {
   boost::system::error_code ignored;
   signals_.cancel(ignored);
   watchdog_timer_.cancel();
+  housekeeping_timer_.cancel();
 }
 
 json Daemon::reload(const std::string& trigger) {
@@ -115,6 +132,9 @@ json Daemon::reload(const std::string& trigger) {
                                next.control.socket + ": that needs a restart");
     if (next.state_dir != config_.state_dir)
       throw std::runtime_error("state_dir changes: that needs a restart");
+    if (next.interrupts.relay_threads != config_.interrupts.relay_threads ||
+        next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
+      throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
     const auto steps = host_->apply(next);
     control_->update_access(next.control);
     if (!options_.log_level) set_log_level(next.log_level);
@@ -154,11 +174,7 @@ void Daemon::register_commands() {
   commands_["devices"] = [this](const json&, const PeerCredentials&) {
     return control::make_result(devices_json());
   };
-  commands_["routes"] = [](const json&, const PeerCredentials&) {
-    // The interrupt routing engine registers its routes here once devices
-    // are exported; until then there are none to show.
-    return control::make_result({{"routes", json::array()}});
-  };
+  commands_["routes"] = [this](const json&, const PeerCredentials&) { return control::make_result(routes_json()); };
   commands_["stats"] = [this](const json&, const PeerCredentials&) {
     return control::make_result(stats_json());
   };
@@ -279,7 +295,42 @@ json Daemon::simulate_fault(const json& req) {
   return control::make_result({{"injected", f.path_contains}, {"errno", f.error}});
 }
 
+json Daemon::routes_json() const {
+  json routes = json::array();
+  for (const auto& r : irq_->list())
+    routes.push_back({{"id", r.id},
+                      {"device", r.device},
+                      {"vector", r.vector},
+                      {"policy", irq::to_string(r.policy)},
+                      {"mode", irq::to_string(r.mode)},
+                      {"masked", r.masked},
+                      {"pending", r.pending},
+                      {"sink", r.has_sink},
+                      {"fired", r.stats.fired},
+                      {"delivered", r.stats.delivered},
+                      {"masked_pending", r.stats.masked_pending},
+                      {"replayed", r.stats.replayed},
+                      {"dropped", r.stats.dropped},
+                      {"masks", r.stats.masks},
+                      {"unmasks", r.stats.unmasks},
+                      {"mode_switches", r.stats.mode_switches}});
+  return {{"routes", routes},
+          {"relay_threads", irq_->options().relay_threads},
+          {"busy_poll", irq_->options().busy_poll}};
+}
+
 json Daemon::stats_json() const {
+  json totals = {{"routes", 0}, {"fired", 0}, {"delivered", 0}, {"masked_pending", 0}, {"replayed", 0},
+                 {"dropped", 0}, {"mode_switches", 0}};
+  for (const auto& r : irq_->list()) {
+    totals["routes"] = totals["routes"].get<uint64_t>() + 1;
+    totals["fired"] = totals["fired"].get<uint64_t>() + r.stats.fired;
+    totals["delivered"] = totals["delivered"].get<uint64_t>() + r.stats.delivered;
+    totals["masked_pending"] = totals["masked_pending"].get<uint64_t>() + r.stats.masked_pending;
+    totals["replayed"] = totals["replayed"].get<uint64_t>() + r.stats.replayed;
+    totals["dropped"] = totals["dropped"].get<uint64_t>() + r.stats.dropped;
+    totals["mode_switches"] = totals["mode_switches"].get<uint64_t>() + r.stats.mode_switches;
+  }
   const auto& c = control_->stats();
   return {{"control",
            {{"connections", c.connections},
@@ -289,7 +340,7 @@ json Daemon::stats_json() const {
             {"rejected_peers", c.rejected_peers}}},
           {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}}},
           {"udev_events", udev_events_total_},
-          {"routes", json::object()}};
+          {"routes", totals}};
 }
 
 // A VF came or went (udev/90-sriovd.rules runs `sriovctl udev-event`).

@@ -13,6 +13,7 @@
 #include "sriovd/daemon/control_server.hpp"
 #include "sriovd/daemon/host_service.hpp"
 #include "sriovd/daemon/notify.hpp"
+#include "sriovd/irq/engine.hpp"
 #include "sriovd/util/asio.hpp"
 
 namespace sriovd::daemon {
@@ -44,6 +45,7 @@ class Daemon {
   void register_commands();
   void wait_for_signal();
   void arm_watchdog();
+  void arm_housekeeping();
   void shutdown(const char* why);
 
   // Re-reads the config file; a file that fails validation, or that changes
@@ -54,6 +56,7 @@ class Daemon {
   control::json status_json() const;
   control::json devices_json() const;
   control::json stats_json() const;
+  control::json routes_json() const;
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
   control::json simulate_fault(const control::json& request);
@@ -63,7 +66,9 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
+  asio::steady_timer housekeeping_timer_;
   SystemdNotifier notifier_;
+  std::unique_ptr<irq::Engine> irq_;
   std::unique_ptr<HostService> host_;
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;
