@@ -1,0 +1,53 @@
+#pragma once
+// Guest memory as a vhost-user front-end shares it: regions of guest
+// physical addresses backed by fds the daemon maps. translate() is the one
+// place a guest address becomes a pointer, and it checks the whole range.
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd::virtio {
+
+struct MemoryRegion {
+  uint64_t guest_addr = 0;
+  uint64_t size = 0;
+  uint64_t user_addr = 0;  // the front-end's virtual address (vhost-user ring addresses use it)
+  uint8_t* host = nullptr;
+};
+
+class GuestMemory {
+ public:
+  GuestMemory() = default;
+  ~GuestMemory();
+  GuestMemory(const GuestMemory&) = delete;
+  GuestMemory& operator=(const GuestMemory&) = delete;
+
+  // Maps `size` bytes of `fd` from `mmap_offset` as guest [guest_addr, +size).
+  // Throws on overlap, zero size, or a failed mmap.
+  void add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset);
+  // Memory the caller owns (tests, the in-process front-end).
+  void add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host);
+  void clear();
+
+  // Pointer to [gpa, gpa+len) if it lies inside one region; nullptr if not.
+  [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len) const;
+  // The same for a front-end virtual address (vhost-user vring addresses).
+  [[nodiscard]] uint8_t* translate_user(uint64_t uva, uint64_t len) const;
+  [[nodiscard]] const std::vector<MemoryRegion>& regions() const { return regions_; }
+
+ private:
+  struct Mapping {
+    void* base = nullptr;
+    size_t length = 0;
+  };
+  std::vector<MemoryRegion> regions_;
+  std::vector<Mapping> mappings_;
+  mutable size_t last_hit_ = 0;
+};
+
+}  // namespace sriovd::virtio

@@ -1,0 +1,131 @@
+#pragma once
+// Virtqueues, device side, virtio 1.2 §2.7 (split) and §2.8 (packed), behind
+// one interface. Every index, length and address the guest wrote is checked
+// here; a malformed chain sets error() and the device goes to NEEDS_RESET
+// instead of touching memory it was not given.
+//
+// Barriers are one-way at the synchronisation points: an acquire load of the
+// avail index (split) or the descriptor flags (packed) before the descriptor
+// is read, a release store of the used index (split) or used flags (packed)
+// after the used element is written. The only full fence sits between
+// publishing used entries and reading the driver's event suppression (the
+// store->load order §2.7.10/§2.8.21 need). FullFence exists for the bench.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "sriovd/virtio/guest_memory.hpp"
+
+namespace sriovd::virtio {
+
+inline constexpr uint16_t kDescNext = 1;
+inline constexpr uint16_t kDescWrite = 2;
+inline constexpr uint16_t kDescIndirect = 4;
+inline constexpr uint16_t kPackedAvail = 1U << 7U;
+inline constexpr uint16_t kPackedUsed = 1U << 15U;
+inline constexpr uint16_t kAvailNoInterrupt = 1;  // split avail->flags
+inline constexpr uint16_t kUsedNoNotify = 1;      // split used->flags
+inline constexpr uint16_t kEventEnable = 0, kEventDisable = 1, kEventDesc = 2;  // packed event flags
+inline constexpr uint16_t kMaxQueueSize = 32768;
+
+// virtio 1.2 §2.7.5 and §2.8.13: one 16-byte descriptor each.
+struct SplitDesc {
+  uint64_t addr;
+  uint32_t len;
+  uint16_t flags;
+  uint16_t next;
+};
+static_assert(sizeof(SplitDesc) == 16);
+struct PackedDesc {
+  uint64_t addr;
+  uint32_t len;
+  uint16_t id;
+  uint16_t flags;
+};
+static_assert(sizeof(PackedDesc) == 16);
+struct UsedElem {
+  uint32_t id;
+  uint32_t len;
+};
+static_assert(sizeof(UsedElem) == 8);
+struct EventSuppress {  // §2.8.14
+  uint16_t off_wrap;
+  uint16_t flags;
+};
+static_assert(sizeof(EventSuppress) == 4);
+
+enum class RingError : uint8_t {
+  none,
+  bad_avail_index,    // the driver claims more buffers than the ring holds
+  bad_head,           // a descriptor index >= queue size
+  chain_too_long,     // more descriptors than the queue size (a loop), or than the caller's segments
+  bad_address,        // a buffer outside guest memory
+  bad_indirect,       // INDIRECT with NEXT, nested, empty, or a length not a multiple of 16
+  write_then_read,    // a device-readable buffer after a device-writable one (§2.7.4.2)
+};
+const char* to_string(RingError);
+
+struct Segment {
+  uint8_t* data = nullptr;
+  uint32_t len = 0;
+  bool writable = false;
+};
+
+// One buffer as popped: its segments live in the caller's span.
+struct Chain {
+  uint16_t id = 0;           // split: head index; packed: buffer id
+  uint16_t slots = 0;        // ring slots it took (packed: how far to skip)
+  uint16_t readable = 0;     // segments [0, readable) are device-readable
+  uint16_t count = 0;        // segments [readable, count) are device-writable
+  uint32_t readable_bytes = 0;
+  uint32_t writable_bytes = 0;
+};
+
+// Where the three parts of a ring are, in guest physical addresses.
+struct RingAddresses {
+  uint64_t desc = 0;
+  uint64_t driver = 0;  // split: avail ring; packed: driver event suppression
+  uint64_t device = 0;  // split: used ring; packed: device event suppression
+};
+
+enum class Barriers { one_way, full_fence };
+
+class Virtqueue {
+ public:
+  virtual ~Virtqueue() = default;
+  // The next available buffer, its segments in `segs`. false: none, or the
+  // ring is broken (error() says why; it stays broken).
+  virtual bool pop(Chain& chain, std::span<Segment> segs) = 0;
+  // Returns a buffer to the driver with `written` bytes written.
+  virtual void push(const Chain& chain, uint32_t written) = 0;
+  // After pushes: does the driver want to be interrupted (flags / event idx)?
+  virtual bool should_notify() = 0;
+  [[nodiscard]] virtual uint16_t size() const = 0;
+  [[nodiscard]] RingError error() const { return error_; }
+  [[nodiscard]] bool broken() const { return error_ != RingError::none; }
+
+ protected:
+  bool fail(RingError e) {
+    error_ = e;
+    return false;
+  }
+  RingError error_ = RingError::none;
+};
+
+// Throws std::invalid_argument when the size is bad or a ring part is not in
+// guest memory (checked once here: the O(1) ring-metadata translation).
+std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
+                                            bool event_idx, Barriers barriers = Barriers::one_way);
+std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
+                                             bool event_idx, Barriers barriers = Barriers::one_way);
+
+// Bytes of each ring part (for drivers laying rings out).
+struct RingLayout {
+  uint64_t desc_bytes, driver_bytes, device_bytes;
+};
+RingLayout split_layout(uint16_t size);
+RingLayout packed_layout(uint16_t size);
+
+}  // namespace sriovd::virtio

@@ -1,0 +1,61 @@
+#include "sriovd/virtio/guest_memory.hpp"
+
+#include <sys/mman.h>
+
+#include <stdexcept>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::virtio {
+
+GuestMemory::~GuestMemory() { clear(); }
+
+void GuestMemory::clear() {
+  for (const auto& m : mappings_) ::munmap(m.base, m.length);
+  mappings_.clear();
+  regions_.clear();
+  last_hit_ = 0;
+}
+
+void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host) {
+  if (size == 0) throw std::invalid_argument("guest memory region of size 0");
+  if (guest_addr + size < guest_addr) throw std::invalid_argument("guest memory region wraps around");
+  for (const auto& r : regions_)
+    if (guest_addr < r.guest_addr + r.size && r.guest_addr < guest_addr + size)
+      throw std::invalid_argument("guest memory regions overlap at 0x" + std::to_string(guest_addr));
+  regions_.push_back({guest_addr, size, user_addr, static_cast<uint8_t*>(host)});
+}
+
+void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
+  void* p = ::mmap(nullptr, size + mmap_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw_errno("mapping guest memory region of " + std::to_string(size) + " bytes");
+  try {
+    add_host_region(guest_addr, size, user_addr, static_cast<uint8_t*>(p) + mmap_offset);
+  } catch (...) {
+    ::munmap(p, size + mmap_offset);
+    throw;
+  }
+  mappings_.push_back({p, size + mmap_offset});
+}
+
+uint8_t* GuestMemory::translate(uint64_t gpa, uint64_t len) const {
+  auto inside = [&](const MemoryRegion& r) {
+    return gpa >= r.guest_addr && len <= r.size && gpa - r.guest_addr <= r.size - len;
+  };
+  if (last_hit_ < regions_.size() && inside(regions_[last_hit_]))
+    return regions_[last_hit_].host + (gpa - regions_[last_hit_].guest_addr);
+  for (size_t i = 0; i < regions_.size(); ++i)
+    if (inside(regions_[i])) {
+      last_hit_ = i;
+      return regions_[i].host + (gpa - regions_[i].guest_addr);
+    }
+  return nullptr;
+}
+
+uint8_t* GuestMemory::translate_user(uint64_t uva, uint64_t len) const {
+  for (const auto& r : regions_)
+    if (uva >= r.user_addr && len <= r.size && uva - r.user_addr <= r.size - len) return r.host + (uva - r.user_addr);
+  return nullptr;
+}
+
+}  // namespace sriovd::virtio

@@ -1,0 +1,328 @@
+#include "sriovd/virtio/ring.hpp"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace sriovd::virtio {
+
+const char* to_string(RingError e) {
+  switch (e) {
+    case RingError::none: return "none";
+    case RingError::bad_avail_index: return "avail index ahead of the ring";
+    case RingError::bad_head: return "descriptor index out of range";
+    case RingError::chain_too_long: return "descriptor chain too long (loop?)";
+    case RingError::bad_address: return "buffer outside guest memory";
+    case RingError::bad_indirect: return "malformed indirect descriptor";
+    case RingError::write_then_read: return "device-readable buffer after a device-writable one";
+  }
+  return "?";
+}
+
+RingLayout split_layout(uint16_t size) {
+  // §2.7: desc 16*n; avail 6+2n (flags, idx, ring, used_event); used 6+8n.
+  return {16ULL * size, 6ULL + 2ULL * size, 6ULL + 8ULL * size};
+}
+RingLayout packed_layout(uint16_t size) { return {16ULL * size, 4, 4}; }
+
+namespace {
+
+template <Barriers B>
+uint16_t load_acquire(const uint16_t& v) {
+  if constexpr (B == Barriers::one_way) {
+    return std::atomic_ref<const uint16_t>(v).load(std::memory_order_acquire);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint16_t x = std::atomic_ref<const uint16_t>(v).load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return x;
+  }
+}
+
+template <Barriers B>
+void store_release(uint16_t& v, uint16_t x) {
+  if constexpr (B == Barriers::one_way) {
+    std::atomic_ref<uint16_t>(v).store(x, std::memory_order_release);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    std::atomic_ref<uint16_t>(v).store(x, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+// vring_need_event (§2.7.10): did [old, new) pass the driver's event index?
+bool need_event(uint16_t event, uint16_t new_idx, uint16_t old_idx) {
+  return static_cast<uint16_t>(new_idx - event - 1) < static_cast<uint16_t>(new_idx - old_idx);
+}
+
+// Adds one buffer segment, checking its address and the read-then-write order.
+bool add_segment(const GuestMemory& mem, uint64_t addr, uint32_t len, bool writable, Chain& c,
+                 std::span<Segment> segs, RingError& err) {
+  if (writable == false && c.count > c.readable) {
+    err = RingError::write_then_read;
+    return false;
+  }
+  if (c.count >= segs.size()) {
+    err = RingError::chain_too_long;
+    return false;
+  }
+  uint8_t* p = mem.translate(addr, len);
+  if (!p && len > 0) {
+    err = RingError::bad_address;
+    return false;
+  }
+  segs[c.count++] = {p, len, writable};
+  if (writable) {
+    c.writable_bytes += len;
+  } else {
+    ++c.readable;
+    c.readable_bytes += len;
+  }
+  return true;
+}
+
+// Segments of an indirect table (§2.7.5.3 / §2.8.19): entries are split or
+// packed descriptors; no nesting, and a table within guest memory.
+template <typename Desc>
+bool add_indirect(const GuestMemory& mem, uint64_t addr, uint32_t len, Chain& c, std::span<Segment> segs,
+                  RingError& err) {
+  if (len == 0 || len % sizeof(Desc) != 0 || len / sizeof(Desc) > kMaxQueueSize) {
+    err = RingError::bad_indirect;
+    return false;
+  }
+  const uint8_t* table = mem.translate(addr, len);
+  if (!table) {
+    err = RingError::bad_address;
+    return false;
+  }
+  const uint32_t n = len / sizeof(Desc);
+  uint32_t i = 0;
+  for (uint32_t hops = 0;; ++hops) {
+    if (hops >= n) {
+      err = RingError::chain_too_long;
+      return false;
+    }
+    Desc d;
+    std::memcpy(&d, table + i * sizeof(Desc), sizeof d);
+    if (d.flags & kDescIndirect) {
+      err = RingError::bad_indirect;
+      return false;
+    }
+    if (!add_segment(mem, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return false;
+    if constexpr (std::is_same_v<Desc, SplitDesc>) {
+      if (!(d.flags & kDescNext)) return true;
+      if (d.next >= n) {
+        err = RingError::bad_head;
+        return false;
+      }
+      i = d.next;
+    } else {
+      // Packed indirect tables are walked in order, no NEXT (§2.8.19).
+      if (++i == n) return true;
+    }
+  }
+}
+
+template <Barriers B>
+class SplitQueue final : public Virtqueue {
+ public:
+  SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx)
+      : mem_(mem), size_(size), event_idx_(event_idx) {
+    const RingLayout l = split_layout(size);
+    desc_ = reinterpret_cast<SplitDesc*>(mem.translate(rings.desc, l.desc_bytes));
+    avail_ = reinterpret_cast<uint16_t*>(mem.translate(rings.driver, l.driver_bytes));
+    used_ = mem.translate(rings.device, l.device_bytes);
+    if (!desc_ || !avail_ || !used_) throw std::invalid_argument("split ring parts are not in guest memory");
+    if (rings.desc % 16 || rings.driver % 2 || rings.device % 4)
+      throw std::invalid_argument("split ring parts are misaligned (§2.7: 16, 2, 4)");
+  }
+
+  uint16_t size() const override { return size_; }
+
+  bool pop(Chain& c, std::span<Segment> segs) override {
+    if (broken()) return false;
+    if (last_avail_ == cached_avail_) {
+      cached_avail_ = load_acquire<B>(avail_[1]);
+      if (last_avail_ == cached_avail_) return false;
+      if (static_cast<uint16_t>(cached_avail_ - last_avail_) > size_) return fail(RingError::bad_avail_index);
+    }
+    const uint16_t head = avail_[2 + last_avail_ % size_];
+    if (head >= size_) return fail(RingError::bad_head);
+    c = Chain{};
+    c.id = head;
+    c.slots = 1;
+    RingError err = RingError::none;
+    uint16_t i = head;
+    for (uint32_t hops = 0;; ++hops) {
+      if (hops >= size_) return fail(RingError::chain_too_long);
+      SplitDesc d;
+      std::memcpy(&d, &desc_[i], sizeof d);
+      if (d.flags & kDescIndirect) {
+        if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
+        if (!add_indirect<SplitDesc>(mem_, d.addr, d.len, c, segs, err)) return fail(err);
+        break;
+      }
+      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail(err);
+      if (!(d.flags & kDescNext)) break;
+      if (d.next >= size_) return fail(RingError::bad_head);
+      i = d.next;
+    }
+    ++last_avail_;
+    return true;
+  }
+
+  void push(const Chain& c, uint32_t written) override {
+    const UsedElem e{c.id, written};
+    std::memcpy(used_ + 4 + (used_idx_ % size_) * sizeof(UsedElem), &e, sizeof e);
+    ++used_idx_;
+    store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+  }
+
+  bool should_notify() override {
+    // The used index must be visible before the driver's flags or event
+    // index are read: the one store->load point, a full fence.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint16_t old = signalled_;
+    signalled_ = used_idx_;
+    if (!event_idx_) return !(std::atomic_ref<uint16_t>(avail_[0]).load(std::memory_order_relaxed) & kAvailNoInterrupt);
+    const uint16_t used_event = std::atomic_ref<uint16_t>(avail_[2 + size_]).load(std::memory_order_relaxed);
+    return need_event(used_event, used_idx_, old);
+  }
+
+ private:
+  const GuestMemory& mem_;
+  uint16_t size_;
+  bool event_idx_;
+  SplitDesc* desc_;
+  uint16_t* avail_;  // flags, idx, ring[size], used_event
+  uint8_t* used_;    // flags, idx, ring[size], avail_event
+  uint16_t last_avail_ = 0;
+  uint16_t cached_avail_ = 0;
+  uint16_t used_idx_ = 0;
+  uint16_t signalled_ = 0;
+};
+
+template <Barriers B>
+class PackedQueue final : public Virtqueue {
+ public:
+  PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx)
+      : mem_(mem), size_(size), event_idx_(event_idx) {
+    desc_ = reinterpret_cast<PackedDesc*>(mem.translate(rings.desc, 16ULL * size));
+    driver_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.driver, 4));
+    device_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.device, 4));
+    if (!desc_ || !driver_ || !device_) throw std::invalid_argument("packed ring parts are not in guest memory");
+    if (rings.desc % 16 || rings.driver % 4 || rings.device % 4)
+      throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");
+  }
+
+  uint16_t size() const override { return size_; }
+
+  bool pop(Chain& c, std::span<Segment> segs) override {
+    if (broken()) return false;
+    const uint16_t flags = load_acquire<B>(desc_[next_avail_].flags);
+    if (!available(flags, avail_wrap_)) return false;
+    c = Chain{};
+    RingError err = RingError::none;
+    uint16_t idx = next_avail_;
+    bool wrap = avail_wrap_;
+    for (uint32_t n = 0;; ++n) {
+      if (n >= size_) return fail(RingError::chain_too_long);
+      PackedDesc d;
+      std::memcpy(&d, &desc_[idx], sizeof d);
+      // Descriptors after the head were written before the head was made
+      // available (§2.8.6), but they must carry this lap's flags too.
+      if (n > 0 && !available(d.flags, wrap)) return fail(RingError::bad_head);
+      ++c.slots;
+      if (++idx == size_) {
+        idx = 0;
+        wrap = !wrap;
+      }
+      if (d.flags & kDescIndirect) {
+        if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
+        if (!add_indirect<PackedDesc>(mem_, d.addr, d.len, c, segs, err)) return fail(err);
+        c.id = d.id;
+        break;
+      }
+      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail(err);
+      if (!(d.flags & kDescNext)) {
+        c.id = d.id;  // the buffer id is in the chain's last descriptor
+        break;
+      }
+    }
+    next_avail_ = idx;
+    avail_wrap_ = wrap;
+    return true;
+  }
+
+  void push(const Chain& c, uint32_t written) override {
+    PackedDesc& d = desc_[next_used_];
+    d.id = c.id;
+    d.len = written;
+    uint16_t flags = used_wrap_ ? (kPackedAvail | kPackedUsed) : 0;
+    if (written > 0) flags |= kDescWrite;
+    store_release<B>(d.flags, flags);
+    // One used descriptor per buffer; the chain's other slots are skipped.
+    uint32_t next = next_used_ + c.slots;
+    if (next >= size_) {
+      next -= size_;
+      used_wrap_ = !used_wrap_;
+    }
+    next_used_ = static_cast<uint16_t>(next);
+  }
+
+  bool should_notify() override {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint16_t old = signalled_;
+    signalled_ = next_used_;
+    const uint16_t flags = std::atomic_ref<uint16_t>(driver_->flags).load(std::memory_order_relaxed);
+    if (flags == kEventDisable) return false;
+    if (flags != kEventDesc || !event_idx_) return true;
+    // §2.8.21: notify when the used index passes the driver's event offset;
+    // an offset on the other lap is one ring size back.
+    const uint16_t off_wrap = std::atomic_ref<uint16_t>(driver_->off_wrap).load(std::memory_order_relaxed);
+    uint16_t event = off_wrap & 0x7fffU;
+    if (static_cast<bool>(off_wrap >> 15U) != used_wrap_) event = static_cast<uint16_t>(event - size_);
+    return need_event(event, next_used_, old);
+  }
+
+ private:
+  static bool available(uint16_t flags, bool wrap) {
+    return static_cast<bool>(flags & kPackedAvail) == wrap && static_cast<bool>(flags & kPackedUsed) != wrap;
+  }
+
+  const GuestMemory& mem_;
+  uint16_t size_;
+  bool event_idx_;
+  PackedDesc* desc_;
+  EventSuppress* driver_;
+  EventSuppress* device_;
+  uint16_t next_avail_ = 0;
+  bool avail_wrap_ = true;
+  uint16_t next_used_ = 0;
+  bool used_wrap_ = true;
+  uint16_t signalled_ = 0;
+};
+
+void check_size(uint16_t size, bool split) {
+  if (size == 0 || size > kMaxQueueSize || (split && (size & (size - 1)) != 0))
+    throw std::invalid_argument("queue size " + std::to_string(size) +
+                                (split ? " must be a power of two up to 32768" : " must be 1..32768"));
+}
+
+}  // namespace
+
+std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
+                                            bool event_idx, Barriers barriers) {
+  check_size(size, true);
+  if (barriers == Barriers::one_way) return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx);
+  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx);
+}
+
+std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
+                                             bool event_idx, Barriers barriers) {
+  check_size(size, false);
+  if (barriers == Barriers::one_way) return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx);
+  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx);
+}
+
+}  // namespace sriovd::virtio

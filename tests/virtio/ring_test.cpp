@@ -1,0 +1,339 @@
+// Split and packed virtqueues, device side, driven by the driver side as a
+// guest would: chains, indirect tables, wrap-around, notification
+// suppression, and every malformed input the device must survive.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "sriovd/virtio/driver.hpp"
+
+namespace sriovd::virtio {
+namespace {
+
+constexpr uint64_t kBase = 0x10000;       // guest address of the memory below
+constexpr uint64_t kMemSize = 1U << 20U;  // 1 MiB of "guest RAM"
+constexpr uint64_t kData = kBase + 0x80000;
+
+struct Guest {
+  Guest() : ram(kMemSize + 64) {
+    host = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ram.data()) + 63) & ~uintptr_t{63});
+    mem.add_host_region(kBase, kMemSize, 0x7f0000000000ULL, host);
+  }
+  uint8_t* at(uint64_t gpa) { return host + (gpa - kBase); }
+  std::vector<uint8_t> ram;
+  uint8_t* host;
+  GuestMemory mem;
+};
+
+template <bool Packed>
+struct Rig {
+  using Driver = std::conditional_t<Packed, PackedDriver, SplitDriver>;
+  explicit Rig(uint16_t size = 8, bool event_idx = false)
+      : driver(g.at(kBase), kBase, size),
+        queue(Packed ? make_packed_queue(g.mem, size, driver.addresses(), event_idx)
+                     : make_split_queue(g.mem, size, driver.addresses(), event_idx)) {}
+  int add(std::initializer_list<Buffer> chain) {
+    const int id = driver.add(std::vector<Buffer>(chain));
+    if constexpr (!Packed) driver.publish();
+    return id;
+  }
+  Guest g;
+  Driver driver;
+  std::unique_ptr<Virtqueue> queue;
+  std::array<Segment, 16> segs{};
+};
+
+template <typename T>
+class Rings : public ::testing::Test {};
+using Kinds = ::testing::Types<std::false_type, std::true_type>;
+class KindNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return T::value ? "Packed" : "Split";
+  }
+};
+TYPED_TEST_SUITE(Rings, Kinds, KindNames);
+
+TYPED_TEST(Rings, EmptyRingHasNothing) {
+  Rig<TypeParam::value> r;
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_FALSE(r.queue->broken());
+}
+
+TYPED_TEST(Rings, ChainOfReadableThenWritableSegments) {
+  Rig<TypeParam::value> r;
+  std::memcpy(r.g.at(kData), "hello", 5);
+  const int id = r.add({{kData, 5, false}, {kData + 0x1000, 100, true}, {kData + 0x2000, 50, true}});
+  ASSERT_GE(id, 0);
+  Chain c;
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(c.id, id);
+  EXPECT_EQ(c.count, 3);
+  EXPECT_EQ(c.readable, 1);
+  EXPECT_EQ(c.readable_bytes, 5U);
+  EXPECT_EQ(c.writable_bytes, 150U);
+  EXPECT_EQ(std::memcmp(r.segs[0].data, "hello", 5), 0);
+  EXPECT_TRUE(r.segs[1].writable);
+  std::memcpy(r.segs[1].data, "world", 5);
+  r.queue->push(c, 5);
+  uint32_t used_id = 0, len = 0;
+  ASSERT_TRUE(r.driver.take_used(used_id, len));
+  EXPECT_EQ(used_id, static_cast<uint32_t>(id));
+  EXPECT_EQ(len, 5U);
+  EXPECT_EQ(std::memcmp(r.g.at(kData + 0x1000), "world", 5), 0);
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+}
+
+TYPED_TEST(Rings, IndirectTable) {
+  Rig<TypeParam::value> r;
+  const std::vector<Buffer> chain = {{kData, 10, false}, {kData + 0x100, 20, false}, {kData + 0x200, 30, true}};
+  const uint64_t table = kBase + 0x40000;
+  const int id = r.driver.add_indirect(table, r.g.at(table), chain);
+  if constexpr (!TypeParam::value) r.driver.publish();
+  Chain c;
+  ASSERT_TRUE(r.queue->pop(c, r.segs)) << to_string(r.queue->error());
+  EXPECT_EQ(c.id, id);
+  EXPECT_EQ(c.count, 3);
+  EXPECT_EQ(c.readable_bytes, 30U);
+  EXPECT_EQ(c.writable_bytes, 30U);
+}
+
+TYPED_TEST(Rings, ManyLapsAroundASmallRing) {
+  Rig<TypeParam::value> r(4);
+  for (int i = 0; i < 1000; ++i) {
+    const int id = r.add({{kData + static_cast<uint64_t>(i % 7) * 64, 64, i % 2 == 0}, {kData, 8, true}});
+    ASSERT_GE(id, 0) << i;
+    Chain c;
+    ASSERT_TRUE(r.queue->pop(c, r.segs)) << i << ": " << to_string(r.queue->error());
+    ASSERT_EQ(c.id, id);
+    r.queue->push(c, static_cast<uint32_t>(i));
+    uint32_t used_id = 0, len = 0;
+    ASSERT_TRUE(r.driver.take_used(used_id, len));
+    EXPECT_EQ(len, static_cast<uint32_t>(i));
+  }
+}
+
+TYPED_TEST(Rings, BufferOutsideGuestMemoryBreaksTheQueue) {
+  Rig<TypeParam::value> r;
+  r.add({{kBase + kMemSize - 4, 8, false}});  // straddles the end of RAM
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_address);
+  r.add({{kData, 8, false}});
+  EXPECT_FALSE(r.queue->pop(c, r.segs)) << "a broken queue stays broken until reset";
+}
+
+TYPED_TEST(Rings, AddressWrapAroundIsOutside) {
+  Rig<TypeParam::value> r;
+  r.add({{~0ULL - 2, 16, false}});
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_address);
+}
+
+TYPED_TEST(Rings, ReadableAfterWritableIsRefused) {
+  Rig<TypeParam::value> r;
+  r.add({{kData, 8, true}, {kData + 64, 8, false}});
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::write_then_read);
+}
+
+TYPED_TEST(Rings, MoreSegmentsThanTheDeviceTakesIsRefused) {
+  Rig<TypeParam::value> r(32);
+  std::vector<Buffer> chain(20, Buffer{kData, 8, false});
+  r.driver.add(chain);
+  if constexpr (!TypeParam::value) r.driver.publish();
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));  // 16 segments of room
+  EXPECT_EQ(r.queue->error(), RingError::chain_too_long);
+}
+
+TYPED_TEST(Rings, IndirectTableOfBadLengthIsRefused) {
+  Rig<TypeParam::value> r;
+  const uint64_t table = kBase + 0x40000;
+  const std::vector<Buffer> chain = {{kData, 8, false}};
+  const int id = r.driver.add_indirect(table, r.g.at(table), chain);
+  if constexpr (!TypeParam::value) r.driver.publish();
+  // 24 bytes: not a whole number of descriptors.
+  r.driver.desc()[TypeParam::value ? 0 : id].len = 24;
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_indirect);
+}
+
+TEST(SplitRing, HeadOutOfRangeIsRefused) {
+  Rig<false> r;
+  r.add({{kData, 8, false}});
+  r.driver.avail()[2] = 99;
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_head);
+}
+
+TEST(SplitRing, AvailIndexAheadOfTheRingIsRefused) {
+  Rig<false> r;
+  r.driver.avail()[1] = 9;  // 9 buffers in an 8-entry ring
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_avail_index);
+}
+
+TEST(SplitRing, ADescriptorLoopIsCaught) {
+  Rig<false> r;
+  const int head = r.add({{kData, 8, false}, {kData + 8, 8, false}});
+  SplitDesc* d = r.driver.desc();
+  const uint16_t second = d[head].next;
+  d[second].flags |= kDescNext;
+  d[second].next = static_cast<uint16_t>(head);  // back to the head
+  Chain c;
+  std::array<Segment, 64> many{};
+  EXPECT_FALSE(r.queue->pop(c, many));
+  EXPECT_EQ(r.queue->error(), RingError::chain_too_long);
+}
+
+TEST(SplitRing, NextOutOfRangeIsRefused) {
+  Rig<false> r;
+  const int head = r.add({{kData, 8, false}, {kData + 8, 8, false}});
+  r.driver.desc()[head].next = 1000;
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_head);
+}
+
+TEST(SplitRing, IndirectWithNextOrNestedIsRefused) {
+  {
+    Rig<false> r;
+    const uint64_t table = kBase + 0x40000;
+    const std::vector<Buffer> chain = {{kData, 8, false}};
+    const int head = r.driver.add_indirect(table, r.g.at(table), chain);
+    r.driver.desc()[head].flags |= kDescNext;
+    r.driver.publish();
+    Chain c;
+    EXPECT_FALSE(r.queue->pop(c, r.segs));
+    EXPECT_EQ(r.queue->error(), RingError::bad_indirect);
+  }
+  Rig<false> r;
+  const uint64_t table = kBase + 0x40000;
+  const std::vector<Buffer> chain = {{kData, 8, false}};
+  r.driver.add_indirect(table, r.g.at(table), chain);
+  reinterpret_cast<SplitDesc*>(r.g.at(table))[0].flags = kDescIndirect;  // nested
+  r.driver.publish();
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_indirect);
+}
+
+TEST(SplitRing, EventIdxAndNoInterrupt) {
+  Rig<false> r(8, /*event_idx=*/true);
+  r.driver.set_used_event(1);  // "interrupt me when used idx passes 1"
+  Chain c;
+  for (int i = 0; i < 3; ++i) r.add({{kData, 8, true}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_FALSE(r.queue->should_notify());  // used idx 1: not past 1 yet
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_TRUE(r.queue->should_notify());   // used idx 2 passed event 1
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_FALSE(r.queue->should_notify());  // already told past 1
+  Rig<false> flags(8, false);
+  flags.driver.set_no_interrupt(true);
+  flags.add({{kData, 8, true}});
+  ASSERT_TRUE(flags.queue->pop(c, flags.segs));
+  flags.queue->push(c, 0);
+  EXPECT_FALSE(flags.queue->should_notify());
+  flags.driver.set_no_interrupt(false);
+  EXPECT_TRUE(flags.queue->should_notify());
+}
+
+TEST(PackedRing, EventSuppression) {
+  Rig<true> r(8, /*event_idx=*/true);
+  Chain c;
+  r.driver.set_event(kEventDisable);
+  r.add({{kData, 8, true}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_FALSE(r.queue->should_notify());
+  r.driver.set_event(kEventEnable);
+  EXPECT_TRUE(r.queue->should_notify());
+  // Descriptor-specific: notify once the used index passes 2 (wrap bit 1).
+  r.driver.set_event(kEventDesc, static_cast<uint16_t>(2U | (1U << 15U)));
+  r.add({{kData, 8, true}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_FALSE(r.queue->should_notify());  // used index 2: event 2 not passed
+  r.add({{kData, 8, true}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  r.queue->push(c, 0);
+  EXPECT_TRUE(r.queue->should_notify());   // used index 3 passed 2
+}
+
+TEST(PackedRing, ADescriptorNotYetAvailableInAChainIsRefused) {
+  Rig<true> r;
+  r.add({{kData, 8, false}, {kData + 8, 8, false}});
+  r.driver.desc()[1].flags = kDescNext;  // second descriptor from no lap at all
+  r.driver.desc()[0].flags |= kDescNext;
+  Chain c;
+  EXPECT_FALSE(r.queue->pop(c, r.segs));
+  EXPECT_EQ(r.queue->error(), RingError::bad_head);
+}
+
+TEST(Rings, BadSizesAndRingsOutsideMemoryAreRejected) {
+  Guest g;
+  RingAddresses a{kBase, kBase + 0x1000, kBase + 0x2000};
+  EXPECT_THROW(make_split_queue(g.mem, 100, a, false), std::invalid_argument);
+  EXPECT_THROW(make_split_queue(g.mem, 0, a, false), std::invalid_argument);
+  EXPECT_NO_THROW(make_packed_queue(g.mem, 100, a, false));
+  RingAddresses outside{kBase + kMemSize - 8, kBase, kBase + 0x2000};
+  EXPECT_THROW(make_split_queue(g.mem, 8, outside, false), std::invalid_argument);
+  RingAddresses misaligned{kBase + 8, kBase + 0x1000, kBase + 0x2000};
+  EXPECT_THROW(make_packed_queue(g.mem, 8, misaligned, false), std::invalid_argument);
+}
+
+// Driver and device on two threads: the one-way barriers must be enough.
+TYPED_TEST(Rings, TwoThreadsHandOverEveryBuffer) {
+  Rig<TypeParam::value> r(64);
+  constexpr int kBuffers = 200000;
+  std::atomic<bool> done{false};
+  std::thread device([&] {
+    Chain c;
+    int served = 0;
+    while (served < kBuffers) {
+      if (r.queue->pop(c, r.segs)) {
+        r.queue->push(c, c.readable_bytes);
+        ++served;
+      } else if (r.queue->broken()) {
+        break;
+      }
+    }
+    done = true;
+  });
+  int sent = 0, received = 0;
+  uint64_t len_sum = 0;
+  while (received < kBuffers && !(done && received < sent && r.queue->broken())) {
+    while (sent < kBuffers && r.add({{kData + static_cast<uint64_t>(sent % 64) * 16, static_cast<uint32_t>(sent % 97 + 1), false}}) >= 0)
+      ++sent;
+    uint32_t id, len;
+    while (r.driver.take_used(id, len)) {
+      ++received;
+      len_sum += len;
+    }
+  }
+  device.join();
+  EXPECT_FALSE(r.queue->broken()) << to_string(r.queue->error());
+  EXPECT_EQ(received, kBuffers);
+  uint64_t expected = 0;
+  for (int i = 0; i < kBuffers; ++i) expected += static_cast<uint64_t>(i % 97 + 1);
+  EXPECT_EQ(len_sum, expected);
+}
+
+}  // namespace
+}  // namespace sriovd::virtio
