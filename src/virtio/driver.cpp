@@ -117,24 +117,25 @@ PackedDriver::PackedDriver(uint8_t* host, uint64_t gpa, uint16_t size, Barriers 
 }
 
 int PackedDriver::place(std::span<const PackedDesc> descs, uint16_t id) {
-  const uint16_t avail_flags = avail_wrap_ ? kPackedAvail : kPackedUsed;
   const uint16_t head = next_avail_;
   uint16_t head_flags = 0;
   for (size_t i = 0; i < descs.size(); ++i) {
-    PackedDesc d = descs[i];
-    d.id = id;
-    d.flags = static_cast<uint16_t>(d.flags | (avail_wrap_ ? kPackedAvail : kPackedUsed));
-    if (i == 0) {
-      head_flags = d.flags;
-      d.flags = desc_[next_avail_].flags;  // written last, below
-    }
-    std::memcpy(&desc_[next_avail_], &d, sizeof d);
+    PackedDesc& slot = desc_[next_avail_];
+    const auto flags = static_cast<uint16_t>(descs[i].flags | (avail_wrap_ ? kPackedAvail : kPackedUsed));
+    // Field by field: the head's flags word may be polled by the device
+    // right now, and is written last, atomically.
+    slot.addr = descs[i].addr;
+    slot.len = descs[i].len;
+    slot.id = id;
+    if (i == 0)
+      head_flags = flags;
+    else
+      slot.flags = flags;
     if (++next_avail_ == size_) {
       next_avail_ = 0;
       avail_wrap_ = !avail_wrap_;
     }
   }
-  (void)avail_flags;
   id_slots_[id] = static_cast<uint16_t>(descs.size());
   free_slots_ -= static_cast<uint32_t>(descs.size());
   release_store(desc_[head].flags, head_flags, barriers_);
