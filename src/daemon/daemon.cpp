@@ -49,6 +49,7 @@ Daemon::Daemon(Options options, config::Config config)
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
   host_->start(config_, options_.test_stop_before_step);
+  start_virtio();
 }
 
 Daemon::~Daemon() = default;
@@ -111,6 +112,7 @@ void Daemon::shutdown(const char* why) {
     spdlog::error("host release failed: {}", e.what());
     exit_code_ = 1;
   }
+  virtio_.clear();  // front-ends see the socket go; the taps go with the devices
   control_->stop();
   boost::system::error_code ignored;
   signals_.cancel(ignored);
@@ -239,18 +241,76 @@ json Daemon::devices_json() const {
       backend["pf"] = dev.vf.pf.to_string();
       backend["vf"] = dev.vf.vf;
     }
-    // Served once the virtio layer lands; until then only declared.
-    virtio.push_back({{"name", dev.name},
-                      {"transport", config::to_string(dev.transport)},
-                      {"socket", dev.socket},
-                      {"queue_pairs", dev.queue_pairs},
-                      {"queue_size", dev.queue_size},
-                      {"packed", config::to_string(dev.packed)},
-                      {"backend", backend},
-                      {"state", "declared"}});
+    json j = {{"name", dev.name},
+              {"transport", config::to_string(dev.transport)},
+              {"socket", dev.socket},
+              {"queue_pairs", dev.queue_pairs},
+              {"queue_size", dev.queue_size},
+              {"packed", config::to_string(dev.packed)},
+              {"backend", backend}};
+    for (const auto& e : virtio_) {
+      if (e.name != dev.name) continue;
+      if (!e.backend) {
+        j["state"] = "not served";
+        j["reason"] = e.not_served;
+        continue;
+      }
+      j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+      j["features"] = e.device->features();
+      json queues = json::array();
+      for (unsigned q = 0; q < e.device->num_queues(); ++q) {
+        const auto& st = e.device->stats(q);
+        queues.push_back({{"queue", q}, {"packets", st.packets.load()}, {"bytes", st.bytes.load()},
+                          {"dropped", st.dropped.load()}, {"kicks", st.kicks.load()}, {"notifies", st.notifies.load()}});
+      }
+      j["queues"] = queues;
+      j["vhost_user"] = {{"connections", e.backend->stats().connections},
+                         {"messages", e.backend->stats().messages},
+                         {"protocol_errors", e.backend->stats().protocol_errors},
+                         {"last_error", e.backend->stats().last_error}};
+    }
+    virtio.push_back(std::move(j));
   }
   out["virtio_devices"] = virtio;
   return out;
+}
+
+// Serves every virtio device the config asks for over vhost-user with a tap
+// backend. A device that cannot be served says why in `devices`; it does
+// not stop the others.
+void Daemon::start_virtio() {
+  for (const auto& dev : config_.virtio_devices) {
+    VirtioExport e;
+    e.name = dev.name;
+    if (dev.transport != config::Transport::vhost_user) {
+      e.not_served = "virtio-pci over vfio-user is not served yet";
+    } else if (dev.backend_kind != config::BackendKind::tap) {
+      e.not_served = "a VF netdev backend is not served yet";
+    } else {
+      try {
+        virtio::NetConfig nc;
+        nc.name = dev.name;
+        nc.mac = dev.mac;
+        nc.mtu = dev.mtu;
+        nc.queue_pairs = dev.queue_pairs;
+        nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
+        nc.packed = dev.packed != config::PackedRing::off;
+        const auto& o = dev.tap.offloads;
+        nc.offloads = o.csum;
+        nc.tap_offloads = (o.csum ? 0x01U : 0U) | (o.tso4 ? 0x02U : 0U) | (o.tso6 ? 0x04U : 0U) |
+                          (o.tso_ecn ? 0x08U : 0U) | (o.ufo ? 0x10U : 0U);
+        auto tap = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
+        e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(tap));
+        e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device);
+      } catch (const std::exception& ex) {
+        e.backend.reset();
+        e.device.reset();
+        e.not_served = ex.what();
+        spdlog::error("virtio {}: not served: {}", dev.name, ex.what());
+      }
+    }
+    virtio_.push_back(std::move(e));
+  }
 }
 
 // Gives one VF back to the host: {"pf": PF, "vf": N} or {"device": VF address}.

@@ -58,4 +58,13 @@ uint8_t* GuestMemory::translate_user(uint64_t uva, uint64_t len) const {
   return nullptr;
 }
 
+bool GuestMemory::user_to_guest(uint64_t uva, uint64_t len, uint64_t& gpa) const {
+  for (const auto& r : regions_)
+    if (uva >= r.user_addr && len <= r.size && uva - r.user_addr <= r.size - len) {
+      gpa = r.guest_addr + (uva - r.user_addr);
+      return true;
+    }
+  return false;
+}
+
 }  // namespace sriovd::virtio

@@ -126,7 +126,7 @@ bool add_indirect(const GuestMemory& mem, uint64_t addr, uint32_t len, Chain& c,
 template <Barriers B>
 class SplitQueue final : public Virtqueue {
  public:
-  SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx)
+  SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base)
       : mem_(mem), size_(size), event_idx_(event_idx) {
     const RingLayout l = split_layout(size);
     desc_ = reinterpret_cast<SplitDesc*>(mem.translate(rings.desc, l.desc_bytes));
@@ -135,7 +135,13 @@ class SplitQueue final : public Virtqueue {
     if (!desc_ || !avail_ || !used_) throw std::invalid_argument("split ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 2 || rings.device % 4)
       throw std::invalid_argument("split ring parts are misaligned (§2.7: 16, 2, 4)");
+    last_avail_ = cached_avail_ = static_cast<uint16_t>(base);
+    // The used index continues from what the ring holds (a reconnect).
+    used_idx_ = signalled_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
   }
+
+  void rewind(const Chain&) override { --last_avail_; }
+  uint32_t base() const override { return last_avail_; }
 
   uint16_t size() const override { return size_; }
 
@@ -205,7 +211,7 @@ class SplitQueue final : public Virtqueue {
 template <Barriers B>
 class PackedQueue final : public Virtqueue {
  public:
-  PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx)
+  PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base)
       : mem_(mem), size_(size), event_idx_(event_idx) {
     desc_ = reinterpret_cast<PackedDesc*>(mem.translate(rings.desc, 16ULL * size));
     driver_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.driver, 4));
@@ -213,6 +219,29 @@ class PackedQueue final : public Virtqueue {
     if (!desc_ || !driver_ || !device_) throw std::invalid_argument("packed ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 4 || rings.device % 4)
       throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");
+    if (base != 0) {
+      next_avail_ = base & 0x7fffU;
+      avail_wrap_ = (base >> 15U) & 1U;
+      // The used half is optional (front-ends that send only the low half
+      // mean "used where avail is", as at the start of a ring).
+      const uint32_t used = (base >> 16U) != 0 ? base >> 16U : base & 0xffffU;
+      next_used_ = signalled_ = used & 0x7fffU;
+      used_wrap_ = (used >> 15U) & 1U;
+      if (next_avail_ >= size_ || next_used_ >= size_) throw std::invalid_argument("packed ring base out of range");
+    }
+  }
+
+  void rewind(const Chain& c) override {
+    if (next_avail_ < c.slots) {
+      next_avail_ = static_cast<uint16_t>(next_avail_ + size_ - c.slots);
+      avail_wrap_ = !avail_wrap_;
+    } else {
+      next_avail_ = static_cast<uint16_t>(next_avail_ - c.slots);
+    }
+  }
+  uint32_t base() const override {
+    return (next_avail_ | (avail_wrap_ ? 1U << 15U : 0U)) |
+           (static_cast<uint32_t>(next_used_ | (used_wrap_ ? 1U << 15U : 0U)) << 16U);
   }
 
   uint16_t size() const override { return size_; }
@@ -312,17 +341,19 @@ void check_size(uint16_t size, bool split) {
 }  // namespace
 
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                            bool event_idx, Barriers barriers) {
+                                            bool event_idx, Barriers barriers, uint32_t base) {
   check_size(size, true);
-  if (barriers == Barriers::one_way) return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx);
-  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx);
+  if (barriers == Barriers::one_way)
+    return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx, base);
+  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base);
 }
 
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                             bool event_idx, Barriers barriers) {
+                                             bool event_idx, Barriers barriers, uint32_t base) {
   check_size(size, false);
-  if (barriers == Barriers::one_way) return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx);
-  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx);
+  if (barriers == Barriers::one_way)
+    return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx, base);
+  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base);
 }
 
 }  // namespace sriovd::virtio

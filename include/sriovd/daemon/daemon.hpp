@@ -14,6 +14,8 @@
 #include "sriovd/daemon/host_service.hpp"
 #include "sriovd/daemon/notify.hpp"
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "sriovd/util/asio.hpp"
 
 namespace sriovd::daemon {
@@ -70,6 +72,15 @@ class Daemon {
   SystemdNotifier notifier_;
   std::unique_ptr<irq::Engine> irq_;
   std::unique_ptr<HostService> host_;
+  // One per configured virtio device, in config order.
+  struct VirtioExport {
+    std::string name;
+    std::unique_ptr<virtio::NetDevice> device;
+    std::unique_ptr<vhost_user::Backend> backend;
+    std::string not_served;  // why it is not served, when it is not
+  };
+  std::vector<VirtioExport> virtio_;
+  void start_virtio();
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;
   std::map<std::string, Command> commands_;

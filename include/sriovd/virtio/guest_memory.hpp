@@ -38,6 +38,9 @@ class GuestMemory {
   [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len) const;
   // The same for a front-end virtual address (vhost-user vring addresses).
   [[nodiscard]] uint8_t* translate_user(uint64_t uva, uint64_t len) const;
+  // A front-end virtual address as a guest address (vhost-user ring
+  // addresses are virtual); false when no region holds [uva, uva+len).
+  [[nodiscard]] bool user_to_guest(uint64_t uva, uint64_t len, uint64_t& gpa) const;
   [[nodiscard]] const std::vector<MemoryRegion>& regions() const { return regions_; }
 
  private:

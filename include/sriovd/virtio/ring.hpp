@@ -100,6 +100,14 @@ class Virtqueue {
   virtual bool pop(Chain& chain, std::span<Segment> segs) = 0;
   // Returns a buffer to the driver with `written` bytes written.
   virtual void push(const Chain& chain, uint32_t written) = 0;
+  // Puts back the most recently popped, not yet pushed chain (a device that
+  // found too few buffers for a packet undoes its pops, latest first).
+  virtual void rewind(const Chain& chain) = 0;
+  // Where the device stands, as vhost-user GET/SET_VRING_BASE carry it:
+  // split: the next avail index; packed: avail index | wrap << 15 in the
+  // low half, used index | wrap << 15 in the high half (a high half of 0
+  // given at setup means "used where avail is").
+  [[nodiscard]] virtual uint32_t base() const = 0;
   // After pushes: does the driver want to be interrupted (flags / event idx)?
   virtual bool should_notify() = 0;
   [[nodiscard]] virtual uint16_t size() const = 0;
@@ -117,9 +125,9 @@ class Virtqueue {
 // Throws std::invalid_argument when the size is bad or a ring part is not in
 // guest memory (checked once here: the O(1) ring-metadata translation).
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                            bool event_idx, Barriers barriers = Barriers::one_way);
+                                            bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0);
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                             bool event_idx, Barriers barriers = Barriers::one_way);
+                                             bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0);
 
 // Bytes of each ring part (for drivers laying rings out).
 struct RingLayout {

@@ -1,0 +1,67 @@
+#pragma once
+// A vhost-user back-end serving one virtio-net device on a Unix socket
+// (server mode: sriovd listens, the VMM or DPDK virtio_user connects). The
+// protocol runs on the control thread's io_context; the datapath on the
+// device's workers. A malformed message (wrong size, wrong fd count, an
+// unknown request, an address outside the shared memory) ends that
+// connection with a logged reason and resets the device; the daemon and the
+// socket stay, and the front-end can connect again.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sriovd/util/asio.hpp"
+#include "sriovd/util/fd.hpp"
+#include "sriovd/virtio/guest_memory.hpp"
+#include "sriovd/virtio/net.hpp"
+
+namespace sriovd::vhost_user {
+
+struct BackendStats {
+  uint64_t connections = 0;
+  uint64_t messages = 0;
+  uint64_t protocol_errors = 0;
+  std::string last_error;
+};
+
+class Backend {
+ public:
+  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] bool connected() const { return conn_.valid(); }
+  [[nodiscard]] const BackendStats& stats() const { return stats_; }
+
+ private:
+  struct Message;
+  void accept_next();
+  void wait_readable();
+  void on_readable();
+  void handle(Message& m);
+  void reply(const Message& m, const void* payload, uint32_t size);
+  void ack(const Message& m, uint64_t status);
+  void disconnect(const std::string& why);
+  void try_start();
+
+  asio::io_context& io_;
+  std::string path_;
+  virtio::NetDevice& device_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  std::unique_ptr<asio::posix::stream_descriptor> watch_;
+  UniqueFd conn_;
+  std::vector<uint8_t> inbuf_;
+  std::vector<UniqueFd> infds_;
+  virtio::GuestMemory memory_;
+  uint64_t protocol_features_ = 0;
+  bool protocol_negotiated_ = false;
+  uint8_t status_ = 0;
+  std::vector<UniqueFd> kept_fds_;  // error and backend-request fds
+  BackendStats stats_;
+};
+
+}  // namespace sriovd::vhost_user

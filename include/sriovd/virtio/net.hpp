@@ -1,0 +1,151 @@
+#pragma once
+// The virtio-net device model (virtio 1.2 §5.1), transport-agnostic: a
+// transport (vhost-user now, virtio-pci over vfio-user later) hands it guest
+// memory, rings, kick fds and call routes, and it moves packets between the
+// rings and a tap device. Queue interrupts go through the shared routing
+// engine: each queue's call is a route whose sink is the VMM's eventfd.
+//
+// Data plane: one worker thread per queue pair, epoll on the pair's kick
+// fds and tap fd. TX hands the guest's chain (virtio-net header first) to
+// the tap with one writev; RX reads a packet and copies it into as many
+// buffers as it needs (mergeable rx buffers), setting num_buffers before the
+// buffers are published. No allocation, lock or log per packet: counters.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sriovd/irq/engine.hpp"
+#include "sriovd/util/pci_address.hpp"
+#include "sriovd/virtio/guest_memory.hpp"
+#include "sriovd/virtio/ring.hpp"
+#include "sriovd/virtio/tap.hpp"
+
+namespace sriovd::virtio {
+
+// Feature bits (virtio 1.2 §5.1.3, §6).
+inline constexpr uint64_t kNetCsum = 1ULL << 0U;
+inline constexpr uint64_t kNetGuestCsum = 1ULL << 1U;
+inline constexpr uint64_t kNetMtu = 1ULL << 3U;
+inline constexpr uint64_t kNetMac = 1ULL << 5U;
+inline constexpr uint64_t kNetGuestTso4 = 1ULL << 7U;
+inline constexpr uint64_t kNetGuestTso6 = 1ULL << 8U;
+inline constexpr uint64_t kNetGuestEcn = 1ULL << 9U;
+inline constexpr uint64_t kNetGuestUfo = 1ULL << 10U;
+inline constexpr uint64_t kNetHostTso4 = 1ULL << 11U;
+inline constexpr uint64_t kNetHostTso6 = 1ULL << 12U;
+inline constexpr uint64_t kNetHostEcn = 1ULL << 13U;
+inline constexpr uint64_t kNetHostUfo = 1ULL << 14U;
+inline constexpr uint64_t kNetMrgRxbuf = 1ULL << 15U;
+inline constexpr uint64_t kNetStatus = 1ULL << 16U;
+inline constexpr uint64_t kNetMq = 1ULL << 22U;
+inline constexpr uint64_t kRingIndirectDesc = 1ULL << 28U;
+inline constexpr uint64_t kRingEventIdx = 1ULL << 29U;
+inline constexpr uint64_t kVersion1 = 1ULL << 32U;
+inline constexpr uint64_t kRingPacked = 1ULL << 34U;
+
+// struct virtio_net_hdr_v1 (§5.1.6).
+struct NetHeader {
+  uint8_t flags;
+  uint8_t gso_type;
+  uint16_t hdr_len;
+  uint16_t gso_size;
+  uint16_t csum_start;
+  uint16_t csum_offset;
+  uint16_t num_buffers;
+};
+static_assert(sizeof(NetHeader) == 12);
+
+struct NetConfig {
+  std::string name;
+  std::optional<MacAddress> mac;
+  uint16_t mtu = 1500;
+  uint16_t queue_pairs = 1;
+  uint16_t max_queue_size = 1024;
+  bool packed = true;        // offer VIRTIO_F_RING_PACKED
+  bool offloads = true;      // offer checksum and TSO both ways
+  unsigned tap_offloads = 0; // TUN_F_* the tap may use (config backend.offloads)
+};
+
+struct QueueStats {
+  std::atomic<uint64_t> packets{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> dropped{0};   // no room, truncated, or a tap error
+  std::atomic<uint64_t> kicks{0};
+  std::atomic<uint64_t> notifies{0};
+};
+
+class NetDevice {
+ public:
+  NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Tap> tap);
+  ~NetDevice();
+  NetDevice(const NetDevice&) = delete;
+  NetDevice& operator=(const NetDevice&) = delete;
+
+  [[nodiscard]] uint64_t offered_features() const;
+  // Negotiated features; turns on the tap offloads the guest can take.
+  void set_features(uint64_t features);
+  [[nodiscard]] uint64_t features() const { return features_; }
+  [[nodiscard]] unsigned num_queues() const { return 2U * config_.queue_pairs; }
+  [[nodiscard]] const NetConfig& config() const { return config_; }
+
+  // --- queue setup by the transport (device stopped) ---
+  void set_memory(GuestMemory* memory) { memory_ = memory; }
+  void set_queue_size(unsigned q, uint16_t size);
+  void set_queue_rings(unsigned q, const RingAddresses& rings);
+  void set_queue_base(unsigned q, uint32_t base);
+  void set_queue_kick(unsigned q, UniqueFd kick);
+  void set_queue_call(unsigned q, UniqueFd call);  // becomes the route's sink
+  void set_queue_enabled(unsigned q, bool enabled);
+  // Stops the queue and returns where it stood (GET_VRING_BASE).
+  uint32_t stop_queue(unsigned q);
+
+  // Starts workers for every pair whose two queues are ready; stops them.
+  void start();
+  void stop();
+  // Everything back to the state before negotiation.
+  void reset();
+  [[nodiscard]] bool running() const { return !workers_.empty(); }
+  [[nodiscard]] bool broken() const { return broken_.load(); }
+
+  [[nodiscard]] const QueueStats& stats(unsigned q) const { return *queues_.at(q).stats; }
+  [[nodiscard]] irq::RouteId call_route(unsigned q) const { return queues_.at(q).route; }
+  [[nodiscard]] const Tap& tap() const { return *tap_; }
+
+ private:
+  struct Queue {
+    uint16_t size = 0;
+    RingAddresses rings{};
+    bool rings_set = false;
+    uint32_t base = 0;
+    UniqueFd kick;
+    bool enabled = false;
+    std::unique_ptr<Virtqueue> ring;
+    irq::RouteId route = 0;
+    std::unique_ptr<QueueStats> stats = std::make_unique<QueueStats>();
+  };
+  struct Worker;
+
+  [[nodiscard]] bool queue_ready(const Queue& q) const;
+  void run_pair(Worker& w);
+  bool do_tx(unsigned pair);
+  bool do_rx(Worker& w);
+  void notify(Queue& q);
+
+  NetConfig config_;
+  irq::Engine& engine_;
+  std::unique_ptr<Tap> tap_;
+  GuestMemory* memory_ = nullptr;
+  uint64_t features_ = 0;
+  std::vector<Queue> queues_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<bool> broken_{false};
+};
+
+}  // namespace sriovd::virtio

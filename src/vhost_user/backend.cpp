@@ -1,0 +1,428 @@
+#include "sriovd/vhost_user/backend.hpp"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "sriovd/util/error.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
+
+namespace sriovd::vhost_user {
+
+using stream = asio::local::stream_protocol;
+
+const char* request_name(uint32_t r) {
+  switch (r) {
+    case kGetFeatures: return "GET_FEATURES";
+    case kSetFeatures: return "SET_FEATURES";
+    case kSetOwner: return "SET_OWNER";
+    case kResetOwner: return "RESET_OWNER";
+    case kSetMemTable: return "SET_MEM_TABLE";
+    case kSetLogBase: return "SET_LOG_BASE";
+    case kSetLogFd: return "SET_LOG_FD";
+    case kSetVringNum: return "SET_VRING_NUM";
+    case kSetVringAddr: return "SET_VRING_ADDR";
+    case kSetVringBase: return "SET_VRING_BASE";
+    case kGetVringBase: return "GET_VRING_BASE";
+    case kSetVringKick: return "SET_VRING_KICK";
+    case kSetVringCall: return "SET_VRING_CALL";
+    case kSetVringErr: return "SET_VRING_ERR";
+    case kGetProtocolFeatures: return "GET_PROTOCOL_FEATURES";
+    case kSetProtocolFeatures: return "SET_PROTOCOL_FEATURES";
+    case kGetQueueNum: return "GET_QUEUE_NUM";
+    case kSetVringEnable: return "SET_VRING_ENABLE";
+    case kSendRarp: return "SEND_RARP";
+    case kNetSetMtu: return "NET_SET_MTU";
+    case kSetBackendReqFd: return "SET_BACKEND_REQ_FD";
+    case kIotlbMsg: return "IOTLB_MSG";
+    case kGetConfig: return "GET_CONFIG";
+    case kSetConfig: return "SET_CONFIG";
+    case kGetInflightFd: return "GET_INFLIGHT_FD";
+    case kSetInflightFd: return "SET_INFLIGHT_FD";
+    case kResetDevice: return "RESET_DEVICE";
+    case kGetMaxMemSlots: return "GET_MAX_MEM_SLOTS";
+    case kAddMemReg: return "ADD_MEM_REG";
+    case kRemMemReg: return "REM_MEM_REG";
+    case kSetStatus: return "SET_STATUS";
+    case kGetStatus: return "GET_STATUS";
+    default: return "unknown";
+  }
+}
+
+namespace {
+
+constexpr uint64_t kOfferedProtocol =
+    kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice | kProtoStatus;
+constexpr uint8_t kStatusDriverOk = 4;
+
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What each request must carry: payload bytes (-1: checked by its handler)
+// and how many fds. The one place message shapes are checked.
+struct Shape {
+  int payload;
+  int fds;  // -1: 0 or 1 (vring fds carry a "no fd" flag instead)
+};
+
+Shape shape_of(uint32_t request) {
+  switch (request) {
+    case kGetFeatures: case kGetProtocolFeatures: case kGetQueueNum: case kGetStatus: case kGetMaxMemSlots:
+    case kSetOwner: case kResetOwner: case kResetDevice:
+      return {0, 0};
+    case kSetFeatures: case kSetProtocolFeatures: case kNetSetMtu: case kSetStatus: case kSendRarp:
+      return {8, 0};
+    case kSetVringNum: case kSetVringBase: case kGetVringBase: case kSetVringEnable:
+      return {sizeof(VringState), 0};
+    case kSetVringAddr:
+      return {sizeof(VringAddr), 0};
+    case kSetVringKick: case kSetVringCall: case kSetVringErr:
+      return {8, -1};
+    case kSetMemTable:
+      return {-1, -1};
+    case kSetBackendReqFd:
+      return {0, 1};
+    default:
+      return {-2, 0};  // not served
+  }
+}
+
+template <typename T>
+T payload_as(const std::vector<uint8_t>& p) {
+  T v;
+  std::memcpy(&v, p.data(), sizeof v);
+  return v;
+}
+
+}  // namespace
+
+struct Backend::Message {
+  Header hdr{};
+  std::vector<uint8_t> payload;
+  std::vector<UniqueFd> fds;
+};
+
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device)
+    : io_(io), path_(std::move(socket_path)), device_(device), acceptor_(io) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
+  struct stat st{};
+  if (::lstat(path_.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) throw std::runtime_error("vhost-user socket path " + path_ + " exists and is not a socket");
+    ::unlink(path_.c_str());
+  }
+  acceptor_.open(stream());
+  const mode_t old = ::umask(0117);
+  boost::system::error_code bec;
+  acceptor_.bind(stream::endpoint(path_), bec);
+  ::umask(old);
+  if (bec) throw std::runtime_error("cannot bind vhost-user socket " + path_ + ": " + bec.message());
+  acceptor_.listen();
+  accept_next();
+  spdlog::info("vhost-user: {} listening on {}", device_.config().name, path_);
+}
+
+Backend::~Backend() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  if (watch_) {
+    watch_->cancel(ignored);
+    (void)watch_->release();
+  }
+  device_.reset();
+  ::unlink(path_.c_str());
+}
+
+void Backend::accept_next() {
+  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      if (conn_) {
+        spdlog::warn("vhost-user: {}: refused a second front-end while one is connected", device_.config().name);
+      } else {
+        conn_.reset(socket.release());
+        ++stats_.connections;
+        watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
+        spdlog::info("vhost-user: {}: front-end connected", device_.config().name);
+        wait_readable();
+      }
+    }
+    accept_next();
+  });
+}
+
+void Backend::wait_readable() {
+  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;
+    on_readable();
+  });
+}
+
+// Reads exactly one message at a time (its header, then its payload), so
+// the fds that came with a message's header belong to that message.
+void Backend::on_readable() {
+  try {
+    for (;;) {
+      const size_t want = inbuf_.size() < sizeof(Header)
+                              ? sizeof(Header)
+                              : sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size;
+      uint8_t buf[kMaxPayload + sizeof(Header)];
+      iovec iov{buf, want - inbuf_.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(conn_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n <= 0) {
+        disconnect(n == 0 ? "front-end closed the connection" : std::string("read error: ") + std::strerror(errno));
+        return;
+      }
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            infds_.emplace_back(fd);
+          }
+        }
+      if (msg.msg_flags & MSG_CTRUNC) throw ProtocolError("more than 8 fds with one message");
+      inbuf_.insert(inbuf_.end(), buf, buf + n);
+      if (inbuf_.size() == sizeof(Header)) {
+        Header h;
+        std::memcpy(&h, inbuf_.data(), sizeof h);
+        if ((h.flags & kFlagVersionMask) != kVersion)
+          throw ProtocolError("unsupported protocol version in flags 0x" + std::to_string(h.flags));
+        if (h.size > kMaxPayload) throw ProtocolError("a payload of " + std::to_string(h.size) + " bytes");
+      }
+      if (inbuf_.size() < sizeof(Header) || inbuf_.size() < sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size)
+        continue;
+      Message m;
+      std::memcpy(&m.hdr, inbuf_.data(), sizeof m.hdr);
+      m.payload.assign(inbuf_.begin() + sizeof(Header), inbuf_.end());
+      m.fds = std::move(infds_);
+      infds_.clear();
+      inbuf_.clear();
+      ++stats_.messages;
+      handle(m);
+      if (!conn_) return;
+    }
+  } catch (const std::exception& e) {
+    ++stats_.protocol_errors;
+    disconnect(e.what());
+    return;
+  }
+  if (conn_) wait_readable();
+}
+
+void Backend::reply(const Message& m, const void* payload, uint32_t size) {
+  Header h{m.hdr.request, kVersion | kFlagReply, size};
+  std::vector<uint8_t> out(sizeof h + size);
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, payload, size);
+  if (::send(conn_.get(), out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size()))
+    throw ProtocolError(std::string("cannot reply: ") + std::strerror(errno));
+}
+
+void Backend::ack(const Message& m, uint64_t status) {
+  if ((protocol_features_ & kProtoReplyAck) && (m.hdr.flags & kFlagNeedReply)) reply(m, &status, sizeof status);
+}
+
+void Backend::try_start() {
+  if (!device_.running()) device_.start();
+}
+
+void Backend::handle(Message& m) {
+  const uint32_t r = m.hdr.request;
+  const Shape shape = shape_of(r);
+  const std::string what = std::string(request_name(r)) + " (" + std::to_string(r) + ")";
+  if (shape.payload == -2) throw ProtocolError("request " + what + " is not served");
+  if (shape.payload >= 0 && m.hdr.size != static_cast<uint32_t>(shape.payload))
+    throw ProtocolError(what + " with " + std::to_string(m.hdr.size) + " payload bytes, expected " +
+                        std::to_string(shape.payload));
+  if (shape.fds >= 0 && m.fds.size() != static_cast<size_t>(shape.fds))
+    throw ProtocolError(what + " with " + std::to_string(m.fds.size()) + " fds, expected " + std::to_string(shape.fds));
+
+  auto queue_index = [&](uint32_t index) {
+    if (index >= device_.num_queues())
+      throw ProtocolError(what + " for queue " + std::to_string(index) + " of " + std::to_string(device_.num_queues()));
+    return index;
+  };
+  bool replied = false;
+  switch (r) {
+    case kGetFeatures: {
+      const uint64_t f = device_.offered_features() | kFeatureProtocolFeatures;
+      reply(m, &f, sizeof f);
+      replied = true;
+      break;
+    }
+    case kSetFeatures: {
+      const auto f = payload_as<uint64_t>(m.payload);
+      device_.stop();
+      device_.set_features(f & ~kFeatureProtocolFeatures);
+      protocol_negotiated_ = f & kFeatureProtocolFeatures;
+      break;
+    }
+    case kGetProtocolFeatures: {
+      reply(m, &kOfferedProtocol, sizeof kOfferedProtocol);
+      replied = true;
+      break;
+    }
+    case kSetProtocolFeatures:
+      protocol_features_ = payload_as<uint64_t>(m.payload) & kOfferedProtocol;
+      break;
+    case kSetOwner:
+      break;
+    case kResetOwner:
+    case kResetDevice:
+      device_.reset();
+      memory_.clear();
+      status_ = 0;
+      break;
+    case kSetMemTable: {
+      if (m.hdr.size < 8) throw ProtocolError("SET_MEM_TABLE without a region count");
+      MemTable t{};
+      std::memcpy(&t, m.payload.data(), std::min<size_t>(m.payload.size(), sizeof t));
+      if (t.nregions == 0 || t.nregions > kMaxRegions)
+        throw ProtocolError("SET_MEM_TABLE with " + std::to_string(t.nregions) + " regions");
+      if (m.hdr.size != 8 + t.nregions * sizeof(MemRegion))
+        throw ProtocolError("SET_MEM_TABLE size " + std::to_string(m.hdr.size) + " for " + std::to_string(t.nregions) +
+                            " regions");
+      if (m.fds.size() != t.nregions)
+        throw ProtocolError("SET_MEM_TABLE with " + std::to_string(m.fds.size()) + " fds for " +
+                            std::to_string(t.nregions) + " regions");
+      device_.stop();
+      device_.set_memory(nullptr);
+      memory_.clear();
+      for (uint32_t i = 0; i < t.nregions; ++i) {
+        const MemRegion& reg = t.regions[i];
+        memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
+      }
+      device_.set_memory(&memory_);
+      break;
+    }
+    case kSetVringNum: {
+      const auto s = payload_as<VringState>(m.payload);
+      device_.stop();
+      device_.set_queue_size(queue_index(s.index), static_cast<uint16_t>(std::min<uint32_t>(s.num, 0xffff)));
+      break;
+    }
+    case kSetVringAddr: {
+      const auto a = payload_as<VringAddr>(m.payload);
+      const unsigned q = queue_index(a.index);
+      virtio::RingAddresses rings;
+      if (!memory_.user_to_guest(a.desc, 1, rings.desc) || !memory_.user_to_guest(a.avail, 1, rings.driver) ||
+          !memory_.user_to_guest(a.used, 1, rings.device))
+        throw ProtocolError("SET_VRING_ADDR for queue " + std::to_string(q) + ": a ring outside the shared memory");
+      device_.stop();
+      device_.set_queue_rings(q, rings);
+      break;
+    }
+    case kSetVringBase: {
+      const auto s = payload_as<VringState>(m.payload);
+      device_.stop();
+      device_.set_queue_base(queue_index(s.index), s.num);
+      break;
+    }
+    case kGetVringBase: {
+      auto s = payload_as<VringState>(m.payload);
+      s.num = device_.stop_queue(queue_index(s.index));
+      reply(m, &s, sizeof s);
+      replied = true;
+      break;
+    }
+    case kSetVringKick:
+    case kSetVringCall:
+    case kSetVringErr: {
+      const auto v = payload_as<uint64_t>(m.payload);
+      const unsigned q = queue_index(static_cast<uint32_t>(v & kVringIndexMask));
+      const bool no_fd = v & kVringNoFd;
+      if (m.fds.size() != (no_fd ? 0U : 1U))
+        throw ProtocolError(what + " with " + std::to_string(m.fds.size()) + " fds and the no-fd flag " +
+                            (no_fd ? "set" : "clear"));
+      UniqueFd fd = no_fd ? UniqueFd() : std::move(m.fds[0]);
+      if (r == kSetVringKick) {
+        if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
+        device_.stop();
+        device_.set_queue_kick(q, std::move(fd));
+        // Without protocol features a ring starts when its kick fd arrives.
+        if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
+      } else if (r == kSetVringCall) {
+        device_.set_queue_call(q, std::move(fd));
+      } else {
+        kept_fds_.push_back(std::move(fd));
+      }
+      break;
+    }
+    case kGetQueueNum: {
+      const uint64_t n = device_.config().queue_pairs;
+      reply(m, &n, sizeof n);
+      replied = true;
+      break;
+    }
+    case kSetVringEnable: {
+      const auto s = payload_as<VringState>(m.payload);
+      device_.stop();
+      device_.set_queue_enabled(queue_index(s.index), s.num != 0);
+      break;
+    }
+    case kSetStatus: {
+      status_ = static_cast<uint8_t>(payload_as<uint64_t>(m.payload));
+      if (status_ == 0) device_.stop();
+      break;
+    }
+    case kGetStatus: {
+      const uint64_t s = status_;
+      reply(m, &s, sizeof s);
+      replied = true;
+      break;
+    }
+    case kGetMaxMemSlots: {
+      const uint64_t n = kMaxRegions;
+      reply(m, &n, sizeof n);
+      replied = true;
+      break;
+    }
+    case kSetBackendReqFd:
+      kept_fds_.push_back(std::move(m.fds[0]));
+      break;
+    case kNetSetMtu:
+    case kSendRarp:
+      break;
+  }
+  if (!replied) ack(m, 0);
+  try_start();
+}
+
+void Backend::disconnect(const std::string& why) {
+  spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
+  stats_.last_error = why;
+  device_.reset();
+  memory_.clear();
+  protocol_features_ = 0;
+  protocol_negotiated_ = false;
+  status_ = 0;
+  kept_fds_.clear();
+  inbuf_.clear();
+  infds_.clear();
+  if (watch_) {
+    boost::system::error_code ignored;
+    watch_->cancel(ignored);
+    (void)watch_->release();
+    watch_.reset();
+  }
+  conn_.reset();
+}
+
+}  // namespace sriovd::vhost_user

@@ -1,0 +1,110 @@
+#include "sriovd/virtio/tap.hpp"
+
+#include <fcntl.h>
+#include <linux/if.h>
+#include <linux/if_tun.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include <netlink/netlink.h>
+#include <netlink/route/link.h>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::virtio {
+
+namespace {
+
+void move_to_netns(const std::string& ifname, const std::string& netns);
+void set_up(const std::string& ifname);
+
+}  // namespace
+
+Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : name_(name) {
+  if (queues == 0) queues = 1;
+  for (unsigned q = 0; q < queues; ++q) {
+    UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) throw_errno("opening /dev/net/tun for tap " + name);
+    ifreq ifr{};
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | (queues > 1 ? IFF_MULTI_QUEUE : 0);
+    std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+    if (::ioctl(fd.get(), TUNSETIFF, &ifr) != 0) throw_errno("TUNSETIFF " + name);
+    int hdr = 12;  // struct virtio_net_hdr_v1 (virtio 1.2 §5.1.6)
+    if (::ioctl(fd.get(), TUNSETVNETHDRSZ, &hdr) != 0) throw_errno("TUNSETVNETHDRSZ on " + name);
+    fds_.push_back(std::move(fd));
+  }
+  set_offloads(0);
+  if (netns.empty()) {
+    set_up(name);
+  } else {
+    move_to_netns(name, netns);
+    // Up from inside the namespace: a helper thread enters it, so this
+    // process's own threads never change namespace.
+    std::exception_ptr error;
+    std::thread([&] {
+      try {
+        UniqueFd ns(::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC));
+        if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) throw_errno("entering network namespace " + netns);
+        set_up(name);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }).join();
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+Tap::~Tap() = default;
+
+void Tap::set_offloads(unsigned tun_flags) {
+  for (auto& fd : fds_)
+    if (::ioctl(fd.get(), TUNSETOFFLOAD, tun_flags) != 0) throw_errno("TUNSETOFFLOAD on tap " + name_);
+}
+
+namespace {
+
+void set_up(const std::string& ifname) {
+  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0) throw_errno("reading flags of " + ifname);
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0) throw_errno("bringing " + ifname + " up");
+}
+
+// RTM_NEWLINK with IFLA_NET_NS_FD (what `ip link set netns` sends), by libnl.
+void move_to_netns(const std::string& ifname, const std::string& netns) {
+  UniqueFd ns(::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns) throw_errno("opening network namespace " + netns + " (create it with ip netns add)");
+  nl_sock* sk = nl_socket_alloc();
+  if (!sk) throw std::bad_alloc();
+  struct Guard {
+    nl_sock* sk;
+    rtnl_link* orig = nullptr;
+    rtnl_link* change = nullptr;
+    ~Guard() {
+      if (change) rtnl_link_put(change);
+      if (orig) rtnl_link_put(orig);
+      nl_socket_free(sk);
+    }
+  } g{sk};
+  int err = nl_connect(sk, NETLINK_ROUTE);
+  if (err == 0) err = rtnl_link_get_kernel(sk, 0, ifname.c_str(), &g.orig);
+  if (err == 0) {
+    g.change = rtnl_link_alloc();
+    rtnl_link_set_ns_fd(g.change, static_cast<uint32_t>(ns.get()));
+    err = rtnl_link_change(sk, g.orig, g.change, 0);
+  }
+  if (err < 0)
+    throw std::runtime_error("moving tap " + ifname + " into network namespace " + netns + ": " + nl_geterror(err));
+}
+
+}  // namespace
+
+}  // namespace sriovd::virtio
