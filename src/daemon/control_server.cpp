@@ -13,6 +13,7 @@
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::daemon {
 
@@ -118,48 +119,10 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   std::string out_;
 };
 
-namespace {
-
-// A socket file left by a daemon that died. Refuses to touch a path where
-// another daemon still answers, or that is not a socket at all.
-void remove_stale_socket(const std::string& path) {
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return;
-    throw_errno("control socket " + path);
-  }
-  if (!S_ISSOCK(st.st_mode))
-    throw std::runtime_error("control socket path " + path + " exists and is not a socket");
-  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0)
-    throw std::runtime_error("another sriovd is already serving " + path);
-  if (::unlink(path.c_str()) != 0) throw_errno("removing stale control socket " + path);
-  spdlog::info("removed stale control socket {}", path);
-}
-
-}  // namespace
-
 ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, Handler handler)
     : io_(io), path_(cfg.socket), allowed_uids_(cfg.allowed_uids), handler_(std::move(handler)),
       acceptor_(io) {
-  const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
-  std::error_code fs_ec;
-  std::filesystem::create_directories(dir, fs_ec);
-  if (fs_ec) throw std::runtime_error("cannot create " + dir.string() + ": " + fs_ec.message());
-  remove_stale_socket(path_);
-
-  acceptor_.open(stream());
-  // The mode must hold from the moment the file exists, so the umask is set
-  // around bind() rather than fixed with chmod() afterwards.
-  const mode_t old_mask = ::umask(0117);
-  boost::system::error_code ec;
-  acceptor_.bind(stream::endpoint(path_), ec);
-  ::umask(old_mask);
-  if (ec) throw std::runtime_error("cannot bind control socket " + path_ + ": " + ec.message());
-  acceptor_.listen(asio::socket_base::max_listen_connections);
+  listen_unix(acceptor_, path_, 0660, "control socket");
   apply_group(cfg);
   accept_next();
   spdlog::info("control API listening on {}", path_);

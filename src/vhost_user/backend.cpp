@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 
 namespace sriovd::vhost_user {
@@ -112,20 +113,7 @@ struct Backend::Message {
 
 Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device)
     : io_(io), path_(std::move(socket_path)), device_(device), acceptor_(io) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
-  struct stat st{};
-  if (::lstat(path_.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) throw std::runtime_error("vhost-user socket path " + path_ + " exists and is not a socket");
-    ::unlink(path_.c_str());
-  }
-  acceptor_.open(stream());
-  const mode_t old = ::umask(0117);
-  boost::system::error_code bec;
-  acceptor_.bind(stream::endpoint(path_), bec);
-  ::umask(old);
-  if (bec) throw std::runtime_error("cannot bind vhost-user socket " + path_ + ": " + bec.message());
-  acceptor_.listen();
+  listen_unix(acceptor_, path_, 0660, "vhost-user socket");
   accept_next();
   spdlog::info("vhost-user: {} listening on {}", device_.config().name, path_);
 }

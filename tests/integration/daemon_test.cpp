@@ -353,7 +353,7 @@ TEST_F(Daemon, StaleSocketIsReplacedButALiveDaemonIsNot) {
   auto status = second.wait_for(5s);
   ASSERT_TRUE(status);
   EXPECT_EQ(WEXITSTATUS(*status), 1);
-  EXPECT_THAT(second.log(), HasSubstr("another sriovd is already serving " + socket()));
+  EXPECT_THAT(second.log(), HasSubstr("another server is already answering on control socket " + socket()));
   EXPECT_TRUE(request({{"cmd", "status"}})["ok"]);
 }
 

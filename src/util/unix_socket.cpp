@@ -1,0 +1,54 @@
+#include "sriovd/util/unix_socket.hpp"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "sriovd/util/error.hpp"
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd {
+
+namespace {
+
+void remove_stale(const std::string& path, const std::string& what) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw_errno(what + " " + path);
+  }
+  if (!S_ISSOCK(st.st_mode)) throw std::runtime_error(what + " path " + path + " exists and is not a socket");
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof addr.sun_path));
+  if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0)
+    throw std::runtime_error("another server is already answering on " + what + " " + path);
+  if (::unlink(path.c_str()) != 0) throw_errno("removing stale " + what + " " + path);
+}
+
+}  // namespace
+
+void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path, mode_t mode,
+                 const std::string& what) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code fs_ec;
+  std::filesystem::create_directories(dir, fs_ec);
+  if (fs_ec) throw std::runtime_error("cannot create " + dir.string() + " for " + what + ": " + fs_ec.message());
+  remove_stale(path, what);
+  acceptor.open(asio::local::stream_protocol());
+  // The mode must hold from the moment the file exists, so the umask is set
+  // around bind() rather than fixed with chmod() afterwards.
+  const mode_t old_mask = ::umask(static_cast<mode_t>(~mode & 0777));
+  boost::system::error_code ec;
+  acceptor.bind(asio::local::stream_protocol::endpoint(path), ec);
+  ::umask(old_mask);
+  if (ec) throw std::runtime_error("cannot bind " + what + " " + path + ": " + ec.message());
+  acceptor.listen(asio::socket_base::max_listen_connections);
+}
+
+}  // namespace sriovd
