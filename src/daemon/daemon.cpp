@@ -10,6 +10,8 @@
 #include "sriovd/daemon/logging.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
+#include "sriovd/virtio/packet_socket.hpp"
+#include "sriovd/virtio/tap.hpp"
 
 namespace sriovd::daemon {
 
@@ -241,6 +243,8 @@ json Daemon::devices_json() const {
       backend["pf"] = dev.vf.pf.to_string();
       backend["vf"] = dev.vf.vf;
     }
+    for (const auto& e : virtio_)
+      if (e.name == dev.name && e.device) backend["netdev"] = e.device->port().name();
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},
               {"socket", dev.socket},
@@ -284,8 +288,6 @@ void Daemon::start_virtio() {
     e.name = dev.name;
     if (dev.transport != config::Transport::vhost_user) {
       e.not_served = "virtio-pci over vfio-user is not served yet";
-    } else if (dev.backend_kind != config::BackendKind::tap) {
-      e.not_served = "a VF netdev backend is not served yet";
     } else {
       try {
         virtio::NetConfig nc;
@@ -299,8 +301,16 @@ void Daemon::start_virtio() {
         nc.offloads = o.csum;
         nc.tap_offloads = (o.csum ? 0x01U : 0U) | (o.tso4 ? 0x02U : 0U) | (o.tso6 ? 0x04U : 0U) |
                           (o.tso_ecn ? 0x08U : 0U) | (o.ufo ? 0x10U : 0U);
-        auto tap = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
-        e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(tap));
+        std::unique_ptr<virtio::PacketPort> port;
+        if (dev.backend_kind == config::BackendKind::tap) {
+          port = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
+        } else {
+          // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
+          if (dev.queue_pairs != 1) throw std::runtime_error("a VF netdev backend serves one queue pair");
+          nc.offloads = false;  // AF_PACKET gives full frames only when nothing is offloaded
+          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf));
+        }
+        e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device);
       } catch (const std::exception& ex) {
         e.backend.reset();

@@ -79,6 +79,19 @@ std::vector<host::Step> HostService::release_vf(const config::Config& cfg, const
 
 std::vector<host::Step> HostService::release_all() { return reconciler_->release_all(); }
 
+std::string HostService::vf_netdev(const config::PfRef& pf_ref, unsigned index) {
+  std::optional<PciAddress> pf = pf_ref.address;
+  if (!pf) pf = control_->resolve_netdev(pf_ref.netdev);
+  if (!pf) throw std::runtime_error("PF " + pf_ref.to_string() + " not found");
+  auto vf = control_->vf_address(*pf, index);
+  if (!vf) throw std::runtime_error("PF " + pf_ref.to_string() + " has no VF " + std::to_string(index));
+  if (sim_) return sim_->realize_vf_netdev(*vf);
+  auto names = control_->sysfs().list("bus/pci/devices/" + vf->to_string() + "/net");
+  if (names.empty())
+    throw std::runtime_error("VF " + vf->to_string() + " has no netdev (is it bound to its own network driver?)");
+  return names.front();
+}
+
 json HostService::devices_json(const config::Config& cfg) {
   const auto devices = host::scan_pci(sim_ ? sim_->root() : sysfs_->root());
   auto info_of = [&](const PciAddress& a) -> const host::PciDeviceInfo* {

@@ -6,6 +6,11 @@
 #include <sstream>
 
 #include "sriovd/pci/config_space.hpp"
+#include <net/if.h>
+#include <unistd.h>
+#include <netlink/netlink.h>
+#include <netlink/route/link.h>
+#include <netlink/route/link/veth.h>
 #include "sriovd/util/error.hpp"
 
 namespace sriovd::host {
@@ -88,6 +93,47 @@ SimulatedKernel::SimulatedKernel(std::string dir, const std::vector<config::Simu
 SimulatedKernel::~SimulatedKernel() {
   std::error_code ec;
   fs::remove_all(dir_, ec);
+  if (veths_.empty()) return;
+  nl_sock* sk = nl_socket_alloc();
+  if (sk && nl_connect(sk, NETLINK_ROUTE) == 0)
+    for (const auto& name : veths_) {
+      rtnl_link* link = rtnl_link_alloc();
+      rtnl_link_set_name(link, name.c_str());
+      rtnl_link_delete(sk, link);  // takes the peer with it
+      rtnl_link_put(link);
+    }
+  if (sk) nl_socket_free(sk);
+}
+
+std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
+  std::lock_guard lock(mutex_);
+  Device* vf = find(vf_addr);
+  if (!vf || !vf->physfn) throw std::runtime_error(vf_addr.to_string() + " is not a VF of the simulated host");
+  if (vf->driver != vf->native_driver)
+    throw std::runtime_error("VF " + vf_addr.to_string() + " has no netdev: it is bound to " +
+                             (vf->driver.empty() ? std::string("no driver") : vf->driver) + ", not " + vf->native_driver);
+  const std::string name = vf_netdev(*vf);
+  for (const auto& v : veths_)
+    if (v == name) return name;
+  nl_sock* sk = nl_socket_alloc();
+  if (!sk) throw std::bad_alloc();
+  int err = nl_connect(sk, NETLINK_ROUTE);
+  if (err == 0) err = rtnl_link_veth_add(sk, name.c_str(), (name + "p").c_str(), ::getpid());
+  if (err == 0) {
+    for (const std::string& n : {name, name + "p"}) {
+      rtnl_link* orig = nullptr;
+      if (rtnl_link_get_kernel(sk, 0, n.c_str(), &orig) < 0) continue;
+      rtnl_link* change = rtnl_link_alloc();
+      rtnl_link_set_flags(change, IFF_UP);
+      rtnl_link_change(sk, orig, change, 0);
+      rtnl_link_put(change);
+      rtnl_link_put(orig);
+    }
+  }
+  nl_socket_free(sk);
+  if (err < 0) throw std::runtime_error("creating the veth for simulated VF netdev " + name + ": " + nl_geterror(err));
+  veths_.push_back(name);
+  return name;
 }
 
 // --- reads: the materialised tree, after letting late VFs appear ---

@@ -40,8 +40,11 @@ struct NetDevice::Worker {
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
 };
 
-NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Tap> tap)
-    : config_(std::move(config)), engine_(engine), tap_(std::move(tap)), queues_(2U * config_.queue_pairs) {
+NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<PacketPort> port)
+    : config_(std::move(config)), engine_(engine), tap_(std::move(port)), queues_(2U * config_.queue_pairs) {
+  if (tap_->queues() < config_.queue_pairs)
+    throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
+                                " queue(s) for " + std::to_string(config_.queue_pairs) + " queue pairs");
   for (unsigned q = 0; q < queues_.size(); ++q) queues_[q].route = engine_.add({config_.name, q, irq::Policy::relay, nullptr});
 }
 
@@ -213,7 +216,6 @@ bool NetDevice::do_tx(unsigned pair) {
   std::array<iovec, kTxSegs> iov{};
   Chain c;
   bool any = false;
-  const int fd = tap_->fd(pair);
   while (q.ring->pop(c, segs)) {
     any = true;
     if (c.readable == 0 || c.readable_bytes < kHeader) {
@@ -221,7 +223,7 @@ bool NetDevice::do_tx(unsigned pair) {
     } else {
       for (unsigned i = 0; i < c.readable; ++i) iov[i] = {segs[i].data, segs[i].len};
       // The virtio-net header goes to the tap as it is (IFF_VNET_HDR, 12 bytes).
-      if (::writev(fd, iov.data(), c.readable) < 0) {
+      if (tap_->send(pair, iov.data(), c.readable) < 0) {
         q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
       } else {
         q.stats->packets.fetch_add(1, std::memory_order_relaxed);
@@ -241,7 +243,7 @@ bool NetDevice::do_rx(Worker& w) {
   bool delivered = false;
   for (;;) {
     if (w.pending == 0) {
-      const ssize_t n = ::read(w.tap_fd, w.bounce.data(), w.bounce.size());
+      const ssize_t n = tap_->recv(w.pair, w.bounce.data(), w.bounce.size());
       if (n <= static_cast<ssize_t>(kHeader)) break;  // EAGAIN, or nothing usable
       w.pending = static_cast<size_t>(n);
     }

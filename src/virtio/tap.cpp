@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -61,6 +62,10 @@ Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : n
 }
 
 Tap::~Tap() = default;
+
+// With IFF_VNET_HDR the tap takes and gives the virtio-net header as it is.
+ssize_t Tap::send(unsigned q, const iovec* iov, int count) { return ::writev(fds_[q].get(), iov, count); }
+ssize_t Tap::recv(unsigned q, uint8_t* buf, size_t size) { return ::read(fds_[q].get(), buf, size); }
 
 void Tap::set_offloads(unsigned tun_flags) {
   for (auto& fd : fds_)

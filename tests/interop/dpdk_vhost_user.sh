@@ -53,19 +53,26 @@ check() {  # name condition...
 
 tap_rx() { ip netns exec "$ns" cat "/sys/class/net/$tap/statistics/rx_packets"; }
 
-# run_variant NAME QUEUES PACKED(auto|off) TESTPMD-DEVARGS
+# run_variant NAME QUEUES PACKED(auto|off) TESTPMD-DEVARGS [vf]
+# With "vf" the backend is a simulated VF's netdev (a real veth made by the
+# simulated host): the VF-to-virtio bridge; its wire end goes to the netns.
 run_variant() {
-  local name=$1 queues=$2 packed=$3 devargs=$4
+  local name=$1 queues=$2 packed=$3 devargs=$4 kind=${5:-tap}
   local sock=$work/$name.sock
+  local pfdev=sdpf$$
+  local backend="{type: tap, name: $tap, netns: $ns, offloads: []}"
+  [[ $kind == vf ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0}"
   cat >"$work/$name.yaml" <<CONF
 version: 1
 host: simulated
 state_dir: $work/state-$name
 simulated:
   physical_functions:
-    - {address: "0000:3b:00.0", netdev: simpf0}
+    - {address: "0000:3b:00.0", netdev: $pfdev}
 control:
   socket: $work/$name-control.sock
+physical_functions:
+  - {address: "0000:3b:00.0", num_vfs: 1}
 virtio_devices:
   - name: $name
     type: net
@@ -74,12 +81,19 @@ virtio_devices:
     queues: $queues
     queue_size: 256
     packed: "$packed"
-    backend: {type: tap, name: $tap, netns: $ns, offloads: []}
+    backend: $backend
 CONF
   "$sriovd" --config "$work/$name.yaml" --foreground >"$work/$name-sriovd.log" 2>&1 &
   local dpid=$!
   pids+=("$dpid")
   for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+  if [[ $kind == vf ]]; then
+    # The simulated VF's netdev is ${pfdev}v0; its wire end moves into the
+    # namespace and stands where the tap stands in the other variants.
+    ip link set "${pfdev}v0p" netns "$ns"
+    ip netns exec "$ns" ip link set "${pfdev}v0p" name "$tap"
+    ip netns exec "$ns" ip link set "$tap" up
+  fi
   ip netns exec "$ns" ip addr add 10.255.0.1/24 dev "$tap"
 
   # Round 1 sends (txonly), round 2 receives (rxonly): two front-ends one
@@ -132,6 +146,7 @@ run_variant split-nomrg 1 off ",packed_vq=0,mrg_rxbuf=0"
 run_variant packed 1 auto ",packed_vq=1,mrg_rxbuf=1"
 run_variant packed-nomrg 1 auto ",packed_vq=1,mrg_rxbuf=0"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
+run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -35,6 +35,9 @@ class HostService {
   std::vector<host::Step> release_all();
 
   [[nodiscard]] control::json devices_json(const config::Config& cfg);
+  // The kernel netdev of VF `index` of `pf` (on the simulated host: a real
+  // veth made for it). Throws when the VF has none (not on its own driver).
+  std::string vf_netdev(const config::PfRef& pf, unsigned index);
   [[nodiscard]] host::SimulatedKernel* simulated() { return sim_.get(); }
   [[nodiscard]] const std::vector<std::string>& recovered() const { return recovered_; }
 

@@ -72,6 +72,11 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   // An unloaded driver binds nothing and has no bind/unbind files.
   void set_driver_loaded(const std::string& driver, bool loaded);
 
+  // A VF's netdev as a real interface: a veth pair "<vf netdev>" (the VF's
+  // side, for the VF-to-virtio bridge) and "<vf netdev>p" (the wire, where
+  // tests put traffic). Created on first use, deleted with the model.
+  std::string realize_vf_netdev(const PciAddress& vf);
+
   // A comparable picture of everything the model holds, for "the host
   // equals its starting state" assertions.
   [[nodiscard]] std::string snapshot() const;
@@ -124,6 +129,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   std::map<std::pair<PciAddress, unsigned>, VfSettings> vf_settings_;
   std::vector<Fault> faults_;
   std::set<std::string> unloaded_;
+  std::vector<std::string> veths_;
   std::optional<std::pair<unsigned, int>> nth_fault_;
   unsigned operations_ = 0;
   int next_group_ = 0;

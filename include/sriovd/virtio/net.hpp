@@ -2,7 +2,7 @@
 // The virtio-net device model (virtio 1.2 §5.1), transport-agnostic: a
 // transport (vhost-user now, virtio-pci over vfio-user later) hands it guest
 // memory, rings, kick fds and call routes, and it moves packets between the
-// rings and a tap device. Queue interrupts go through the shared routing
+// rings and a packet port (a tap, or a VF's netdev). Queue interrupts go through the shared routing
 // engine: each queue's call is a route whose sink is the VMM's eventfd.
 //
 // Data plane: one worker thread per queue pair, epoll on the pair's kick
@@ -25,7 +25,7 @@
 #include "sriovd/util/pci_address.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/ring.hpp"
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/virtio/port.hpp"
 
 namespace sriovd::virtio {
 
@@ -83,7 +83,7 @@ struct QueueStats {
 
 class NetDevice {
  public:
-  NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Tap> tap);
+  NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<PacketPort> port);
   ~NetDevice();
   NetDevice(const NetDevice&) = delete;
   NetDevice& operator=(const NetDevice&) = delete;
@@ -116,7 +116,7 @@ class NetDevice {
 
   [[nodiscard]] const QueueStats& stats(unsigned q) const { return *queues_.at(q).stats; }
   [[nodiscard]] irq::RouteId call_route(unsigned q) const { return queues_.at(q).route; }
-  [[nodiscard]] const Tap& tap() const { return *tap_; }
+  [[nodiscard]] const PacketPort& port() const { return *tap_; }
 
  private:
   struct Queue {
@@ -140,7 +140,7 @@ class NetDevice {
 
   NetConfig config_;
   irq::Engine& engine_;
-  std::unique_ptr<Tap> tap_;
+  std::unique_ptr<PacketPort> tap_;
   GuestMemory* memory_ = nullptr;
   uint64_t features_ = 0;
   std::vector<Queue> queues_;

@@ -4,24 +4,28 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
+#include "sriovd/virtio/port.hpp"
 
 namespace sriovd::virtio {
 
 // A tap device carrying virtio-net headers (IFF_VNET_HDR, 12-byte header):
 // what the guest puts in front of a packet goes to the kernel as it is, and
 // the kernel's checksum/GSO metadata comes back the same way.
-class Tap {
+class Tap : public PacketPort {
  public:
   // Creates (or attaches to) tap `name`, one queue fd per queue pair
   // (IFF_MULTI_QUEUE when more than one), non-blocking. With `netns`, the
   // tap is moved into that network namespace (its fds stay valid).
   Tap(const std::string& name, unsigned queues, const std::string& netns = "");
-  ~Tap();
+  ~Tap() override;
 
-  [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] int fd(unsigned queue) const { return fds_.at(queue).get(); }
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(fds_.size()); }
+  [[nodiscard]] int fd(unsigned queue) const override { return fds_.at(queue).get(); }
+  ssize_t send(unsigned q, const iovec* iov, int count) override;
+  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   // TUNSETOFFLOAD: what the kernel may hand us (csum, tso4, tso6, ecn, ufo).
-  void set_offloads(unsigned tun_flags);
+  void set_offloads(unsigned tun_flags) override;
 
  private:
   std::string name_;

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <string>
+
+#include "sriovd/util/fd.hpp"
+#include "sriovd/virtio/port.hpp"
+
+namespace sriovd::virtio {
+
+// A netdev (a VF's, for the VF-to-virtio bridge) through an AF_PACKET
+// socket with PACKET_VNET_HDR. The kernel's header there is the 10-byte
+// struct virtio_net_hdr; the device's is the 12-byte v1 header, so the two
+// bytes of num_buffers are dropped on the way out and left for the device
+// to fill on the way in.
+class PacketSocket : public PacketPort {
+ public:
+  explicit PacketSocket(const std::string& ifname);
+
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] unsigned queues() const override { return 1; }
+  [[nodiscard]] int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned q, const iovec* iov, int count) override;
+  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
+  void set_offloads(unsigned) override {}
+
+ private:
+  std::string name_;
+  UniqueFd fd_;
+};
+
+}  // namespace sriovd::virtio

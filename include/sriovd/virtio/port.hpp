@@ -1,0 +1,29 @@
+#pragma once
+// Where a virtio-net device's packets go: a tap device, or a (VF's)
+// netdev through an AF_PACKET socket. Both speak the 12-byte
+// virtio_net_hdr_v1 in front of each packet to the device.
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sriovd::virtio {
+
+class PacketPort {
+ public:
+  virtual ~PacketPort() = default;
+  [[nodiscard]] virtual const std::string& name() const = 0;
+  [[nodiscard]] virtual unsigned queues() const = 0;
+  // The fd to wait on for queue q (non-blocking).
+  [[nodiscard]] virtual int fd(unsigned q) const = 0;
+  // One packet, virtio-net header first, from the guest's segments.
+  virtual ssize_t send(unsigned q, const iovec* iov, int count) = 0;
+  // One packet into buf, virtio-net header first; <= 0 when none.
+  virtual ssize_t recv(unsigned q, uint8_t* buf, size_t size) = 0;
+  // TUN_F_* offloads the guest can take from us.
+  virtual void set_offloads(unsigned tun_flags) = 0;
+};
+
+}  // namespace sriovd::virtio

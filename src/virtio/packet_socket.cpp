@@ -1,0 +1,71 @@
+#include "sriovd/virtio/packet_socket.hpp"
+
+#include <arpa/inet.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::virtio {
+
+namespace {
+constexpr size_t kKernelHeader = 10;  // struct virtio_net_hdr
+constexpr size_t kDeviceHeader = 12;  // struct virtio_net_hdr_v1
+constexpr int kMaxIov = 66;
+}  // namespace
+
+PacketSocket::PacketSocket(const std::string& ifname) : name_(ifname) {
+  fd_.reset(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL)));
+  if (!fd_) throw_errno("AF_PACKET socket for " + ifname);
+  int one = 1;
+  if (::setsockopt(fd_.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0)
+    throw_errno("PACKET_VNET_HDR on " + ifname);
+  (void)::setsockopt(fd_.get(), SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
+  const unsigned index = ::if_nametoindex(ifname.c_str());
+  if (index == 0) throw_errno("netdev " + ifname);
+  sockaddr_ll addr{};
+  addr.sll_family = AF_PACKET;
+  addr.sll_protocol = htons(ETH_P_ALL);
+  addr.sll_ifindex = static_cast<int>(index);
+  if (::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw_errno("binding AF_PACKET to " + ifname);
+}
+
+ssize_t PacketSocket::send(unsigned, const iovec* iov, int count) {
+  // The first 10 of the guest's 12 header bytes, then everything after 12.
+  uint8_t header[kDeviceHeader];
+  iovec out[kMaxIov];
+  int n = 1;
+  size_t skip = kDeviceHeader, copied = 0;
+  for (int i = 0; i < count && n < kMaxIov; ++i) {
+    const auto* base = static_cast<const uint8_t*>(iov[i].iov_base);
+    size_t len = iov[i].iov_len;
+    if (skip > 0) {
+      const size_t take = std::min(skip, len);
+      std::memcpy(header + copied, base, take);
+      copied += take;
+      skip -= take;
+      base += take;
+      len -= take;
+    }
+    if (len > 0) out[n++] = {const_cast<uint8_t*>(base), len};
+  }
+  if (copied < kDeviceHeader) return -1;
+  out[0] = {header, kKernelHeader};
+  return ::writev(fd_.get(), out, n);
+}
+
+ssize_t PacketSocket::recv(unsigned, uint8_t* buf, size_t size) {
+  if (size <= kDeviceHeader) return -1;
+  iovec in[2] = {{buf, kKernelHeader}, {buf + kDeviceHeader, size - kDeviceHeader}};
+  const ssize_t n = ::readv(fd_.get(), in, 2);
+  if (n <= static_cast<ssize_t>(kKernelHeader)) return n;
+  std::memset(buf + kKernelHeader, 0, kDeviceHeader - kKernelHeader);  // num_buffers: the device's
+  return n + static_cast<ssize_t>(kDeviceHeader - kKernelHeader);
+}
+
+}  // namespace sriovd::virtio
