@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -321,6 +322,45 @@ TEST_F(Daemon, SigintStopsItToo) {
   start();
   daemon_->signal(SIGINT);
   auto status = daemon_->wait_for(2s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+// sd_notify(3) as systemd receives it: a datagram socket in NOTIFY_SOCKET.
+TEST_F(Daemon, TellsSystemdReadyReloadingWatchdogAndStopping) {
+  write_config(1);
+  const std::string notify_path = dir_.file("notify.sock");
+  UniqueFd notify(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, notify_path.c_str());
+  ASSERT_EQ(::bind(notify.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::vector<std::string> seen;
+  auto next_message = [&](const std::string& prefix) {
+    for (int i = 0; i < 50; ++i) {
+      pollfd p{notify.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) != 1) continue;
+      char buf[512];
+      const ssize_t n = ::recv(notify.get(), buf, sizeof buf, 0);
+      if (n <= 0) continue;
+      seen.emplace_back(buf, static_cast<size_t>(n));
+      if (seen.back().rfind(prefix, 0) == 0) return true;
+    }
+    return false;
+  };
+  daemon_ = std::make_unique<test::Process>(
+      std::vector<std::string>{SRIOVD_BIN, "--config", config_path()}, dir_.file("sriovd.log"),
+      std::vector<std::string>{"NOTIFY_SOCKET=" + notify_path, "WATCHDOG_USEC=200000"});
+  ASSERT_TRUE(next_message("READY=1")) << daemon_->log();
+  EXPECT_NE(seen.back().find("STATUS=1 PF(s), 1 VF(s)"), std::string::npos) << seen.back();
+  ASSERT_TRUE(next_message("WATCHDOG=1")) << "no watchdog ping within 5 s at WATCHDOG_USEC=200000";
+  daemon_->signal(SIGHUP);
+  ASSERT_TRUE(next_message("RELOADING=1"));
+  EXPECT_NE(seen.back().find("MONOTONIC_USEC="), std::string::npos);
+  ASSERT_TRUE(next_message("READY=1"));
+  daemon_->signal(SIGTERM);
+  ASSERT_TRUE(next_message("STOPPING=1"));
+  auto status = daemon_->wait_for(5s);
   ASSERT_TRUE(status);
   EXPECT_EQ(WEXITSTATUS(*status), 0);
 }

@@ -16,7 +16,8 @@ extern char** environ;
 
 namespace sriovd::test {
 
-Process::Process(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+Process::Process(std::vector<std::string> argv, std::string log_path, std::vector<std::string> env)
+    : log_path_(std::move(log_path)) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path_.c_str(),
@@ -26,7 +27,11 @@ Process::Process(std::vector<std::string> argv, std::string log_path) : log_path
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("cannot start " + argv[0]);
 }

@@ -15,7 +15,8 @@ namespace sriovd::test {
 // leaves a process behind even when an assertion fails.
 class Process {
  public:
-  Process(std::vector<std::string> argv, std::string log_path);
+  // `env` entries ("NAME=value") are added to this process's environment.
+  Process(std::vector<std::string> argv, std::string log_path, std::vector<std::string> env = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
