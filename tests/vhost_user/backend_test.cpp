@@ -1,0 +1,199 @@
+// The vhost-user back-end against a hand-written front-end: well-formed
+// messages get their replies; each malformed one ends only that connection,
+// counted and logged, and the next front-end is served.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
+#include "support/temp_dir.hpp"
+
+namespace sriovd::vhost_user {
+namespace {
+
+// A packet port with nowhere to send: the protocol is what is under test.
+class NullPort : public virtio::PacketPort {
+ public:
+  NullPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
+  const std::string& name() const override { return name_; }
+  unsigned queues() const override { return 2; }
+  int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned, const iovec*, int) override { return 0; }
+  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
+  void set_offloads(unsigned) override {}
+
+ private:
+  std::string name_ = "null0";
+  UniqueFd fd_;
+};
+
+class Frontend {
+ public:
+  explicit Frontend(const std::string& path) : fd_(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, path.c_str());
+    if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect");
+    timeval tv{2, 0};
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}, uint32_t flags = kVersion) {
+    Header h{request, flags, size};
+    std::vector<uint8_t> bytes(sizeof h + size);
+    std::memcpy(bytes.data(), &h, sizeof h);
+    if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
+    iovec iov{bytes.data(), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    if (!fds.empty()) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    ASSERT_EQ(::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  // The u64 reply to `request`; nullopt when the back-end hung up instead.
+  std::optional<uint64_t> reply_u64() {
+    Header h{};
+    if (::recv(fd_.get(), &h, sizeof h, MSG_WAITALL) != sizeof h) return std::nullopt;
+    uint64_t v = 0;
+    if (h.size != sizeof v || ::recv(fd_.get(), &v, sizeof v, MSG_WAITALL) != sizeof v) return std::nullopt;
+    return v;
+  }
+  // A header alone, claiming `size` payload bytes.
+  void send_header(uint32_t request, uint32_t size) {
+    Header h{request, kVersion, size};
+    ASSERT_EQ(::send(fd_.get(), &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+  }
+  bool closed_by_peer() {
+    char c;
+    const ssize_t n = ::recv(fd_.get(), &c, 1, 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+
+ private:
+  UniqueFd fd_;
+};
+
+class BackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    irq::EngineOptions o;
+    o.relay_threads = 0;
+    engine = std::make_unique<irq::Engine>(o);
+    virtio::NetConfig nc;
+    nc.name = "vnet-test";
+    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::make_unique<NullPort>());
+    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
+    runner = std::thread([this] {
+      auto guard = asio::make_work_guard(io);
+      io.run();
+    });
+  }
+  void TearDown() override {
+    io.stop();
+    runner.join();
+  }
+  // Runs `fn` on the io thread and waits for it.
+  template <typename F>
+  auto on_io(F fn) {
+    std::promise<decltype(fn())> p;
+    asio::post(io, [&] { p.set_value(fn()); });
+    return p.get_future().get();
+  }
+
+  sriovd::test::TempDir dir;
+  asio::io_context io;
+  std::unique_ptr<irq::Engine> engine;
+  std::unique_ptr<virtio::NetDevice> device;
+  std::unique_ptr<Backend> backend;
+  std::thread runner;
+};
+
+TEST_F(BackendTest, AnswersFeatureQueries) {
+  Frontend f(dir.file("vnet.sock"));
+  f.send(kGetFeatures, nullptr, 0);
+  auto features = f.reply_u64();
+  ASSERT_TRUE(features);
+  EXPECT_TRUE(*features & virtio::kVersion1);
+  EXPECT_TRUE(*features & kFeatureProtocolFeatures);
+  f.send(kGetProtocolFeatures, nullptr, 0);
+  auto proto = f.reply_u64();
+  ASSERT_TRUE(proto);
+  EXPECT_TRUE(*proto & kProtoReplyAck);
+  const uint64_t ack = kProtoReplyAck;
+  f.send(kSetProtocolFeatures, &ack, sizeof ack);
+  const uint64_t features_set = virtio::kVersion1 | kFeatureProtocolFeatures;
+  f.send(kSetFeatures, &features_set, sizeof features_set, {}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 0U) << "REPLY_ACK: success";
+  f.send(kGetQueueNum, nullptr, 0);
+  EXPECT_EQ(f.reply_u64(), 1U);
+}
+
+struct Malformed {
+  const char* name;
+  std::function<void(Frontend&)> send;
+  const char* reason;
+};
+
+TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
+  UniqueFd e1(::eventfd(0, 0)), e2(::eventfd(0, 0));
+  const uint64_t u64 = 0;
+  const std::vector<Malformed> cases = {
+      {"short payload", [&](Frontend& f) { f.send(kSetFeatures, &u64, 4); }, "SET_FEATURES (2) with 4 payload bytes"},
+      {"fds where none belong", [&](Frontend& f) { f.send(kSetFeatures, &u64, 8, {e1.get()}); },
+       "SET_FEATURES (2) with 1 fds, expected 0"},
+      {"two kick fds", [&](Frontend& f) { f.send(kSetVringKick, &u64, 8, {e1.get(), e2.get()}); },
+       "SET_VRING_KICK (12) with 2 fds"},
+      {"unknown request", [&](Frontend& f) { f.send(99, nullptr, 0); }, "request unknown (99) is not served"},
+      {"bad version", [&](Frontend& f) { f.send(kGetFeatures, nullptr, 0, {}, 0x2); }, "unsupported protocol version"},
+      {"huge payload", [&](Frontend& f) { f.send_header(kSetMemTable, 5000); }, "a payload of 5000 bytes"},
+      {"queue out of range", [&](Frontend& f) { VringState s{7, 256}; f.send(kSetVringNum, &s, sizeof s); },
+       "for queue 7 of 2"},
+      {"memory table with no fds", [&](Frontend& f) {
+         MemTable t{};
+         t.nregions = 1;
+         t.regions[0] = {0, 4096, 0, 0};
+         f.send(kSetMemTable, &t, 8 + sizeof(MemRegion));
+       }, "SET_MEM_TABLE with 0 fds for 1 regions"},
+      {"ring outside memory", [&](Frontend& f) {
+         VringAddr a{0, 0, 0x1000, 0x2000, 0x3000, 0};
+         f.send(kSetVringAddr, &a, sizeof a);
+       }, "a ring outside the shared memory"},
+  };
+  uint64_t errors = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    {
+      Frontend f(dir.file("vnet.sock"));
+      c.send(f);
+      EXPECT_TRUE(f.closed_by_peer());
+    }
+    ++errors;
+    EXPECT_EQ(on_io([&] { return backend->stats().protocol_errors; }), errors);
+    const std::string last = on_io([&] { return backend->stats().last_error; });
+    EXPECT_NE(last.find(c.reason), std::string::npos) << last;
+    // The next front-end is served as if nothing happened.
+    Frontend next(dir.file("vnet.sock"));
+    next.send(kGetFeatures, nullptr, 0);
+    EXPECT_TRUE(next.reply_u64().has_value());
+  }
+}
+
+}  // namespace
+}  // namespace sriovd::vhost_user
