@@ -216,7 +216,13 @@ bool NetDevice::do_tx(unsigned pair) {
   std::array<iovec, kTxSegs> iov{};
   Chain c;
   bool any = false;
-  while (q.ring->pop(c, segs)) {
+  for (;;) {
+    if (!q.ring->pop(c, segs)) {
+      // Ask for a kick before sleeping; buffers that slipped in meanwhile
+      // are taken now.
+      if (q.ring->broken() || !q.ring->enable_kicks()) break;
+      continue;
+    }
     any = true;
     if (c.readable == 0 || c.readable_bytes < kHeader) {
       q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -272,6 +278,8 @@ bool NetDevice::do_rx(Worker& w) {
         continue;
       }
       while (used > 0) q.ring->rewind(w.chains[--used]);
+      // Buffers that arrived meanwhile: try again before giving up.
+      if (q.ring->enable_kicks()) continue;
       // Out of buffers: stop watching the tap until the guest kicks.
       if (w.tap_armed) {
         epoll_event ev{};

@@ -184,6 +184,17 @@ class SplitQueue final : public Virtqueue {
     store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
   }
 
+  bool enable_kicks() override {
+    if (event_idx_) {
+      std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 4 + 8 * size_)).store(last_avail_, std::memory_order_relaxed);
+    } else {
+      std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_)).store(0, std::memory_order_relaxed);
+    }
+    // The driver must see the request before we look for its buffers (§2.7.10).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return load_acquire<B>(avail_[1]) != last_avail_;
+  }
+
   bool should_notify() override {
     // The used index must be visible before the driver's flags or event
     // index are read: the one store->load point, a full fence.
@@ -297,6 +308,18 @@ class PackedQueue final : public Virtqueue {
       used_wrap_ = !used_wrap_;
     }
     next_used_ = static_cast<uint16_t>(next);
+  }
+
+  bool enable_kicks() override {
+    if (event_idx_) {
+      std::atomic_ref<uint16_t>(device_->off_wrap)
+          .store(static_cast<uint16_t>(next_avail_ | (avail_wrap_ ? 1U << 15U : 0U)), std::memory_order_relaxed);
+      std::atomic_ref<uint16_t>(device_->flags).store(kEventDesc, std::memory_order_relaxed);
+    } else {
+      std::atomic_ref<uint16_t>(device_->flags).store(kEventEnable, std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // §2.8.21
+    return available(load_acquire<B>(desc_[next_avail_].flags), avail_wrap_);
   }
 
   bool should_notify() override {

@@ -254,6 +254,41 @@ TEST(SplitRing, EventIdxAndNoInterrupt) {
   EXPECT_TRUE(flags.queue->should_notify());
 }
 
+// The device asks for kicks before sleeping (§2.7.10): with EVENT_IDX it
+// publishes avail_event = the next index it will read, and reports buffers
+// that arrived in between so that none is left without a kick.
+TEST(SplitRing, EnableKicksPublishesAvailEventAndCatchesLateBuffers) {
+  Rig<false> r(8, /*event_idx=*/true);
+  Chain c;
+  r.add({{kData, 8, false}});
+  r.add({{kData, 8, false}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  EXPECT_FALSE(r.queue->enable_kicks());
+  const auto* used = r.g.at(r.driver.addresses().device);
+  uint16_t avail_event;
+  std::memcpy(&avail_event, used + 4 + 8 * 8, sizeof avail_event);
+  EXPECT_EQ(avail_event, 2) << "kick me when you publish index 2";
+  r.add({{kData, 8, false}});
+  EXPECT_TRUE(r.queue->enable_kicks()) << "a buffer that came before the sleep";
+  Rig<false> flags(8, /*event_idx=*/false);
+  EXPECT_FALSE(flags.queue->enable_kicks());
+}
+
+TEST(PackedRing, EnableKicksSetsTheDeviceEventOffset) {
+  Rig<true> r(8, /*event_idx=*/true);
+  Chain c;
+  r.add({{kData, 8, false}});
+  ASSERT_TRUE(r.queue->pop(c, r.segs));
+  EXPECT_FALSE(r.queue->enable_kicks());
+  EventSuppress dev;
+  std::memcpy(&dev, r.g.at(r.driver.addresses().device), sizeof dev);
+  EXPECT_EQ(dev.flags, kEventDesc);
+  EXPECT_EQ(dev.off_wrap, 1U | (1U << 15U));
+  r.add({{kData, 8, false}});
+  EXPECT_TRUE(r.queue->enable_kicks());
+}
+
 TEST(PackedRing, EventSuppression) {
   Rig<true> r(8, /*event_idx=*/true);
   Chain c;

@@ -17,7 +17,12 @@ VM_TIMEOUT=${SRIOVD_VM_TIMEOUT:-300}
 VM_MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
   drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/pci/pci-stub crypto/crct10dif_common
   lib/crc-t10dif lib/crc64 crypto/crc64_rocksoft_generic lib/crc64-rocksoft block/t10-pi
-  drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
+  drivers/nvme/host/nvme-core drivers/nvme/host/nvme
+  drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev
+  drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci net/core/failover drivers/net/net_failover
+  drivers/net/virtio_net"
+# Extra QEMU arguments for a scenario (a vhost-user netdev, say).
+VM_QEMU_EXTRA=${VM_QEMU_EXTRA:-}
 
 vm_log() { echo "vm: $*" >&2; }
 
@@ -43,8 +48,13 @@ vm_kernel() {
   local dir
   dir=$(ls -d "$VM_CACHE"/6.1.0-*-amd64 2>/dev/null | sort -V | tail -n 1)
   if [[ -n $dir && -f $dir/vmlinuz ]]; then
-    echo "$dir"
-    return 0
+    local complete=1
+    for m in $VM_MODULES; do [[ -f $dir/modules/$(basename "$m").ko ]] || complete=0; done
+    if [[ $complete -eq 1 ]]; then
+      echo "$dir"
+      return 0
+    fi
+    rm -rf "$dir"  # made for a shorter module list: fetch again
   fi
   local pkg
   pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
@@ -107,7 +117,7 @@ vm_run() {
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \
-    -kernel "$kernel/vmlinuz" -initrd "$root.cpio.gz" \
+    -kernel "$kernel/vmlinuz" -initrd "$root.cpio.gz" $VM_QEMU_EXTRA \
     -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
     -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
   rm -f "$root.cpio.gz"

@@ -110,6 +110,11 @@ class Virtqueue {
   [[nodiscard]] virtual uint32_t base() const = 0;
   // After pushes: does the driver want to be interrupted (flags / event idx)?
   virtual bool should_notify() = 0;
+  // Before the device sleeps: asks the driver to kick for anything it adds
+  // after what was popped (EVENT_IDX: avail_event / the device event
+  // offset; else the no-notify flag cleared). True when buffers arrived in
+  // the meantime: pop again instead of sleeping.
+  virtual bool enable_kicks() = 0;
   [[nodiscard]] virtual uint16_t size() const = 0;
   [[nodiscard]] RingError error() const { return error_; }
   [[nodiscard]] bool broken() const { return error_ != RingError::none; }
