@@ -53,8 +53,10 @@ int scan_raw(const char* bus_path, RawDevice* out, int max) {
   std::jmp_buf jump;
   g_jump = &jump;
   if (setjmp(jump) != 0) {
+    // pacc was set before setjmp and not changed since, so it is valid here.
     g_jump = nullptr;
-    return -1;  // pacc leaks on this rare path: libpci cannot be trusted after its error
+    pci_cleanup(pacc);
+    return -1;
   }
   pacc->method = PCI_ACCESS_SYS_BUS_PCI;
   pci_set_param(pacc, const_cast<char*>("sysfs.path"), const_cast<char*>(bus_path));
