@@ -51,14 +51,36 @@ pids+=($!)
 
 # vectors=0: QEMU 7.2 under TCG crashes when the guest enables MSI-X on a
 # vhost-user device (TESTING.md); the guest uses INTx, fed by the call fd.
+# reconnect=1: QEMU reconnects when the back-end goes away (part 2).
 export VM_QEMU_EXTRA="-object memory-backend-memfd,id=mem,size=768M,share=on -numa node,memdev=mem
-  -chardev socket,id=c0,path=$sock -netdev vhost-user,id=n0,chardev=c0
+  -chardev socket,id=c0,path=$sock,reconnect=1 -netdev vhost-user,id=n0,chardev=c0
   -device virtio-net-pci,netdev=n0,vectors=0"
-log=$work/console.log
 rc=0
+sriovd_pid=${pids[0]}
+
+# Part 1: ping and iperf3 from the guest.
+log=$work/console.log
 vm_run "$here/vm/scenarios/virtio-net-guest.sh" "$log" /usr/bin/iperf3 || rc=1
 grep -E '^VMTEST (BENCH|FAIL)' "$log" || true
-kill -0 "${pids[0]}" || { echo "sriovd died:"; tail -n 20 "$work/sriovd.log"; rc=1; }
+kill -0 "$sriovd_pid" || { echo "sriovd died:"; tail -n 20 "$work/sriovd.log"; rc=1; }
 grep -q "front-end connected" "$work/sriovd.log" || { echo "QEMU never connected"; rc=1; }
-[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log"; echo "--- sriovd ---"; cat "$work/sriovd.log"; }
+[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log"; echo "--- sriovd ---"; cat "$work/sriovd.log"; exit 1; }
+
+# Part 2: sriovd is SIGKILLed and started again while the guest runs; QEMU
+# reconnects and the guest's traffic resumes.
+log2=$work/console-reconnect.log
+vm_run "$here/vm/scenarios/virtio-net-reconnect.sh" "$log2" &
+vm=$!
+pids+=("$vm")
+for _ in $(seq 1200); do grep -q 'phase1-before-restart' "$log2" 2>/dev/null && break; sleep 0.1; done
+kill -KILL "$sriovd_pid"
+wait "$sriovd_pid" 2>/dev/null || true
+"$build/src/sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd-2.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do ip -n "$ns" link show "$tap" >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$ns" ip addr add 10.88.0.1/24 dev "$tap"
+wait "$vm" || rc=1
+grep -E '^VMTEST (PASS|FAIL)' "$log2" || true
+grep -q "front-end connected" "$work/sriovd-2.log" || { echo "QEMU did not reconnect to the new sriovd"; rc=1; }
+[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log2"; echo "--- sriovd (2) ---"; cat "$work/sriovd-2.log"; }
 exit $rc
