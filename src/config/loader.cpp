@@ -46,6 +46,7 @@ const char* to_string(PackedRing v) {
   return "?";
 }
 const char* to_string(BackendKind v) { return v == BackendKind::tap ? "tap" : "vf"; }
+const char* to_string(SocketMode v) { return v == SocketMode::server ? "server" : "client"; }
 
 std::string Diagnostic::to_string() const {
   if (line == 0) return file + ": " + message;
@@ -626,7 +627,7 @@ class Loader {
 
   void read_virtio(const YAML::Node& node, const std::string& path) {
     Mapping m(ctx_, node, path,
-              {"name", "type", "transport", "socket", "queues", "queue_size", "packed", "mac",
+              {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
                "mtu", "backend"});
     if (!m.valid()) return;
     VirtioDevice dev;
@@ -656,6 +657,12 @@ class Loader {
       ok = false;
     auto socket = socket_path(ctx_, m, "socket", true);
     ok &= socket.has_value();
+    if (auto mode = m.choice<SocketMode>("socket_mode", {{"server", SocketMode::server}, {"client", SocketMode::client}})) {
+      dev.socket_mode = *mode;
+      if (*mode == SocketMode::client && dev.transport != Transport::vhost_user)
+        ctx_.error(m.where("socket_mode"), m.path_of("socket_mode"),
+                   "client mode is only for vhost-user (a vfio-user server always listens)");
+    }
     if (auto q = m.unsigned_in("queues", 1, 16)) dev.queue_pairs = static_cast<uint16_t>(*q);
     if (auto p = m.choice<PackedRing>("packed", {{"off", PackedRing::off},
                                                  {"on", PackedRing::on},

@@ -259,7 +259,10 @@ json Daemon::devices_json() const {
         j["reason"] = e.not_served;
         continue;
       }
-      j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+      j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected")
+                   : dev.socket_mode == config::SocketMode::client ? "connecting"
+                                                                  : "listening";
+      j["socket_mode"] = config::to_string(dev.socket_mode);
       j["features"] = e.device->features();
       json queues = json::array();
       for (unsigned q = 0; q < e.device->num_queues(); ++q) {
@@ -311,7 +314,10 @@ void Daemon::start_virtio() {
           port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf));
         }
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
-        e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device);
+        e.backend = std::make_unique<vhost_user::Backend>(
+            io_, dev.socket, *e.device,
+            dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
+                                                         : vhost_user::Backend::Mode::server);
       } catch (const std::exception& ex) {
         e.backend.reset();
         e.device.reset();

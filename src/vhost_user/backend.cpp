@@ -1,6 +1,7 @@
 #include "sriovd/vhost_user/backend.hpp"
 
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,22 +112,57 @@ struct Backend::Message {
   std::vector<UniqueFd> fds;
 };
 
-Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device)
-    : io_(io), path_(std::move(socket_path)), device_(device), acceptor_(io) {
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode)
+    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), acceptor_(io), retry_(io) {
+  if (mode_ == Mode::client) {
+    spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
+    try_connect();
+    return;
+  }
   listen_unix(acceptor_, path_, 0660, "vhost-user socket");
   accept_next();
   spdlog::info("vhost-user: {} listening on {}", device_.config().name, path_);
 }
 
+void Backend::connect_later(std::chrono::milliseconds delay) {
+  retry_.expires_after(delay);
+  retry_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) try_connect();
+  });
+}
+
+// Client mode: the front-end listens; a missing or refusing socket is
+// tried again every second (a VMM that is starting, or restarting).
+void Backend::try_connect() {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path_.c_str(), std::min(path_.size() + 1, sizeof addr.sun_path));
+  if (!fd || ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    connect_later(std::chrono::seconds(1));
+    return;
+  }
+  adopt(std::move(fd));
+}
+
+void Backend::adopt(UniqueFd fd) {
+  conn_ = std::move(fd);
+  ++stats_.connections;
+  watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
+  spdlog::info("vhost-user: {}: front-end connected", device_.config().name);
+  wait_readable();
+}
+
 Backend::~Backend() {
   boost::system::error_code ignored;
+  retry_.cancel();
   acceptor_.close(ignored);
   if (watch_) {
     watch_->cancel(ignored);
     (void)watch_->release();
   }
   device_.reset();
-  ::unlink(path_.c_str());
+  if (mode_ == Mode::server) ::unlink(path_.c_str());
 }
 
 void Backend::accept_next() {
@@ -136,11 +172,7 @@ void Backend::accept_next() {
       if (conn_) {
         spdlog::warn("vhost-user: {}: refused a second front-end while one is connected", device_.config().name);
       } else {
-        conn_.reset(socket.release());
-        ++stats_.connections;
-        watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
-        spdlog::info("vhost-user: {}: front-end connected", device_.config().name);
-        wait_readable();
+        adopt(UniqueFd(socket.release()));
       }
     }
     accept_next();
@@ -411,6 +443,7 @@ void Backend::disconnect(const std::string& why) {
     watch_.reset();
   }
   conn_.reset();
+  if (mode_ == Mode::client) connect_later(std::chrono::seconds(1));
 }
 
 }  // namespace sriovd::vhost_user

@@ -82,5 +82,25 @@ ip netns exec "$ns" ip addr add 10.88.0.1/24 dev "$tap"
 wait "$vm" || rc=1
 grep -E '^VMTEST (PASS|FAIL)' "$log2" || true
 grep -q "front-end connected" "$work/sriovd-2.log" || { echo "QEMU did not reconnect to the new sriovd"; rc=1; }
-[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log2"; echo "--- sriovd (2) ---"; cat "$work/sriovd-2.log"; }
+[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log2"; echo "--- sriovd (2) ---"; cat "$work/sriovd-2.log"; exit 1; }
+
+# Part 3: client mode. QEMU listens (server=on,wait=off) and sriovd, started
+# first, keeps trying until the socket is there.
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+pids=()
+vmm_sock=$work/qemu-listens.sock
+sed -e "s|socket: $sock|socket: $vmm_sock\n    socket_mode: client|" "$work/sriovd.yaml" >"$work/sriovd-client.yaml"
+"$build/src/sriovd" --config "$work/sriovd-client.yaml" --foreground >"$work/sriovd-3.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do ip -n "$ns" link show "$tap" >/dev/null 2>&1 && break; sleep 0.1; done
+ip netns exec "$ns" ip addr add 10.88.0.1/24 dev "$tap"
+ip netns exec "$ns" iperf3 -s -B 10.88.0.1 >/dev/null 2>&1 &
+pids+=($!)
+export VM_QEMU_EXTRA="-object memory-backend-memfd,id=mem,size=768M,share=on -numa node,memdev=mem
+  -chardev socket,id=c0,path=$vmm_sock,server=on,wait=off -netdev vhost-user,id=n0,chardev=c0
+  -device virtio-net-pci,netdev=n0,vectors=0"
+log3=$work/console-client.log
+GUEST_IPERF_SECONDS=2 vm_run "$here/vm/scenarios/virtio-net-guest.sh" "$log3" /usr/bin/iperf3 || rc=1
+grep -q "front-end connected" "$work/sriovd-3.log" || { echo "sriovd (client mode) never connected"; rc=1; }
+[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log3"; echo "--- sriovd (client) ---"; cat "$work/sriovd-3.log"; }
 exit $rc

@@ -195,5 +195,49 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
   }
 }
 
+// Client mode: the front-end listens (as QEMU with server=on does), sriovd
+// connects, and connects again after the front-end dropped it.
+TEST(BackendClientMode, ConnectsRetriesAndReconnects) {
+  sriovd::test::TempDir dir;
+  const std::string path = dir.file("vmm.sock");
+  asio::io_context io;
+  irq::EngineOptions o;
+  o.relay_threads = 0;
+  irq::Engine engine(o);
+  virtio::NetConfig nc;
+  nc.name = "client-test";
+  virtio::NetDevice device(nc, engine, std::make_unique<NullPort>());
+  // sriovd starts first: nothing listens yet, so it keeps trying.
+  Backend backend(io, path, device, Backend::Mode::client);
+  std::thread runner([&] {
+    auto guard = asio::make_work_guard(io);
+    io.run();
+  });
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener.get(), 1), 0);
+  timeval tv{5, 0};
+  ::setsockopt(listener.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (int round = 0; round < 2; ++round) {
+    UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
+    ASSERT_TRUE(conn.valid()) << "round " << round << ": sriovd did not connect within 5 s";
+    Header h{kGetFeatures, kVersion, 0};
+    ASSERT_EQ(::send(conn.get(), &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+    Header reply{};
+    uint64_t features = 0;
+    timeval rtv{2, 0};
+    ::setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &rtv, sizeof rtv);
+    ASSERT_EQ(::recv(conn.get(), &reply, sizeof reply, MSG_WAITALL), static_cast<ssize_t>(sizeof reply));
+    ASSERT_EQ(::recv(conn.get(), &features, sizeof features, MSG_WAITALL), static_cast<ssize_t>(sizeof features));
+    EXPECT_TRUE(features & virtio::kVersion1);
+    // Dropping the connection makes sriovd come back.
+  }
+  io.stop();
+  runner.join();
+}
+
 }  // namespace
 }  // namespace sriovd::vhost_user

@@ -120,10 +120,16 @@ struct VfBackend {
   bool operator==(const VfBackend&) const = default;
 };
 
+enum class SocketMode { server, client };
+const char* to_string(SocketMode);
+
 struct VirtioDevice {
   std::string name;
   Transport transport = Transport::vhost_user;
   std::string socket;
+  // server: sriovd listens; client: sriovd connects to a VMM that listens
+  // (and reconnects when it goes away). vhost-user only.
+  SocketMode socket_mode = SocketMode::server;
   uint16_t queue_pairs = 1;
   uint16_t queue_size = 256;
   PackedRing packed = PackedRing::automatic;

@@ -1,12 +1,15 @@
 #pragma once
-// A vhost-user back-end serving one virtio-net device on a Unix socket
-// (server mode: sriovd listens, the VMM or DPDK virtio_user connects). The
+// A vhost-user back-end serving one virtio-net device on a Unix socket:
+// server mode (sriovd listens, the VMM or DPDK virtio_user connects) or
+// client mode (the VMM listens; sriovd connects, and connects again
+// whenever the connection ends or the socket is not there yet). The
 // protocol runs on the control thread's io_context; the datapath on the
 // device's workers. A malformed message (wrong size, wrong fd count, an
 // unknown request, an address outside the shared memory) ends that
 // connection with a logged reason and resets the device; the daemon and the
 // socket stay, and the front-end can connect again.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,7 +31,8 @@ struct BackendStats {
 
 class Backend {
  public:
-  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device);
+  enum class Mode { server, client };
+  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode = Mode::server);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -40,6 +44,9 @@ class Backend {
  private:
   struct Message;
   void accept_next();
+  void connect_later(std::chrono::milliseconds delay);
+  void try_connect();
+  void adopt(UniqueFd fd);
   void wait_readable();
   void on_readable();
   void handle(Message& m);
@@ -51,7 +58,9 @@ class Backend {
   asio::io_context& io_;
   std::string path_;
   virtio::NetDevice& device_;
+  Mode mode_;
   asio::local::stream_protocol::acceptor acceptor_;
+  asio::steady_timer retry_;
   std::unique_ptr<asio::posix::stream_descriptor> watch_;
   UniqueFd conn_;
   std::vector<uint8_t> inbuf_;
