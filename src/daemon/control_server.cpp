@@ -1,18 +1,13 @@
 #include "sriovd/daemon/control_server.hpp"
 
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <filesystem>
 
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
-#include "sriovd/util/fd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::daemon {

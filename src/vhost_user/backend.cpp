@@ -2,11 +2,9 @@
 
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>

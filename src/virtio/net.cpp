@@ -38,6 +38,8 @@ struct NetDevice::Worker {
   size_t pending = 0;  // bytes of a received packet still waiting for buffers
   std::array<Chain, kMaxChains> chains{};
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
+  std::array<Segment, kTxSegs> tx_segs{};
+  std::array<iovec, kTxSegs> tx_iov{};
 };
 
 NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<PacketPort> port)
@@ -181,7 +183,7 @@ void NetDevice::notify(Queue& q) {
 
 void NetDevice::run_pair(Worker& w) {
   // Buffers may have been posted before the kick fds were watched.
-  do_tx(w.pair);
+  do_tx(w);
   do_rx(w);
   epoll_event events[8];
   for (;;) {
@@ -194,7 +196,7 @@ void NetDevice::run_pair(Worker& w) {
         case kEvTxKick:
           (void)::read(queues_[2 * w.pair + 1].kick.get(), &count, sizeof count);
           queues_[2 * w.pair + 1].stats->kicks.fetch_add(1, std::memory_order_relaxed);
-          do_tx(w.pair);
+          do_tx(w);
           break;
         case kEvRxKick:
           (void)::read(queues_[2 * w.pair].kick.get(), &count, sizeof count);
@@ -210,10 +212,11 @@ void NetDevice::run_pair(Worker& w) {
   }
 }
 
-bool NetDevice::do_tx(unsigned pair) {
+bool NetDevice::do_tx(Worker& w) {
+  const unsigned pair = w.pair;
   Queue& q = queues_[2 * pair + 1];
-  std::array<Segment, kTxSegs> segs{};
-  std::array<iovec, kTxSegs> iov{};
+  auto& segs = w.tx_segs;
+  auto& iov = w.tx_iov;
   Chain c;
   bool any = false;
   for (;;) {

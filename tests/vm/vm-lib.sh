@@ -106,6 +106,7 @@ vm_run() {
   for b in "$@"; do vm_add_binary "$root" "$b"; done
   install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/guest-init" "$root/init"
   install -m 0644 "$scenario" "$root/scenario.sh"
+  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh" "$root/guest-lib.sh"
   (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$root.cpio.gz"
   rm -rf "$root"
 

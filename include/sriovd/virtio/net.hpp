@@ -15,7 +15,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -134,7 +133,7 @@ class NetDevice {
 
   [[nodiscard]] bool queue_ready(const Queue& q) const;
   void run_pair(Worker& w);
-  bool do_tx(unsigned pair);
+  bool do_tx(Worker& w);
   bool do_rx(Worker& w);
   void notify(Queue& q);
 

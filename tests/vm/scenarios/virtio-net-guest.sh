@@ -2,19 +2,8 @@
 # the guest's own virtio-net driver against sriovd. Pings the host-side tap
 # and, when iperf3 is in the initramfs, sends TCP to it.
 set -u
-dev=
-i=0
-while [ $i -lt 100 ]; do
-  dev=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)
-  [ -n "$dev" ] && break
-  sleep 0.1
-  i=$((i + 1))
-done
-[ -n "$dev" ] || { echo "VMTEST FAIL guest-has-virtio-net: no network interface"; exit 1; }
-echo "VMTEST PASS guest-has-virtio-net $dev"
-ip link set lo up
-ip link set "$dev" up
-ip addr add 10.88.0.2/24 dev "$dev"
+. /guest-lib.sh
+guest_net_up 10.88.0.2/24
 if ping -c 5 -W 3 10.88.0.1 >/tmp/ping.log 2>&1; then
   echo "VMTEST PASS guest-pings-host-tap"
 else

@@ -2,17 +2,8 @@
 # while the guest runs: QEMU (reconnect=1) connects to the new daemon and
 # traffic resumes. The host side kills sriovd when it sees phase 1 pass.
 set -u
-dev=
-i=0
-while [ $i -lt 100 ]; do
-  dev=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)
-  [ -n "$dev" ] && break
-  sleep 0.1
-  i=$((i + 1))
-done
-[ -n "$dev" ] || { echo "VMTEST FAIL guest-has-virtio-net"; exit 1; }
-ip link set "$dev" up
-ip addr add 10.88.0.2/24 dev "$dev"
+. /guest-lib.sh
+guest_net_up 10.88.0.2/24
 if ping -c 3 -W 3 10.88.0.1 >/dev/null 2>&1; then echo "VMTEST PASS phase1-before-restart"; else
   echo "VMTEST FAIL phase1-before-restart"; fi
 # The host restarts sriovd now; give it up to 60 s to come back.
