@@ -204,4 +204,21 @@ void KernelDevice::reset() {
   if (::ioctl(fd_.get(), VFIO_DEVICE_RESET) != 0) throw_errno(name_ + ": VFIO_DEVICE_RESET");
 }
 
+int KernelDevice::mmap_fd(uint32_t index, uint64_t& offset) {
+  const RegionInfo r = region(index);
+  if (!r.mappable()) return -1;
+  offset = r.offset;
+  return fd_.get();
+}
+
+void KernelDevice::map_dma(uint64_t iova, void* host, uint64_t size, bool writable) {
+  if (!owned_container_) throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
+  owned_container_->map_dma(iova, host, size, writable);
+}
+
+void KernelDevice::unmap_dma(uint64_t iova, uint64_t size) {
+  if (!owned_container_) throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
+  owned_container_->unmap_dma(iova, size);
+}
+
 }  // namespace sriovd::vfio

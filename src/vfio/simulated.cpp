@@ -1,6 +1,7 @@
 #include "sriovd/vfio/simulated.hpp"
 
 #include <linux/vfio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,11 +9,17 @@
 #include <stdexcept>
 
 #include "sriovd/pci/config_space.hpp"
+#include "sriovd/util/error.hpp"
 
 namespace sriovd::vfio {
 
 SimulatedDevice::SimulatedDevice(std::string name, uint16_t vendor, uint16_t device, uint16_t msix_vectors)
-    : name_(std::move(name)), bar0_(kBar0Size, 0), vector_fds_(msix_vectors) {
+    : name_(std::move(name)), vector_fds_(msix_vectors) {
+  bar0_fd_.reset(::memfd_create(("sriovd-sim-bar0-" + name_).c_str(), MFD_CLOEXEC));
+  if (!bar0_fd_ || ::ftruncate(bar0_fd_.get(), kBar0Size) != 0) throw_errno(name_ + ": memfd for BAR0");
+  void* bar = ::mmap(nullptr, kBar0Size, PROT_READ | PROT_WRITE, MAP_SHARED, bar0_fd_.get(), 0);
+  if (bar == MAP_FAILED) throw_errno(name_ + ": mapping BAR0");
+  bar0_ = static_cast<uint8_t*>(bar);
   pci::EndpointSpec spec;
   spec.vendor = vendor;
   spec.device = device;
@@ -25,7 +32,10 @@ SimulatedDevice::SimulatedDevice(std::string name, uint16_t vendor, uint16_t dev
   for (auto& fd : vector_fds_) fd.store(-1);
 }
 
-SimulatedDevice::~SimulatedDevice() { stop_generator(); }
+SimulatedDevice::~SimulatedDevice() {
+  stop_generator();
+  ::munmap(bar0_, kBar0Size);
+}
 
 RegionInfo SimulatedDevice::region(uint32_t index) {
   constexpr uint32_t rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
@@ -43,18 +53,18 @@ RegionInfo SimulatedDevice::region(uint32_t index) {
 
 void SimulatedDevice::read(uint32_t index, uint64_t offset, void* data, size_t size) {
   std::lock_guard lock(mutex_);
-  const std::vector<uint8_t>& mem = index == kConfigRegion ? config_ : bar0_;
-  if ((index != kConfigRegion && index != kBar0Region) || offset + size > mem.size())
+  const size_t limit = index == kConfigRegion ? config_.size() : kBar0Size;
+  if ((index != kConfigRegion && index != kBar0Region) || offset + size > limit)
     throw std::out_of_range(name_ + ": read outside region " + std::to_string(index));
-  std::memcpy(data, mem.data() + offset, size);
+  std::memcpy(data, (index == kConfigRegion ? config_.data() : bar0_) + offset, size);
 }
 
 void SimulatedDevice::write(uint32_t index, uint64_t offset, const void* data, size_t size) {
   std::lock_guard lock(mutex_);
-  std::vector<uint8_t>& mem = index == kConfigRegion ? config_ : bar0_;
-  if ((index != kConfigRegion && index != kBar0Region) || offset + size > mem.size())
+  const size_t limit = index == kConfigRegion ? config_.size() : kBar0Size;
+  if ((index != kConfigRegion && index != kBar0Region) || offset + size > limit)
     throw std::out_of_range(name_ + ": write outside region " + std::to_string(index));
-  std::memcpy(mem.data() + offset, data, size);
+  std::memcpy((index == kConfigRegion ? config_.data() : bar0_) + offset, data, size);
 }
 
 IrqInfo SimulatedDevice::irq(uint32_t index) {
@@ -91,7 +101,55 @@ void SimulatedDevice::trigger(uint32_t index, uint32_t vector) {
 
 void SimulatedDevice::reset() {
   std::lock_guard lock(mutex_);
-  std::fill(bar0_.begin(), bar0_.end(), 0);
+  std::memset(bar0_, 0, kBar0Size);
+}
+
+int SimulatedDevice::mmap_fd(uint32_t index, uint64_t& offset) {
+  if (index != kBar0Region) return -1;
+  offset = 0;
+  return bar0_fd_.get();
+}
+
+void SimulatedDevice::map_dma(uint64_t iova, void* host, uint64_t size, bool writable) {
+  std::lock_guard lock(mutex_);
+  for (const Window& w : windows_)
+    if (iova < w.iova + w.size && w.iova < iova + size)
+      throw SystemError(EEXIST, name_ + ": DMA window at " + std::to_string(iova) + " overlaps one already mapped");
+  windows_.push_back({iova, size, static_cast<uint8_t*>(host), writable});
+}
+
+void SimulatedDevice::unmap_dma(uint64_t iova, uint64_t size) {
+  std::lock_guard lock(mutex_);
+  for (auto it = windows_.begin(); it != windows_.end(); ++it)
+    if (it->iova == iova && it->size == size) {
+      windows_.erase(it);
+      return;
+    }
+  throw SystemError(ENOENT, name_ + ": no DMA window at " + std::to_string(iova));
+}
+
+uint8_t* SimulatedDevice::dma_target(uint64_t iova, size_t size, bool write) {
+  for (const Window& w : windows_)
+    if (iova >= w.iova && size <= w.size && iova - w.iova <= w.size - size) {
+      if (write && !w.writable) break;
+      return w.host + (iova - w.iova);
+    }
+  throw std::out_of_range(name_ + ": DMA fault at " + std::to_string(iova) + " (+" + std::to_string(size) + ")");
+}
+
+void SimulatedDevice::dma_write(uint64_t iova, const void* data, size_t size) {
+  std::lock_guard lock(mutex_);
+  std::memcpy(dma_target(iova, size, true), data, size);
+}
+
+void SimulatedDevice::dma_read(uint64_t iova, void* data, size_t size) {
+  std::lock_guard lock(mutex_);
+  std::memcpy(data, dma_target(iova, size, false), size);
+}
+
+size_t SimulatedDevice::dma_windows() const {
+  std::lock_guard lock(mutex_);
+  return windows_.size();
 }
 
 void SimulatedDevice::start_generator(std::vector<uint32_t> vectors, double rate, unsigned burst) {

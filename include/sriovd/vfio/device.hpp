@@ -65,6 +65,13 @@ class Device {
   // as if the device had raised it (loopback).
   virtual void trigger(uint32_t index, uint32_t vector) = 0;
   virtual void reset() = 0;
+  // The fd through which the region can be mmap()ed and the offset of the
+  // region in it; -1 when it cannot be mapped.
+  virtual int mmap_fd(uint32_t /*region*/, uint64_t& /*offset*/) { return -1; }
+  // Lets the device DMA to [iova, iova + size), backed by `host`
+  // (VFIO_IOMMU_MAP_DMA for a kernel device).
+  virtual void map_dma(uint64_t iova, void* host, uint64_t size, bool writable) = 0;
+  virtual void unmap_dma(uint64_t iova, uint64_t size) = 0;
 };
 
 // The device's MSI-X vectors as VFIO has them enabled. Only vectors in use

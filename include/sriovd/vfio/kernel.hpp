@@ -59,6 +59,10 @@ class KernelDevice : public Device {
   void disable_irqs(uint32_t index) override;
   void trigger(uint32_t index, uint32_t vector) override;
   void reset() override;
+  int mmap_fd(uint32_t region, uint64_t& offset) override;
+  // Through the container this device was opened with (open()).
+  void map_dma(uint64_t iova, void* host, uint64_t size, bool writable) override;
+  void unmap_dma(uint64_t iova, uint64_t size) override;
 
   [[nodiscard]] int fd() const { return fd_.get(); }
   Container& container() { return *owned_container_; }

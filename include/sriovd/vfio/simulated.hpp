@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "sriovd/util/fd.hpp"
 #include "sriovd/vfio/device.hpp"
 
 namespace sriovd::vfio {
@@ -33,6 +34,18 @@ class SimulatedDevice : public Device {
   void disable_irqs(uint32_t index) override;
   void trigger(uint32_t index, uint32_t vector) override;
   void reset() override;
+  // BAR0 lives in a memfd, so a vfio-user client can map it as it would
+  // map a real BAR through the VFIO device fd.
+  int mmap_fd(uint32_t region, uint64_t& offset) override;
+  void map_dma(uint64_t iova, void* host, uint64_t size, bool writable) override;
+  void unmap_dma(uint64_t iova, uint64_t size) override;
+
+  // The device's own DMA into the windows it was given (what a NIC does
+  // when it writes a received packet): throws std::out_of_range outside
+  // them, as an IOMMU fault would stop it.
+  void dma_write(uint64_t iova, const void* data, size_t size);
+  void dma_read(uint64_t iova, void* data, size_t size);
+  [[nodiscard]] size_t dma_windows() const;
 
   // The interrupt generator: fires `vectors` round-robin, `burst` at a
   // time, `rate` bursts per second (0: as fast as it can), until stopped.
@@ -45,8 +58,17 @@ class SimulatedDevice : public Device {
  private:
   std::string name_;
   std::vector<uint8_t> config_;
-  std::vector<uint8_t> bar0_;
-  std::mutex mutex_;
+  UniqueFd bar0_fd_;
+  uint8_t* bar0_ = nullptr;  // kBar0Size bytes, MAP_SHARED on bar0_fd_
+  mutable std::mutex mutex_;
+  struct Window {
+    uint64_t iova;
+    uint64_t size;
+    uint8_t* host;
+    bool writable;
+  };
+  std::vector<Window> windows_;
+  uint8_t* dma_target(uint64_t iova, size_t size, bool write);
   std::vector<std::atomic<int>> vector_fds_;
   bool msix_enabled_ = false;
   std::atomic<uint64_t> generated_{0};

@@ -1,0 +1,92 @@
+#pragma once
+// A vfio-user client: what a VMM does on the other end of an export. Used
+// by sriovd-guest, the tests, the benchmarks and the demo. Blocking, one
+// request at a time; while it waits for a reply it serves the server's
+// DMA_READ/WRITE from the windows it shared without an fd.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sriovd/util/fd.hpp"
+#include "sriovd/vfio_user/device.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
+
+namespace sriovd::vfio_user {
+
+class Client {
+ public:
+  // Connects and negotiates VERSION (throws Error if the server refuses).
+  explicit Client(const std::string& socket_path, nlohmann::json capabilities = nullptr);
+
+  struct Reply {
+    Header hdr;
+    std::vector<uint8_t> payload;
+    std::vector<UniqueFd> fds;
+  };
+  // Any message, as is; the reply as it came (for conformance tests).
+  Reply request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds = {}, uint32_t flags = 0);
+  // The same, throwing Error(errno) on an error reply.
+  Reply call(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds = {});
+
+  [[nodiscard]] const nlohmann::json& server_capabilities() const { return server_caps_; }
+  [[nodiscard]] uint16_t minor() const { return minor_; }
+
+  DeviceInfo device_info();
+  struct Region {
+    RegionInfo info;
+    std::vector<SparseArea> sparse;
+    UniqueFd fd;
+  };
+  Region region(uint32_t index);
+  struct IoFds {
+    std::vector<IoFdEntry> entries;
+    std::vector<UniqueFd> fds;
+  };
+  IoFds region_io_fds(uint32_t index);
+  IrqInfo irq_info(uint32_t index);
+
+  void read(uint32_t region, uint64_t offset, std::span<uint8_t> out);
+  void write(uint32_t region, uint64_t offset, std::span<const uint8_t> in);
+  uint32_t read32(uint32_t region, uint64_t offset);
+  void write32(uint32_t region, uint64_t offset, uint32_t value);
+
+  // TRIGGER eventfds for [start, start + fds.size()); -1 entries de-assign.
+  void set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds);
+  void disable_irqs(uint32_t index);
+  void mask(uint32_t index, uint32_t vector, bool masked);
+  void trigger(uint32_t index, uint32_t vector);
+
+  void dma_map(uint64_t iova, uint64_t size, int fd, uint64_t offset, bool writable = true);
+  // Shared without an fd: the server reaches it through DMA_READ/WRITE,
+  // which this client serves from `local`.
+  void dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool writable = true);
+  void dma_unmap(uint64_t iova, uint64_t size);
+  void reset();
+
+  [[nodiscard]] int fd() const { return sock_.get(); }
+  [[nodiscard]] uint64_t dma_requests_served() const { return dma_served_; }
+
+ private:
+  void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
+  Reply receive();
+  void serve_dma(const Reply& m);
+
+  UniqueFd sock_;
+  uint16_t next_id_ = 1;
+  uint16_t minor_ = 0;
+  nlohmann::json server_caps_;
+  struct Local {
+    uint64_t iova;
+    uint64_t size;
+    uint8_t* host;
+    bool writable;
+  };
+  std::vector<Local> local_;
+  uint64_t dma_served_ = 0;
+};
+
+}  // namespace sriovd::vfio_user

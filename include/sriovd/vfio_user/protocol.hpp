@@ -1,0 +1,159 @@
+#pragma once
+// The vfio-user wire format (QEMU docs/interop/vfio-user.rst, version 0.1):
+// a 16-byte header, then a command-specific payload laid out as the VFIO
+// structures of linux/vfio.h. All fields are in host byte order.
+
+#include <cstdint>
+
+namespace sriovd::vfio_user {
+
+inline constexpr uint16_t kMajor = 0;
+inline constexpr uint16_t kMinor = 1;
+
+enum Command : uint16_t {
+  kVersion = 1,
+  kDmaMap = 2,
+  kDmaUnmap = 3,
+  kDeviceGetInfo = 4,
+  kDeviceGetRegionInfo = 5,
+  kDeviceGetRegionIoFds = 6,
+  kDeviceGetIrqInfo = 7,
+  kDeviceSetIrqs = 8,
+  kRegionRead = 9,
+  kRegionWrite = 10,
+  kDmaRead = 11,
+  kDmaWrite = 12,
+  kDeviceReset = 13,
+};
+
+const char* command_name(uint16_t command);
+
+// Header flags.
+inline constexpr uint32_t kTypeMask = 0xf;
+inline constexpr uint32_t kTypeCommand = 0;
+inline constexpr uint32_t kTypeReply = 1;
+inline constexpr uint32_t kNoReply = 1U << 4U;
+inline constexpr uint32_t kError = 1U << 5U;
+
+struct Header {
+  uint16_t id = 0;
+  uint16_t command = 0;
+  uint32_t size = 0;  // the whole message, header included
+  uint32_t flags = 0;
+  uint32_t error = 0;
+};
+static_assert(sizeof(Header) == 16);
+
+// What this server offers in VERSION (and assumes of a peer that says nothing).
+inline constexpr uint32_t kMaxMsgFds = 16;
+inline constexpr uint32_t kMaxDataXfer = 1U << 20U;  // the protocol's default
+inline constexpr uint32_t kMaxDmaMaps = 1024;
+inline constexpr uint64_t kPageSizes = 4096;
+// The biggest message either side sends: a region/DMA transfer plus its
+// fixed part; anything bigger is a framing error.
+inline constexpr uint32_t kMaxMessage = sizeof(Header) + 16 + kMaxDataXfer;
+
+struct DmaMap {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;  // kDmaRead | kDmaWrite
+  uint64_t offset = 0;
+  uint64_t address = 0;
+  uint64_t size = 0;
+};
+static_assert(sizeof(DmaMap) == 32);
+inline constexpr uint32_t kDmaFlagRead = 1U << 0U;
+inline constexpr uint32_t kDmaFlagWrite = 1U << 1U;
+
+struct DmaUnmap {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint64_t address = 0;
+  uint64_t size = 0;
+};
+static_assert(sizeof(DmaUnmap) == 24);
+inline constexpr uint32_t kDmaUnmapAll = 1U << 1U;  // VFIO_DMA_UNMAP_FLAG_ALL
+
+struct DeviceInfo {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint32_t num_regions = 0;
+  uint32_t num_irqs = 0;
+};
+static_assert(sizeof(DeviceInfo) == 16);
+
+struct RegionInfo {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint32_t index = 0;
+  uint32_t cap_offset = 0;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+};
+static_assert(sizeof(RegionInfo) == 32);
+
+struct CapHeader {
+  uint16_t id = 0;
+  uint16_t version = 0;
+  uint32_t next = 0;
+};
+struct SparseMmapCap {
+  CapHeader header;
+  uint32_t nr_areas = 0;
+  uint32_t reserved = 0;
+};
+struct SparseArea {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+inline constexpr uint16_t kCapSparseMmap = 1;  // VFIO_REGION_INFO_CAP_SPARSE_MMAP
+
+struct RegionIoFds {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint32_t index = 0;
+  uint32_t count = 0;
+};
+struct IoFdEntry {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint32_t fd_index = 0;
+  uint32_t type = 0;   // kIoFdTypeIoeventfd
+  uint32_t flags = 0;  // KVM_IOEVENTFD_FLAG_DATAMATCH when datamatch applies
+  uint32_t padding = 0;
+  uint64_t datamatch = 0;
+};
+static_assert(sizeof(IoFdEntry) == 40);
+inline constexpr uint32_t kIoFdTypeIoeventfd = 0;
+inline constexpr uint32_t kIoeventfdFlagDatamatch = 1U << 0U;
+
+struct IrqInfo {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint32_t index = 0;
+  uint32_t count = 0;
+};
+static_assert(sizeof(IrqInfo) == 16);
+
+struct IrqSet {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+  uint32_t index = 0;
+  uint32_t start = 0;
+  uint32_t count = 0;
+};
+static_assert(sizeof(IrqSet) == 20);
+
+struct RegionAccess {
+  uint64_t offset = 0;
+  uint32_t region = 0;
+  uint32_t count = 0;
+};
+static_assert(sizeof(RegionAccess) == 16);
+
+struct DmaAccess {
+  uint64_t address = 0;
+  uint64_t count = 0;
+};
+static_assert(sizeof(DmaAccess) == 16);
+
+}  // namespace sriovd::vfio_user

@@ -1,0 +1,113 @@
+#pragma once
+// A vfio-user server: one Unix socket per exported device, one client at a
+// time. The protocol runs on the control thread's io_context. Every message
+// is checked here, in one place, before the device sees it: sizes, fd
+// counts, region and IRQ ranges, DMA windows. A well-formed request that
+// cannot be done gets an error reply with an errno; a message that breaks
+// the framing (an impossible size, a reply where a command belongs, too
+// many fds, anything before VERSION) ends that connection with a logged
+// reason. Either way the daemon and the socket stay, and when a client
+// goes, its DMA windows and fds are released and the device is reset, so
+// the next one starts clean.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sriovd/util/asio.hpp"
+#include "sriovd/util/fd.hpp"
+#include "sriovd/vfio_user/device.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
+
+namespace sriovd::vfio_user {
+
+struct ServerStats {
+  uint64_t connections = 0;
+  uint64_t messages = 0;
+  uint64_t error_replies = 0;    // requests refused with an errno
+  uint64_t protocol_errors = 0;  // connections ended for a malformed message
+  uint64_t refused_peers = 0;    // SO_PEERCRED not on the allow-list, or a second client
+  std::string last_error;
+};
+
+class Server {
+ public:
+  // allowed_uids empty: any peer the socket's mode (0660) lets in.
+  Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids = {});
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] bool connected() const { return conn_.valid(); }
+  [[nodiscard]] const ServerStats& stats() const { return stats_; }
+  [[nodiscard]] const std::vector<DmaWindow>& dma_windows() const { return windows_; }
+
+  // Server-to-client DMA (VFIO_USER_DMA_READ/WRITE) for memory the client
+  // shared without an fd. Control thread only; waits for the reply and
+  // keeps any command that arrives meanwhile for afterwards. Throws Error
+  // when the range is not inside one readable/writable window or the
+  // client refuses it.
+  void dma_read(uint64_t iova, std::span<uint8_t> out);
+  void dma_write(uint64_t iova, std::span<const uint8_t> in);
+
+ private:
+  struct Message {
+    Header hdr;
+    std::vector<uint8_t> payload;
+    std::vector<UniqueFd> fds;
+  };
+  struct Reply {
+    std::vector<uint8_t> payload;
+    std::vector<int> fds;  // borrowed, sent with the reply
+  };
+
+  void accept_next();
+  void adopt(UniqueFd fd);
+  void wait_readable();
+  void on_readable();
+  // One whole message; false if nothing is waiting (and !block).
+  bool receive(Message& m, bool block);
+  void read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds);
+  void dispatch(Message& m);
+  Reply handle(Message& m);
+  void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
+  void disconnect(const std::string& why);
+  uint64_t dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t> in_out);
+  const DmaWindow& window_for(uint64_t iova, uint64_t size, bool write) const;
+
+  Reply version(const Message& m);
+  Reply dma_map(Message& m);
+  Reply dma_unmap(const Message& m);
+  Reply region_info(const Message& m);
+  Reply region_io_fds(const Message& m);
+  Reply set_irqs(Message& m);
+  void unmap_all();
+
+  asio::io_context& io_;
+  std::string path_;
+  ExportedDevice& device_;
+  std::vector<uid_t> allowed_uids_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  std::unique_ptr<asio::posix::stream_descriptor> watch_;
+  UniqueFd conn_;
+  bool negotiated_ = false;
+  uint32_t peer_max_fds_ = 1;
+  uint32_t peer_max_xfer_ = kMaxDataXfer;
+  uint16_t next_id_ = 0;
+  std::deque<Message> deferred_;  // commands that came while waiting for a DMA reply
+  std::vector<DmaWindow> windows_;
+  struct Mapping {
+    void* base = nullptr;
+    size_t length = 0;
+  };
+  std::vector<Mapping> mappings_;  // parallel to windows_
+  ServerStats stats_;
+};
+
+}  // namespace sriovd::vfio_user

@@ -1,0 +1,273 @@
+#include "sriovd/vfio_user/client.hpp"
+
+#include <linux/vfio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::vfio_user {
+
+namespace {
+
+template <typename T>
+std::span<const uint8_t> bytes_of(const T& v) {
+  return {reinterpret_cast<const uint8_t*>(&v), sizeof v};
+}
+
+template <typename T>
+T load(const std::vector<uint8_t>& p, size_t at = 0) {
+  T v{};
+  if (p.size() < at + sizeof v) throw Error(EPROTO, "a reply shorter than its structure");
+  std::memcpy(&v, p.data() + at, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+Client::Client(const std::string& socket_path, nlohmann::json capabilities) {
+  sock_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!sock_) throw_errno("socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path) throw Error(ENAMETOOLONG, "socket path " + socket_path);
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (::connect(sock_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    throw SystemError(errno, "connecting to " + socket_path);
+  if (capabilities.is_null())
+    capabilities = {{"capabilities", {{"max_msg_fds", kMaxMsgFds}, {"max_data_xfer_size", kMaxDataXfer}}}};
+  const std::string text = capabilities.dump();
+  std::vector<uint8_t> payload(4);
+  std::memcpy(payload.data(), &kMajor, 2);
+  std::memcpy(payload.data() + 2, &kMinor, 2);
+  payload.insert(payload.end(), text.begin(), text.end());
+  payload.push_back(0);
+  Reply r = call(kVersion, payload);
+  if (r.payload.size() < 4) throw Error(EPROTO, "VERSION reply of " + std::to_string(r.payload.size()) + " bytes");
+  std::memcpy(&minor_, r.payload.data() + 2, 2);
+  std::string caps(r.payload.begin() + 4, r.payload.end());
+  while (!caps.empty() && caps.back() == '\0') caps.pop_back();
+  if (!caps.empty()) {
+    server_caps_ = nlohmann::json::parse(caps, nullptr, false);
+    if (server_caps_.is_discarded()) throw Error(EPROTO, "VERSION reply with bad JSON");
+  }
+}
+
+void Client::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
+  iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = payload.empty() ? 1 : 2;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do n = ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof h + payload.size())) throw SystemError(n < 0 ? errno : EPIPE, "vfio-user send");
+}
+
+Client::Reply Client::receive() {
+  Reply r;
+  auto read_exact = [&](uint8_t* to, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+      iovec iov{to + got, size - got};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(sock_.get(), &msg, MSG_CMSG_CLOEXEC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw SystemError(n == 0 ? ECONNRESET : errno, "vfio-user server connection");
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+          for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            r.fds.emplace_back(fd);
+          }
+      got += static_cast<size_t>(n);
+    }
+  };
+  read_exact(reinterpret_cast<uint8_t*>(&r.hdr), sizeof r.hdr);
+  if (r.hdr.size < sizeof(Header) || r.hdr.size > kMaxMessage) throw Error(EPROTO, "a message of " + std::to_string(r.hdr.size) + " bytes");
+  r.payload.resize(r.hdr.size - sizeof(Header));
+  read_exact(r.payload.data(), r.payload.size());
+  return r;
+}
+
+void Client::serve_dma(const Reply& m) {
+  Header h{m.hdr.id, m.hdr.command, sizeof(Header), kTypeReply, 0};
+  const auto a = load<DmaAccess>(m.payload);
+  const bool write = m.hdr.command == kDmaWrite;
+  for (const Local& l : local_) {
+    if (a.address < l.iova || a.count > l.size || a.address - l.iova > l.size - a.count) continue;
+    if (write && (!l.writable || m.payload.size() != sizeof a + a.count)) break;
+    uint8_t* at = l.host + (a.address - l.iova);
+    std::vector<uint8_t> out(bytes_of(a).begin(), bytes_of(a).end());
+    if (write)
+      std::memcpy(at, m.payload.data() + sizeof a, a.count);
+    else
+      out.insert(out.end(), at, at + a.count);
+    h.size = static_cast<uint32_t>(sizeof h + out.size());
+    send(h, out, {});
+    ++dma_served_;
+    return;
+  }
+  h.flags |= kError;
+  h.error = EFAULT;
+  send(h, {}, {});
+}
+
+Client::Reply Client::request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds, uint32_t flags) {
+  const uint16_t id = next_id_++;
+  send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0}, payload, fds);
+  if (flags & kNoReply) return {};
+  for (;;) {
+    Reply r = receive();
+    if ((r.hdr.flags & kTypeMask) == kTypeCommand && (r.hdr.command == kDmaRead || r.hdr.command == kDmaWrite)) {
+      serve_dma(r);
+      continue;
+    }
+    if ((r.hdr.flags & kTypeMask) != kTypeReply || r.hdr.id != id || r.hdr.command != command)
+      throw Error(EPROTO, "unexpected message (command " + std::to_string(r.hdr.command) + ", id " +
+                              std::to_string(r.hdr.id) + ") waiting for the reply to " + command_name(command));
+    return r;
+  }
+}
+
+Client::Reply Client::call(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds) {
+  Reply r = request(command, payload, fds);
+  if (r.hdr.flags & kError)
+    throw Error(r.hdr.error ? static_cast<int>(r.hdr.error) : EIO,
+                std::string(command_name(command)) + " refused: " + std::strerror(static_cast<int>(r.hdr.error)));
+  return r;
+}
+
+DeviceInfo Client::device_info() {
+  DeviceInfo q{sizeof(DeviceInfo), 0, 0, 0};
+  return load<DeviceInfo>(call(kDeviceGetInfo, bytes_of(q)).payload);
+}
+
+Client::Region Client::region(uint32_t index) {
+  RegionInfo q{4096, 0, index, 0, 0, 0};
+  Reply r = call(kDeviceGetRegionInfo, bytes_of(q));
+  Region out;
+  out.info = load<RegionInfo>(r.payload);
+  if (!r.fds.empty()) out.fd = std::move(r.fds[0]);
+  if ((out.info.flags & VFIO_REGION_INFO_FLAG_CAPS) && out.info.cap_offset) {
+    uint32_t off = out.info.cap_offset;
+    for (int hops = 0; off && hops < 16; ++hops) {
+      const auto cap = load<CapHeader>(r.payload, off);
+      if (cap.id == kCapSparseMmap) {
+        const auto sm = load<SparseMmapCap>(r.payload, off);
+        for (uint32_t i = 0; i < sm.nr_areas; ++i) out.sparse.push_back(load<SparseArea>(r.payload, off + sizeof sm + i * sizeof(SparseArea)));
+      }
+      off = cap.next;
+    }
+  }
+  return out;
+}
+
+Client::IoFds Client::region_io_fds(uint32_t index) {
+  RegionIoFds q{4096, 0, index, 0};
+  Reply r = call(kDeviceGetRegionIoFds, bytes_of(q));
+  const auto head = load<RegionIoFds>(r.payload);
+  IoFds out;
+  for (uint32_t i = 0; i < head.count; ++i) out.entries.push_back(load<IoFdEntry>(r.payload, sizeof head + i * sizeof(IoFdEntry)));
+  out.fds = std::move(r.fds);
+  return out;
+}
+
+IrqInfo Client::irq_info(uint32_t index) {
+  IrqInfo q{sizeof(IrqInfo), 0, index, 0};
+  return load<IrqInfo>(call(kDeviceGetIrqInfo, bytes_of(q)).payload);
+}
+
+void Client::read(uint32_t region, uint64_t offset, std::span<uint8_t> out) {
+  RegionAccess a{offset, region, static_cast<uint32_t>(out.size())};
+  Reply r = call(kRegionRead, bytes_of(a));
+  if (r.payload.size() != sizeof a + out.size()) throw Error(EPROTO, "REGION_READ reply of " + std::to_string(r.payload.size()) + " bytes");
+  std::memcpy(out.data(), r.payload.data() + sizeof a, out.size());
+}
+
+void Client::write(uint32_t region, uint64_t offset, std::span<const uint8_t> in) {
+  RegionAccess a{offset, region, static_cast<uint32_t>(in.size())};
+  std::vector<uint8_t> payload(bytes_of(a).begin(), bytes_of(a).end());
+  payload.insert(payload.end(), in.begin(), in.end());
+  call(kRegionWrite, payload);
+}
+
+uint32_t Client::read32(uint32_t region, uint64_t offset) {
+  uint32_t v;
+  read(region, offset, {reinterpret_cast<uint8_t*>(&v), sizeof v});
+  return v;
+}
+
+void Client::write32(uint32_t region, uint64_t offset, uint32_t value) {
+  write(region, offset, {reinterpret_cast<const uint8_t*>(&value), sizeof value});
+}
+
+void Client::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) {
+  // A run of -1 entries is a de-assignment (no fds); a mix is sent as
+  // separate runs, since a message carries either fds for all or none.
+  for (size_t i = 0; i < fds.size();) {
+    const bool none = fds[i] < 0;
+    size_t j = i;
+    while (j < fds.size() && (fds[j] < 0) == none) ++j;
+    IrqSet s{sizeof(IrqSet), VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, index,
+             static_cast<uint32_t>(start + i), static_cast<uint32_t>(j - i)};
+    call(kDeviceSetIrqs, bytes_of(s), none ? std::span<const int>{} : fds.subspan(i, j - i));
+    i = j;
+  }
+}
+
+void Client::disable_irqs(uint32_t index) {
+  IrqSet s{sizeof(IrqSet), VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, index, 0, 0};
+  call(kDeviceSetIrqs, bytes_of(s));
+}
+
+void Client::mask(uint32_t index, uint32_t vector, bool masked) {
+  IrqSet s{sizeof(IrqSet),
+           static_cast<uint32_t>(VFIO_IRQ_SET_DATA_NONE | (masked ? VFIO_IRQ_SET_ACTION_MASK : VFIO_IRQ_SET_ACTION_UNMASK)),
+           index, vector, 1};
+  call(kDeviceSetIrqs, bytes_of(s));
+}
+
+void Client::trigger(uint32_t index, uint32_t vector) {
+  IrqSet s{sizeof(IrqSet), VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, index, vector, 1};
+  call(kDeviceSetIrqs, bytes_of(s));
+}
+
+void Client::dma_map(uint64_t iova, uint64_t size, int fd, uint64_t offset, bool writable) {
+  DmaMap d{sizeof(DmaMap), kDmaFlagRead | (writable ? kDmaFlagWrite : 0U), offset, iova, size};
+  const int fds[1] = {fd};
+  call(kDmaMap, bytes_of(d), fd >= 0 ? std::span<const int>(fds) : std::span<const int>{});
+}
+
+void Client::dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool writable) {
+  dma_map(iova, size, -1, 0, writable);
+  local_.push_back({iova, size, local, writable});
+}
+
+void Client::dma_unmap(uint64_t iova, uint64_t size) {
+  DmaUnmap d{sizeof(DmaUnmap), 0, iova, size};
+  call(kDmaUnmap, bytes_of(d));
+  std::erase_if(local_, [&](const Local& l) { return l.iova == iova && l.size == size; });
+}
+
+void Client::reset() { call(kDeviceReset, {}); }
+
+}  // namespace sriovd::vfio_user

@@ -1,0 +1,652 @@
+#include "sriovd/vfio_user/server.hpp"
+
+#include <linux/vfio.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "sriovd/util/unix_socket.hpp"
+
+namespace sriovd::vfio_user {
+
+namespace {
+
+using stream = asio::local::stream_protocol;
+
+// Ends the connection: the message cannot be framed or answered.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// How long the rest of a message may take once its first byte came: a
+// client that stalls mid-message is cut off rather than blocking the
+// control thread.
+constexpr int kMessageTimeoutMs = 1000;
+
+template <typename T>
+T load(const std::vector<uint8_t>& p, size_t at = 0) {
+  T v{};
+  std::memcpy(&v, p.data() + at, sizeof v);
+  return v;
+}
+
+template <typename T>
+void append(std::vector<uint8_t>& out, const T& v) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), b, b + sizeof v);
+}
+
+// The one table of message shapes: exact payload size (or the minimum, for
+// variable ones) and how many fds a command may carry.
+struct Shape {
+  uint32_t payload;
+  bool exact;
+  uint32_t max_fds;
+};
+
+bool shape_of(uint16_t command, Shape& s) {
+  switch (command) {
+    case kVersion: s = {4, false, 0}; return true;
+    case kDmaMap: s = {sizeof(DmaMap), true, 1}; return true;
+    case kDmaUnmap: s = {sizeof(DmaUnmap), true, 0}; return true;
+    case kDeviceGetInfo: s = {sizeof(DeviceInfo), true, 0}; return true;
+    case kDeviceGetRegionInfo: s = {sizeof(RegionInfo), true, 0}; return true;
+    case kDeviceGetRegionIoFds: s = {sizeof(RegionIoFds), true, 0}; return true;
+    case kDeviceGetIrqInfo: s = {sizeof(IrqInfo), true, 0}; return true;
+    case kDeviceSetIrqs: s = {sizeof(IrqSet), false, kMaxMsgFds}; return true;
+    case kRegionRead: s = {sizeof(RegionAccess), true, 0}; return true;
+    case kRegionWrite: s = {sizeof(RegionAccess), false, 0}; return true;
+    case kDeviceReset: s = {0, true, 0}; return true;
+    default: return false;
+  }
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids)
+    : io_(io), path_(std::move(socket_path)), device_(device), allowed_uids_(std::move(allowed_uids)), acceptor_(io) {
+  listen_unix(acceptor_, path_, 0660, "vfio-user socket");
+  accept_next();
+  spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
+}
+
+Server::~Server() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  if (conn_) disconnect("the export is being removed");
+  ::unlink(path_.c_str());
+}
+
+void Server::accept_next() {
+  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      UniqueFd fd(socket.release());
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      const bool have_cred = ::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+      if (conn_) {
+        ++stats_.refused_peers;
+        spdlog::warn("vfio-user: {}: refused a second client (pid {}) while one is connected", device_.name(),
+                     have_cred ? cred.pid : -1);
+      } else if (!allowed_uids_.empty() &&
+                 (!have_cred || std::find(allowed_uids_.begin(), allowed_uids_.end(), cred.uid) == allowed_uids_.end())) {
+        ++stats_.refused_peers;
+        spdlog::warn("vfio-user: {}: refused a client with uid {}: not in the allow-list", device_.name(),
+                     have_cred ? static_cast<long>(cred.uid) : -1L);
+      } else {
+        spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), have_cred ? cred.pid : -1,
+                     have_cred ? static_cast<long>(cred.uid) : -1L);
+        adopt(std::move(fd));
+      }
+    }
+    accept_next();
+  });
+}
+
+void Server::adopt(UniqueFd fd) {
+  conn_ = std::move(fd);
+  ++stats_.connections;
+  negotiated_ = false;
+  peer_max_fds_ = 1;
+  peer_max_xfer_ = kMaxDataXfer;
+  watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
+  wait_readable();
+}
+
+void Server::wait_readable() {
+  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (!ec) on_readable();
+  });
+}
+
+void Server::on_readable() {
+  try {
+    Message m;
+    while (conn_ && receive(m, false)) {
+      dispatch(m);
+      while (conn_ && !deferred_.empty()) {
+        Message d = std::move(deferred_.front());
+        deferred_.pop_front();
+        dispatch(d);
+      }
+    }
+  } catch (const ProtocolError& e) {
+    ++stats_.protocol_errors;
+    disconnect(e.what());
+  } catch (const std::exception& e) {
+    disconnect(e.what());
+  }
+  if (conn_) wait_readable();
+}
+
+// Reads exactly `size` bytes, waiting at most kMessageTimeoutMs for each
+// part; fds that come with them are kept.
+void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds) {
+  size_t got = 0;
+  while (got < size) {
+    iovec iov{to + got, size - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(conn_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{conn_.get(), POLLIN, 0};
+      const int r = ::poll(&p, 1, kMessageTimeoutMs);
+      if (r == 0) throw ProtocolError("a message stalled after " + std::to_string(got) + " of " + std::to_string(size) + " bytes");
+      continue;
+    }
+    if (n == 0) throw std::runtime_error("client closed the connection");
+    if (n < 0) throw std::runtime_error(std::string("read error: ") + std::strerror(errno));
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          fds.emplace_back(fd);
+        }
+      }
+    if (msg.msg_flags & MSG_CTRUNC) throw ProtocolError("more than " + std::to_string(kMaxMsgFds) + " fds with one message");
+    got += static_cast<size_t>(n);
+  }
+}
+
+bool Server::receive(Message& m, bool block) {
+  if (!block) {
+    uint8_t probe;
+    const ssize_t n = ::recv(conn_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    if (n == 0) throw std::runtime_error("client closed the connection");
+  }
+  m = Message{};
+  read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds);
+  if (m.hdr.size < sizeof(Header) || m.hdr.size > kMaxMessage)
+    throw ProtocolError(std::string(command_name(m.hdr.command)) + " message of " + std::to_string(m.hdr.size) +
+                        " bytes (16.." + std::to_string(kMaxMessage) + " allowed)");
+  m.payload.resize(m.hdr.size - sizeof(Header));
+  read_exact(m.payload.data(), m.payload.size(), m.fds);
+  ++stats_.messages;
+  return true;
+}
+
+void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
+  iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = payload.empty() ? 1 : 2;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)]{};
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  const size_t total = sizeof h + payload.size();
+  ssize_t n;
+  do n = ::sendmsg(conn_.get(), &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(total))
+    throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " +
+                             (n < 0 ? std::strerror(errno) : "short write"));
+}
+
+void Server::dispatch(Message& m) {
+  const std::string what = std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")";
+  if ((m.hdr.flags & kTypeMask) != kTypeCommand)
+    throw ProtocolError("a " + std::string((m.hdr.flags & kTypeMask) == kTypeReply ? "reply" : "message of unknown type") +
+                        " to nothing, command " + what);
+  if (!negotiated_ && m.hdr.command != kVersion) throw ProtocolError(what + " before VERSION");
+  if (negotiated_ && m.hdr.command == kVersion) throw ProtocolError("a second VERSION");
+  Header reply{m.hdr.id, m.hdr.command, sizeof(Header), kTypeReply, 0};
+  Reply r;
+  try {
+    Shape shape{};
+    if (!shape_of(m.hdr.command, shape)) throw Error(ENOSYS, what + " is not served");
+    if (shape.exact ? m.payload.size() != shape.payload : m.payload.size() < shape.payload)
+      throw Error(EINVAL, what + " with a payload of " + std::to_string(m.payload.size()) + " bytes, " +
+                              (shape.exact ? "" : "at least ") + std::to_string(shape.payload) + " expected");
+    if (m.fds.size() > shape.max_fds)
+      throw Error(EINVAL, what + " with " + std::to_string(m.fds.size()) + " fds, at most " +
+                              std::to_string(shape.max_fds) + " expected");
+    r = handle(m);
+  } catch (const Error& e) {
+    ++stats_.error_replies;
+    stats_.last_error = e.what();
+    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what, e.what());
+    reply.flags |= kError;
+    reply.error = static_cast<uint32_t>(e.code());
+    if (m.hdr.command == kVersion) {  // no version, no session
+      send(reply, {}, {});
+      throw ProtocolError(e.what());
+    }
+    if (!(m.hdr.flags & kNoReply)) send(reply, {}, {});
+    return;
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The device failed on a request that was valid: the client hears EIO,
+    // the daemon goes on.
+    ++stats_.error_replies;
+    stats_.last_error = e.what();
+    spdlog::warn("vfio-user: {}: {} failed: {}", device_.name(), what, e.what());
+    reply.flags |= kError;
+    reply.error = EIO;
+    if (!(m.hdr.flags & kNoReply)) send(reply, {}, {});
+    return;
+  }
+  if (m.hdr.flags & kNoReply) return;
+  reply.size = static_cast<uint32_t>(sizeof(Header) + r.payload.size());
+  send(reply, r.payload, r.fds);
+}
+
+Server::Reply Server::handle(Message& m) {
+  switch (m.hdr.command) {
+    case kVersion: return version(m);
+    case kDmaMap: return dma_map(m);
+    case kDmaUnmap: return dma_unmap(m);
+    case kDeviceGetInfo: {
+      DeviceInfo info{sizeof(DeviceInfo),
+                      static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | (device_.can_reset() ? VFIO_DEVICE_FLAGS_RESET : 0)),
+                      device_.num_regions(), device_.num_irqs()};
+      Reply r;
+      append(r.payload, info);
+      return r;
+    }
+    case kDeviceGetRegionInfo: return region_info(m);
+    case kDeviceGetRegionIoFds: return region_io_fds(m);
+    case kDeviceGetIrqInfo: {
+      auto q = load<IrqInfo>(m.payload);
+      if (q.index >= device_.num_irqs()) throw Error(EINVAL, "no IRQ index " + std::to_string(q.index));
+      const vfio::IrqInfo info = device_.irq(q.index);
+      IrqInfo out{sizeof(IrqInfo), info.flags, q.index, info.count};
+      Reply r;
+      append(r.payload, out);
+      return r;
+    }
+    case kDeviceSetIrqs: return set_irqs(m);
+    case kRegionRead:
+    case kRegionWrite: {
+      const auto a = load<RegionAccess>(m.payload);
+      const char* verb = m.hdr.command == kRegionRead ? "read" : "write";
+      if (a.region >= device_.num_regions()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ": no such region");
+      if (a.count == 0 || a.count > kMaxDataXfer)
+        throw Error(EINVAL, std::string(verb) + " of " + std::to_string(a.count) + " bytes (1.." + std::to_string(kMaxDataXfer) + ")");
+      if (m.hdr.command == kRegionWrite && m.payload.size() != sizeof a + a.count)
+        throw Error(EINVAL, "write of " + std::to_string(a.count) + " bytes carrying " +
+                                std::to_string(m.payload.size() - sizeof a));
+      const RegionDescription reg = device_.region(a.region);
+      const uint32_t need = m.hdr.command == kRegionRead ? VFIO_REGION_INFO_FLAG_READ : VFIO_REGION_INFO_FLAG_WRITE;
+      if (!(reg.flags & need)) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ", which does not allow it");
+      if (a.offset > reg.size || a.count > reg.size - a.offset)
+        throw Error(EINVAL, std::string(verb) + " of [" + hex(a.offset) + ", +" + std::to_string(a.count) +
+                                ") outside region " + std::to_string(a.region) + " of " + hex(reg.size) + " bytes");
+      Reply r;
+      append(r.payload, a);
+      if (m.hdr.command == kRegionRead) {
+        r.payload.resize(sizeof a + a.count);
+        device_.read(a.region, a.offset, std::span<uint8_t>(r.payload).subspan(sizeof a));
+      } else {
+        device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
+      }
+      return r;
+    }
+    case kDeviceReset:
+      if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
+      device_.reset();
+      return {};
+    default:
+      throw Error(ENOSYS, "not served");
+  }
+}
+
+Server::Reply Server::version(const Message& m) {
+  const auto major = load<uint16_t>(m.payload, 0);
+  const auto minor = load<uint16_t>(m.payload, 2);
+  if (major != kMajor) throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) +
+                                                ": only major " + std::to_string(kMajor) + " is spoken");
+  if (m.payload.size() > 4) {
+    std::string text(reinterpret_cast<const char*>(m.payload.data()) + 4, m.payload.size() - 4);
+    if (!text.empty() && text.back() == '\0') text.pop_back();
+    if (text.find('\0') != std::string::npos) throw Error(EINVAL, "VERSION data with a NUL inside");
+    if (!text.empty()) {
+      const auto j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw Error(EINVAL, "VERSION data is not a JSON object: " + text.substr(0, 80));
+      if (j.contains("capabilities")) {
+        const auto& caps = j["capabilities"];
+        if (!caps.is_object()) throw Error(EINVAL, "VERSION capabilities is not an object");
+        if (caps.contains("max_msg_fds")) {
+          if (!caps["max_msg_fds"].is_number_unsigned()) throw Error(EINVAL, "max_msg_fds is not a number");
+          peer_max_fds_ = std::min<uint32_t>(caps["max_msg_fds"].get<uint32_t>(), kMaxMsgFds);
+        }
+        if (caps.contains("max_data_xfer_size")) {
+          if (!caps["max_data_xfer_size"].is_number_unsigned() || caps["max_data_xfer_size"].get<uint64_t>() == 0)
+            throw Error(EINVAL, "max_data_xfer_size is not a positive number");
+          peer_max_xfer_ = static_cast<uint32_t>(std::min<uint64_t>(caps["max_data_xfer_size"].get<uint64_t>(), kMaxDataXfer));
+        }
+      }
+    }
+  }
+  negotiated_ = true;
+  const nlohmann::json caps = {{"capabilities",
+                                {{"max_msg_fds", kMaxMsgFds},
+                                 {"max_data_xfer_size", kMaxDataXfer},
+                                 {"max_dma_maps", kMaxDmaMaps},
+                                 {"pgsizes", kPageSizes}}}};
+  const std::string text = caps.dump();
+  Reply r;
+  append(r.payload, kMajor);
+  append(r.payload, std::min(minor, kMinor));
+  r.payload.insert(r.payload.end(), text.begin(), text.end());
+  r.payload.push_back(0);
+  return r;
+}
+
+Server::Reply Server::dma_map(Message& m) {
+  const auto d = load<DmaMap>(m.payload);
+  const std::string what = "DMA window [" + hex(d.address) + ", +" + hex(d.size) + ")";
+  if (d.argsz != sizeof d) throw Error(EINVAL, "DMA_MAP argsz " + std::to_string(d.argsz));
+  if (d.flags & ~(kDmaFlagRead | kDmaFlagWrite)) throw Error(EINVAL, what + " with unknown flags " + hex(d.flags));
+  if (d.size == 0 || d.address + d.size < d.address) throw Error(EINVAL, what + ": empty or wrapping");
+  if ((d.address | d.size) % kPageSizes) throw Error(EINVAL, what + " is not page aligned");
+  if (windows_.size() >= kMaxDmaMaps) throw Error(ENOSPC, what + ": " + std::to_string(kMaxDmaMaps) + " windows already");
+  for (const DmaWindow& w : windows_)
+    if (d.address < w.iova + w.size && w.iova < d.address + d.size)
+      throw Error(EEXIST, what + " overlaps [" + hex(w.iova) + ", +" + hex(w.size) + ")");
+  DmaWindow w{d.address, d.size, nullptr, (d.flags & kDmaFlagRead) != 0, (d.flags & kDmaFlagWrite) != 0};
+  Mapping map;
+  if (!m.fds.empty()) {
+    const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
+    const uint64_t skew = d.offset % kPageSizes;
+    void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),
+                        static_cast<off_t>(d.offset - skew));
+    if (base == MAP_FAILED) throw Error(errno, what + ": cannot map the fd at offset " + hex(d.offset) + ": " + std::strerror(errno));
+    map = {base, d.size + skew};
+    w.host = static_cast<uint8_t*>(base) + skew;
+  }
+  try {
+    device_.dma_mapped(w);
+  } catch (...) {
+    if (map.base) ::munmap(map.base, map.length);
+    throw;
+  }
+  windows_.push_back(w);
+  mappings_.push_back(map);
+  return {};
+}
+
+Server::Reply Server::dma_unmap(const Message& m) {
+  const auto d = load<DmaUnmap>(m.payload);
+  if (d.flags & ~kDmaUnmapAll) throw Error(EINVAL, "DMA_UNMAP with unknown flags " + hex(d.flags));
+  Reply r;
+  append(r.payload, d);
+  if (d.flags & kDmaUnmapAll) {
+    if (d.address || d.size) throw Error(EINVAL, "DMA_UNMAP of everything with an address or size");
+    unmap_all();
+    return r;
+  }
+  for (size_t i = 0; i < windows_.size(); ++i) {
+    if (windows_[i].iova != d.address || windows_[i].size != d.size) continue;
+    device_.dma_unmapped(windows_[i]);
+    if (mappings_[i].base) ::munmap(mappings_[i].base, mappings_[i].length);
+    windows_.erase(windows_.begin() + static_cast<ptrdiff_t>(i));
+    mappings_.erase(mappings_.begin() + static_cast<ptrdiff_t>(i));
+    return r;
+  }
+  throw Error(ENOENT, "DMA_UNMAP of [" + hex(d.address) + ", +" + hex(d.size) + "): no such window");
+}
+
+void Server::unmap_all() {
+  for (size_t i = windows_.size(); i-- > 0;) {
+    try {
+      device_.dma_unmapped(windows_[i]);
+    } catch (const std::exception& e) {
+      spdlog::error("vfio-user: {}: unmapping DMA window {}: {}", device_.name(), hex(windows_[i].iova), e.what());
+    }
+    if (mappings_[i].base) ::munmap(mappings_[i].base, mappings_[i].length);
+  }
+  windows_.clear();
+  mappings_.clear();
+}
+
+Server::Reply Server::region_info(const Message& m) {
+  const auto q = load<RegionInfo>(m.payload);
+  if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
+  const RegionDescription d = device_.region(q.index);
+  RegionInfo info{sizeof(RegionInfo), d.flags, q.index, 0, d.size, d.fd >= 0 ? d.fd_offset : 0};
+  std::vector<uint8_t> caps;
+  if (d.fd >= 0 && !d.sparse.empty()) {
+    SparseMmapCap cap{{kCapSparseMmap, 1, 0}, static_cast<uint32_t>(d.sparse.size()), 0};
+    append(caps, cap);
+    for (const auto& a : d.sparse) append(caps, SparseArea{a.offset, a.size});
+  }
+  if (d.fd < 0) info.flags &= ~VFIO_REGION_INFO_FLAG_MMAP;
+  Reply r;
+  info.argsz = static_cast<uint32_t>(sizeof info + caps.size());
+  if (!caps.empty()) {
+    info.flags |= VFIO_REGION_INFO_FLAG_CAPS;
+    info.cap_offset = sizeof info;
+  }
+  append(r.payload, info);
+  // A client whose buffer (argsz) is too small for the capabilities gets
+  // the fixed part with the argsz it needs, as VFIO does.
+  if (q.argsz >= info.argsz) r.payload.insert(r.payload.end(), caps.begin(), caps.end());
+  if (d.fd >= 0) r.fds.push_back(d.fd);
+  return r;
+}
+
+Server::Reply Server::region_io_fds(const Message& m) {
+  const auto q = load<RegionIoFds>(m.payload);
+  if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
+  if (q.flags != 0 || q.count != 0) throw Error(EINVAL, "GET_REGION_IO_FDS with flags or count set");
+  const std::vector<IoFd> io = device_.region_io_fds(q.index);
+  if (io.empty()) throw Error(EINVAL, "region " + std::to_string(q.index) + " has no io fds");
+  Reply r;
+  RegionIoFds head{static_cast<uint32_t>(sizeof head + io.size() * sizeof(IoFdEntry)), 0, q.index,
+                   static_cast<uint32_t>(io.size())};
+  append(r.payload, head);
+  if (q.argsz < head.argsz) return r;  // too small: the size it needs, no entries, no fds
+  if (io.size() > peer_max_fds_)
+    throw Error(E2BIG, "region " + std::to_string(q.index) + " has " + std::to_string(io.size()) +
+                           " io fds; the client takes " + std::to_string(peer_max_fds_) + " per message");
+  for (size_t i = 0; i < io.size(); ++i) {
+    append(r.payload, IoFdEntry{io[i].offset, io[i].size, static_cast<uint32_t>(i), kIoFdTypeIoeventfd, 0, 0, 0});
+    r.fds.push_back(io[i].fd);
+  }
+  return r;
+}
+
+Server::Reply Server::set_irqs(Message& m) {
+  const auto s = load<IrqSet>(m.payload);
+  if (s.argsz != m.payload.size())
+    throw Error(EINVAL, "SET_IRQS argsz " + std::to_string(s.argsz) + " for a payload of " + std::to_string(m.payload.size()));
+  const uint32_t data = s.flags & (VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_DATA_EVENTFD);
+  const uint32_t action = s.flags & (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK | VFIO_IRQ_SET_ACTION_TRIGGER);
+  if (s.flags & ~(data | action) || __builtin_popcount(data) != 1 || __builtin_popcount(action) != 1)
+    throw Error(EINVAL, "SET_IRQS flags " + hex(s.flags) + ": one data type and one action");
+  if (s.index >= device_.num_irqs()) throw Error(EINVAL, "SET_IRQS of IRQ index " + std::to_string(s.index));
+  const vfio::IrqInfo info = device_.irq(s.index);
+  const std::string range = "IRQ index " + std::to_string(s.index) + " vectors [" + std::to_string(s.start) + ", +" +
+                            std::to_string(s.count) + ")";
+  if (data == VFIO_IRQ_SET_DATA_NONE && action == VFIO_IRQ_SET_ACTION_TRIGGER && s.count == 0) {
+    if (s.start != 0 || m.payload.size() != sizeof s) throw Error(EINVAL, "SET_IRQS disable with a start or data");
+    device_.disable_irqs(s.index);
+    return {};
+  }
+  if (s.count == 0 || s.start >= info.count || s.count > info.count - s.start)
+    throw Error(EINVAL, range + " outside its " + std::to_string(info.count) + " vectors");
+  const size_t extra = m.payload.size() - sizeof s;
+  if (data == VFIO_IRQ_SET_DATA_EVENTFD) {
+    if (extra != 0) throw Error(EINVAL, "SET_IRQS with eventfds and payload data");
+    if (action != VFIO_IRQ_SET_ACTION_TRIGGER)
+      throw Error(ENOTSUP, "SET_IRQS: eventfds for mask/unmask notifications are not offered");
+    if (!(info.flags & VFIO_IRQ_INFO_EVENTFD)) throw Error(EINVAL, range + ": the index does not signal eventfds");
+    // No fds de-assigns the range; otherwise one per vector.
+    if (!m.fds.empty() && m.fds.size() != s.count)
+      throw Error(EINVAL, "SET_IRQS for " + std::to_string(s.count) + " vectors with " + std::to_string(m.fds.size()) + " eventfds");
+    std::vector<UniqueFd> fds = std::move(m.fds);
+    fds.resize(s.count);
+    device_.set_irq_eventfds(s.index, s.start, std::move(fds));
+    return {};
+  }
+  if (!m.fds.empty()) throw Error(EINVAL, "SET_IRQS without eventfd data carries fds");
+  if (data == VFIO_IRQ_SET_DATA_NONE && extra != 0) throw Error(EINVAL, "SET_IRQS DATA_NONE with payload data");
+  if (data == VFIO_IRQ_SET_DATA_BOOL && extra != s.count)
+    throw Error(EINVAL, "SET_IRQS DATA_BOOL with " + std::to_string(extra) + " bytes for " + std::to_string(s.count) + " vectors");
+  if (action != VFIO_IRQ_SET_ACTION_TRIGGER && !(info.flags & VFIO_IRQ_INFO_MASKABLE))
+    throw Error(EINVAL, range + " is not maskable");
+  for (uint32_t i = 0; i < s.count; ++i) {
+    if (data == VFIO_IRQ_SET_DATA_BOOL && m.payload[sizeof s + i] == 0) continue;
+    if (action == VFIO_IRQ_SET_ACTION_TRIGGER)
+      device_.trigger_irq(s.index, s.start + i);
+    else
+      device_.mask_irq(s.index, s.start + i, action == VFIO_IRQ_SET_ACTION_MASK);
+  }
+  return {};
+}
+
+const DmaWindow& Server::window_for(uint64_t iova, uint64_t size, bool write) const {
+  for (const DmaWindow& w : windows_)
+    if (iova >= w.iova && size <= w.size && iova - w.iova <= w.size - size) {
+      if (write ? !w.writable : !w.readable)
+        throw Error(EPERM, "DMA " + std::string(write ? "write to" : "read from") + " " + hex(iova) + ": the window does not allow it");
+      return w;
+    }
+  throw Error(EFAULT, "DMA at [" + hex(iova) + ", +" + std::to_string(size) + "): not inside one window");
+}
+
+void Server::dma_read(uint64_t iova, std::span<uint8_t> out) {
+  const DmaWindow& w = window_for(iova, out.size(), false);
+  if (w.host) {
+    std::memcpy(out.data(), w.host + (iova - w.iova), out.size());
+    return;
+  }
+  for (size_t done = 0; done < out.size();) {
+    const size_t n = std::min<size_t>(out.size() - done, peer_max_xfer_);
+    dma_transfer(kDmaRead, iova + done, out.subspan(done, n));
+    done += n;
+  }
+}
+
+void Server::dma_write(uint64_t iova, std::span<const uint8_t> in) {
+  const DmaWindow& w = window_for(iova, in.size(), true);
+  if (w.host) {
+    std::memcpy(w.host + (iova - w.iova), in.data(), in.size());
+    return;
+  }
+  for (size_t done = 0; done < in.size();) {
+    const size_t n = std::min<size_t>(in.size() - done, peer_max_xfer_);
+    std::vector<uint8_t> chunk(in.begin() + static_cast<ptrdiff_t>(done), in.begin() + static_cast<ptrdiff_t>(done + n));
+    dma_transfer(kDmaWrite, iova + done, chunk);
+    done += n;
+  }
+}
+
+// Sends one DMA_READ/WRITE and waits for its reply; commands that arrive
+// first are kept in order for on_readable().
+uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t> data) {
+  if (!conn_) throw Error(ENOTCONN, "no client for DMA");
+  const uint16_t id = next_id_++;
+  std::vector<uint8_t> payload;
+  append(payload, DmaAccess{iova, data.size()});
+  if (command == kDmaWrite) payload.insert(payload.end(), data.begin(), data.end());
+  send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), kTypeCommand, 0}, payload, {});
+  try {
+    for (;;) {
+      Message m;
+      receive(m, true);
+      if ((m.hdr.flags & kTypeMask) == kTypeCommand) {
+        deferred_.push_back(std::move(m));
+        continue;
+      }
+      if (m.hdr.id != id || m.hdr.command != command)
+        throw ProtocolError("a reply to " + std::string(command_name(m.hdr.command)) + " id " + std::to_string(m.hdr.id) +
+                            " while waiting for " + command_name(command) + " id " + std::to_string(id));
+      if (m.hdr.flags & kError)
+        throw Error(m.hdr.error ? static_cast<int>(m.hdr.error) : EIO,
+                    std::string("client refused ") + command_name(command) + " at " + hex(iova));
+      if (command == kDmaRead) {
+        if (m.payload.size() != sizeof(DmaAccess) + data.size())
+          throw ProtocolError("DMA_READ reply of " + std::to_string(m.payload.size()) + " bytes for " + std::to_string(data.size()));
+        std::memcpy(data.data(), m.payload.data() + sizeof(DmaAccess), data.size());
+      } else if (m.payload.size() < 12) {
+        throw ProtocolError("DMA_WRITE reply of " + std::to_string(m.payload.size()) + " bytes");
+      }
+      return data.size();
+    }
+  } catch (const ProtocolError& e) {
+    ++stats_.protocol_errors;
+    const std::string why = e.what();
+    disconnect(why);
+    throw Error(EIO, why);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    disconnect(why);
+    throw Error(EIO, why);
+  }
+}
+
+void Server::disconnect(const std::string& why) {
+  spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);
+  stats_.last_error = why;
+  unmap_all();
+  try {
+    device_.client_gone();
+  } catch (const std::exception& e) {
+    spdlog::error("vfio-user: {}: releasing the client's state: {}", device_.name(), e.what());
+  }
+  deferred_.clear();
+  negotiated_ = false;
+  if (watch_) {
+    boost::system::error_code ignored;
+    watch_->cancel(ignored);
+    (void)watch_->release();
+    watch_.reset();
+  }
+  conn_.reset();
+}
+
+}  // namespace sriovd::vfio_user

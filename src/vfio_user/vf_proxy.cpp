@@ -1,0 +1,297 @@
+#include "sriovd/vfio_user/vf_proxy.hpp"
+
+#include <linux/vfio.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+namespace sriovd::vfio_user {
+
+namespace {
+
+std::vector<uint8_t> read_config(vfio::Device& device) {
+  const vfio::RegionInfo info = device.region(vfio::kConfigRegion);
+  if (info.size < 256) throw std::runtime_error(device.name() + ": config region of " + std::to_string(info.size) + " bytes");
+  std::vector<uint8_t> bytes(std::min<uint64_t>(info.size, 4096));
+  device.read(vfio::kConfigRegion, 0, bytes.data(), bytes.size());
+  return bytes;
+}
+
+pci::MsixLayout layout_of(const std::vector<uint8_t>& config, const std::string& name) {
+  auto layout = pci::find_msix(config);
+  if (!layout || layout->vectors == 0) throw std::runtime_error(name + " has no MSI-X capability to export");
+  return *layout;
+}
+
+uint32_t bar_register(const std::vector<uint8_t>& config, unsigned i) {
+  uint32_t v;
+  std::memcpy(&v, config.data() + 0x10 + 4 * i, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+void VfProxy::Vectors::set_masked(unsigned v, bool masked) {
+  masked_.at(v) = masked;
+  if (!routes_[v]) return;
+  if (masked)
+    engine_.mask(*routes_[v]);
+  else
+    engine_.unmask(*routes_[v]);
+}
+
+bool VfProxy::Vectors::pending(unsigned v) const { return routes_.at(v) && engine_.pending(*routes_[v]); }
+
+void VfProxy::Vectors::clear_pending(unsigned v) {
+  if (routes_.at(v)) engine_.clear_pending(*routes_[v]);
+}
+
+// A new route starts masked; it takes the vector's current mask.
+void VfProxy::Vectors::attach(unsigned v, irq::RouteId id) {
+  routes_.at(v) = id;
+  if (!masked_[v]) engine_.unmask(id);
+}
+
+void VfProxy::Vectors::detach(unsigned v) {
+  if (!routes_.at(v)) return;
+  engine_.remove(*routes_[v]);
+  routes_[v].reset();
+}
+
+VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq::Policy policy, std::string label)
+    : device_(std::move(device)),
+      engine_(engine),
+      policy_(policy),
+      label_(std::move(label)),
+      device_config_(read_config(*device_)),
+      layout_(layout_of(device_config_, label_)),
+      vectors_(engine, layout_.vectors),
+      binder_(*device_) {
+  for (unsigned i = 0; i < 6; ++i) {
+    const vfio::RegionInfo r = device_->region(i);
+    if (r.size == 0) continue;
+    const uint32_t reg = bar_register(device_config_, i);
+    bars_[i].size = r.size;
+    bars_[i].io = reg & 1U;
+    bars_[i].is64 = !bars_[i].io && ((reg >> 1U) & 3U) == 2U;
+    bars_[i].prefetchable = !bars_[i].io && (reg & 8U);
+    if (bars_[i].is64) ++i;
+  }
+  if (bars_[layout_.table_bir].size < layout_.table_offset + layout_.table_bytes() ||
+      bars_[layout_.pba_bir].size < layout_.pba_offset + layout_.pba_bytes())
+    throw std::runtime_error(label_ + ": the MSI-X table or PBA lies outside its BAR");
+  build_config();
+}
+
+VfProxy::~VfProxy() { drop_routes(); }
+
+void VfProxy::build_config() {
+  msix_ = std::make_unique<msix::MsixState>(layout_.vectors, vectors_);
+  config_ = std::make_unique<pci::VirtualConfig>(device_config_, bars_, msix_.get(), [this](uint16_t command) {
+    device_->write(vfio::kConfigRegion, 0x04, &command, sizeof command);
+  });
+}
+
+RegionDescription VfProxy::region(uint32_t index) {
+  RegionDescription d;
+  if (index == vfio::kConfigRegion) {
+    d.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+    d.size = config_->size();
+    return d;
+  }
+  if (index >= 6 || bars_[index].size == 0) return d;  // ROM, VGA, absent BARs: size 0
+  const vfio::RegionInfo r = device_->region(index);
+  d.flags = r.flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
+  d.size = r.size;
+  uint64_t offset = 0;
+  const int fd = r.mappable() ? device_->mmap_fd(index, offset) : -1;
+  if (fd < 0) return d;
+  // What may be mapped: the device's own mappable areas (all of it, if it
+  // gives none), minus the pages of the MSI-X table and PBA in this BAR.
+  std::vector<vfio::SparseArea> areas = r.sparse;
+  if (areas.empty()) areas.push_back({0, r.size});
+  for (const auto& [begin, end] : layout_.trapped_pages(static_cast<uint8_t>(index))) {
+    std::vector<vfio::SparseArea> cut;
+    for (const auto& a : areas) {
+      const uint64_t a_end = a.offset + a.size;
+      if (a_end <= begin || a.offset >= end) {
+        cut.push_back(a);
+        continue;
+      }
+      if (a.offset < begin) cut.push_back({a.offset, begin - a.offset});
+      if (a_end > end) cut.push_back({end, a_end - end});
+    }
+    areas = std::move(cut);
+  }
+  if (areas.empty()) return d;
+  d.flags |= VFIO_REGION_INFO_FLAG_MMAP;
+  d.fd = fd;
+  d.fd_offset = offset;
+  if (areas.size() != 1 || areas[0].offset != 0 || areas[0].size != r.size) d.sparse = std::move(areas);
+  return d;
+}
+
+VfProxy::Area VfProxy::classify(uint32_t region, uint64_t offset, size_t size) const {
+  const auto inside = [&](uint8_t bir, uint64_t begin, uint64_t bytes) {
+    return region == bir && offset < begin + bytes && begin < offset + size;
+  };
+  if (inside(layout_.table_bir, layout_.table_offset, layout_.table_bytes())) return Area::table;
+  if (inside(layout_.pba_bir, layout_.pba_offset, layout_.pba_bytes())) return Area::pba;
+  return Area::device;
+}
+
+// An access that touches the table or the PBA is served by the emulation
+// (in naturally aligned pieces of up to 8 bytes, as a CPU would issue
+// them); everything else in the BAR goes to the device.
+void VfProxy::bar_access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write) {
+  if (classify(region, offset, size) == Area::device) {
+    if (write)
+      device_->write(region, offset, data, size);
+    else
+      device_->read(region, offset, data, size);
+    return;
+  }
+  for (size_t done = 0; done < size;) {
+    const uint64_t at = offset + done;
+    unsigned piece = 8;
+    while (piece > 1 && (at % piece != 0 || piece > size - done)) piece /= 2;
+    const Area area = classify(region, at, piece);
+    uint64_t value = 0;
+    if (area == Area::device) {
+      if (write)
+        device_->write(region, at, data + done, piece);
+      else
+        device_->read(region, at, data + done, piece);
+    } else if (write) {
+      std::memcpy(&value, data + done, piece);
+      if (area == Area::table)
+        msix_->write_table(at - layout_.table_offset, piece, value);
+      else
+        msix_->write_pba(at - layout_.pba_offset, piece, value);
+    } else {
+      value = area == Area::table ? msix_->read_table(at - layout_.table_offset, piece)
+                                  : msix_->read_pba(at - layout_.pba_offset, piece);
+      std::memcpy(data + done, &value, piece);
+    }
+    done += piece;
+  }
+}
+
+void VfProxy::read(uint32_t region, uint64_t offset, std::span<uint8_t> data) {
+  if (region == vfio::kConfigRegion) {
+    for (size_t done = 0; done < data.size();) {
+      const uint64_t at = offset + done;
+      unsigned piece = 4;
+      while (piece > 1 && (at % piece != 0 || piece > data.size() - done)) piece /= 2;
+      const uint32_t v = config_->read(static_cast<uint32_t>(at), piece);
+      std::memcpy(data.data() + done, &v, piece);
+      done += piece;
+    }
+    return;
+  }
+  if (region >= 6 || bars_[region].size == 0) throw Error(EINVAL, "read of region " + std::to_string(region) + ", which is empty");
+  bar_access(region, offset, data.data(), data.size(), false);
+}
+
+void VfProxy::write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) {
+  if (region == vfio::kConfigRegion) {
+    for (size_t done = 0; done < data.size();) {
+      const uint64_t at = offset + done;
+      unsigned piece = 4;
+      while (piece > 1 && (at % piece != 0 || piece > data.size() - done)) piece /= 2;
+      uint32_t v = 0;
+      std::memcpy(&v, data.data() + done, piece);
+      config_->write(static_cast<uint32_t>(at), piece, v);
+      done += piece;
+    }
+    return;
+  }
+  if (region >= 6 || bars_[region].size == 0) throw Error(EINVAL, "write of region " + std::to_string(region) + ", which is empty");
+  std::vector<uint8_t> copy(data.begin(), data.end());
+  bar_access(region, offset, copy.data(), copy.size(), true);
+}
+
+vfio::IrqInfo VfProxy::irq(uint32_t index) {
+  if (index == vfio::kMsixIrq)
+    // Vectors are enabled one by one as the client gives eventfds: no NORESIZE.
+    return {index, VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE, layout_.vectors};
+  return {index, 0, 0};  // INTx, MSI, ERR, REQ are not exported
+}
+
+void VfProxy::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  for (uint32_t i = 0; i < fds.size(); ++i) {
+    const unsigned v = start + i;
+    if (!fds[i].valid()) {
+      if (vectors_.route(v)) {
+        vectors_.detach(v);
+        binder_.bind(v, -1);
+      }
+      continue;
+    }
+    if (!vectors_.route(v)) {
+      irq::RouteSpec spec{label_, v, policy_, &binder_};
+      vectors_.attach(v, engine_.add(spec));
+    }
+    engine_.set_sink(*vectors_.route(v), std::move(fds[i]));
+  }
+}
+
+void VfProxy::drop_routes() {
+  for (unsigned v = 0; v < layout_.vectors; ++v) vectors_.detach(v);
+  try {
+    binder_.disable();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: disabling MSI-X: {}", label_, e.what());
+  }
+}
+
+void VfProxy::disable_irqs(uint32_t index) {
+  if (index == vfio::kMsixIrq) drop_routes();
+}
+
+void VfProxy::mask_irq(uint32_t index, uint32_t vector, bool masked) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  msix_->set_vector_mask(vector, masked);
+}
+
+// As VFIO does for a loopback trigger: the device's vector fires, and takes
+// the path it would take for a real interrupt (relay or direct).
+void VfProxy::trigger_irq(uint32_t index, uint32_t vector) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  if (vectors_.route(vector)) device_->trigger(vfio::kMsixIrq, vector);
+}
+
+void VfProxy::dma_mapped(const DmaWindow& w) {
+  if (!w.host)
+    throw Error(EINVAL, label_ + ": a VF can only DMA into memory shared with an fd (window at " + std::to_string(w.iova) + ")");
+  device_->map_dma(w.iova, w.host, w.size, w.writable);
+  ++dma_windows_;
+}
+
+void VfProxy::dma_unmapped(const DmaWindow& w) {
+  if (!w.host) return;
+  device_->unmap_dma(w.iova, w.size);
+  --dma_windows_;
+}
+
+// Function reset: every vector masked, MSI-X disabled, no pending bits
+// (§6.8.2); the client's eventfds stay, as VFIO keeps them.
+void VfProxy::reset() {
+  msix_->reset();
+  device_->reset();
+}
+
+void VfProxy::client_gone() {
+  drop_routes();
+  vectors_.reset_masks();
+  build_config();  // a fresh config space and MSI-X state for the next client
+  try {
+    device_->reset();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: reset after the client left: {}", label_, e.what());
+  }
+}
+
+}  // namespace sriovd::vfio_user
