@@ -30,6 +30,7 @@ class ProtocolError : public std::runtime_error {
 // client that stalls mid-message is cut off rather than blocking the
 // control thread.
 constexpr int kMessageTimeoutMs = 1000;
+constexpr const char* kClientClosed = "client closed the connection";
 
 template <typename T>
 T load(const std::vector<uint8_t>& p, size_t at = 0) {
@@ -147,9 +148,9 @@ void Server::on_readable() {
     }
   } catch (const ProtocolError& e) {
     ++stats_.protocol_errors;
-    disconnect(e.what());
+    if (conn_) disconnect(e.what());
   } catch (const std::exception& e) {
-    disconnect(e.what());
+    if (conn_) disconnect(e.what());
   }
   if (conn_) wait_readable();
 }
@@ -174,7 +175,7 @@ void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds) {
       if (r == 0) throw ProtocolError("a message stalled after " + std::to_string(got) + " of " + std::to_string(size) + " bytes");
       continue;
     }
-    if (n == 0) throw std::runtime_error("client closed the connection");
+    if (n == 0) throw std::runtime_error(kClientClosed);
     if (n < 0) throw std::runtime_error(std::string("read error: ") + std::strerror(errno));
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -195,7 +196,7 @@ bool Server::receive(Message& m, bool block) {
     uint8_t probe;
     const ssize_t n = ::recv(conn_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
-    if (n == 0) throw std::runtime_error("client closed the connection");
+    if (n == 0) throw std::runtime_error(kClientClosed);
   }
   m = Message{};
   read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds);
@@ -209,6 +210,7 @@ bool Server::receive(Message& m, bool block) {
 }
 
 void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
+  if (!conn_) throw std::runtime_error("the connection ended");
   iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
   msghdr msg{};
   msg.msg_iov = iov;
@@ -630,7 +632,10 @@ uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t
 }
 
 void Server::disconnect(const std::string& why) {
-  spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);
+  if (why == kClientClosed)
+    spdlog::info("vfio-user: {}: client disconnected", device_.name());
+  else
+    spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);
   stats_.last_error = why;
   unmap_all();
   try {

@@ -1,0 +1,552 @@
+// The vfio-user server and the VF proxy, end to end over a real socket:
+// the client side is sriovd's own blocking client, the device a simulated
+// VF, the interrupts the real routing engine.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <linux/vfio.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "sriovd/vfio/simulated.hpp"
+#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vfio_user/vf_proxy.hpp"
+#include "support/temp_dir.hpp"
+
+namespace sriovd::vfio_user {
+namespace {
+
+using namespace std::chrono_literals;
+using vfio::SimulatedDevice;
+
+constexpr uint16_t kVectors = 8;
+constexpr uint32_t kMsixCap = 0x70;  // make_endpoint_config puts MSI-X after the PCIe capability
+
+uint64_t take(int fd, std::chrono::milliseconds wait = 2s) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return 0;
+  uint64_t v = 0;
+  return ::read(fd, &v, sizeof v) == sizeof v ? v : 0;
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+UniqueFd eventfd_() { return UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); }
+
+// Runs a server on its own io_context thread; the test thread is the client.
+class Export {
+ public:
+  Export(ExportedDevice& device, const std::string& path, std::vector<uid_t> uids = {}) {
+    server = std::make_unique<Server>(io, path, device, std::move(uids));
+    thread = std::thread([this] { io.run(); });
+  }
+  ~Export() {
+    io.stop();
+    thread.join();
+    server.reset();
+  }
+  // Runs f on the server's thread and waits for it.
+  void on_server(const std::function<void()>& f) {
+    std::promise<void> done;
+    asio::post(io, [&] {
+      f();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::unique_ptr<Server> server;
+  std::thread thread;
+};
+
+class VfProxyTest : public ::testing::Test {
+ protected:
+  explicit VfProxyTest(irq::Policy policy = irq::Policy::relay) {
+    auto dev = std::make_unique<SimulatedDevice>("0000:3b:02.0", 0x8086, 0x154c, kVectors);
+    sim = dev.get();
+    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, "0000:3b:02.0");
+    exported = std::make_unique<Export>(*proxy, socket);
+  }
+  ~VfProxyTest() override { exported.reset(); }
+
+  // What a guest driver does to use vector v: program the entry, give the
+  // eventfd, enable MSI-X, unmask the vector.
+  void enable_vector(Client& c, unsigned v, int fd) {
+    c.write32(0, v * 16 + 0, 0xfee00000);
+    c.write32(0, v * 16 + 8, 0x4000 + v);
+    const int fds[1] = {fd};
+    c.set_irq_eventfds(vfio::kMsixIrq, v, fds);
+    c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
+    c.write32(0, v * 16 + 12, 0);  // Vector Control: unmasked
+  }
+  bool pba_bit(Client& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
+
+  test::TempDir dir;
+  std::string socket = dir.file("vf.sock");
+  irq::Engine engine{irq::EngineOptions{}};
+  SimulatedDevice* sim = nullptr;
+  std::unique_ptr<VfProxy> proxy;
+  std::unique_ptr<Export> exported;
+};
+
+TEST_F(VfProxyTest, VersionNegotiatesCapabilities) {
+  Client c(socket);
+  EXPECT_EQ(c.minor(), kMinor);
+  const auto& caps = c.server_capabilities()["capabilities"];
+  EXPECT_EQ(caps["max_msg_fds"], kMaxMsgFds);
+  EXPECT_EQ(caps["max_data_xfer_size"], kMaxDataXfer);
+  EXPECT_EQ(caps["pgsizes"], 4096);
+  EXPECT_TRUE(caps.contains("max_dma_maps"));
+}
+
+TEST_F(VfProxyTest, DeviceAndRegionInfo) {
+  Client c(socket);
+  const DeviceInfo info = c.device_info();
+  EXPECT_EQ(info.flags, static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET));
+  EXPECT_EQ(info.num_regions, 9U);
+  EXPECT_EQ(info.num_irqs, 5U);
+  Client::Region config = c.region(vfio::kConfigRegion);
+  EXPECT_EQ(config.info.size, 4096U);
+  EXPECT_FALSE(config.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
+  EXPECT_FALSE(config.fd.valid());
+  EXPECT_EQ(c.region(1).info.size, 0U);  // absent BAR
+  EXPECT_EQ(c.region(6).info.size, 0U);  // no ROM
+  const IrqInfo msix = c.irq_info(vfio::kMsixIrq);
+  EXPECT_EQ(msix.count, kVectors);
+  EXPECT_TRUE(msix.flags & VFIO_IRQ_INFO_MASKABLE);
+  EXPECT_TRUE(msix.flags & VFIO_IRQ_INFO_EVENTFD);
+  EXPECT_EQ(c.irq_info(0).count, 0U);  // INTx is not exported
+}
+
+// BAR0 is handed out through the device's fd with the MSI-X table page
+// (0x0) and PBA page (0x2000) left out of the sparse areas; what the client
+// writes through its mapping is what the device holds (zero-copy).
+TEST_F(VfProxyTest, BarIsMappedExceptTheMsixPages) {
+  Client c(socket);
+  Client::Region bar = c.region(0);
+  ASSERT_TRUE(bar.fd.valid());
+  EXPECT_TRUE(bar.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
+  EXPECT_TRUE(bar.info.flags & VFIO_REGION_INFO_FLAG_CAPS);
+  ASSERT_EQ(bar.sparse.size(), 1U);
+  EXPECT_EQ(bar.sparse[0].offset, 0x3000U);
+  EXPECT_EQ(bar.sparse[0].size, 0x1000U);
+  void* m = ::mmap(nullptr, bar.sparse[0].size, PROT_READ | PROT_WRITE, MAP_SHARED, bar.fd.get(),
+                   static_cast<off_t>(bar.info.offset + bar.sparse[0].offset));
+  ASSERT_NE(m, MAP_FAILED);
+  static_cast<volatile uint32_t*>(m)[4] = 0xc0ffee;
+  uint32_t seen = 0;
+  sim->read(vfio::kBar0Region, 0x3010, &seen, 4);
+  EXPECT_EQ(seen, 0xc0ffeeU);
+  // The same register through REGION_READ (a client that does not map).
+  EXPECT_EQ(c.read32(0, 0x3010), 0xc0ffeeU);
+  ::munmap(m, bar.sparse[0].size);
+}
+
+TEST_F(VfProxyTest, ConfigSpaceIsVirtualized) {
+  Client c(socket);
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
+  // BAR sizing (PCI 3.0 §6.2.5.1): all ones reads back the size mask.
+  c.write32(vfio::kConfigRegion, 0x10, 0xffffffff);
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, 0x10) & ~0xfU, static_cast<uint32_t>(~(SimulatedDevice::kBar0Size - 1)));
+  // The vendor ID is read-only.
+  c.write32(vfio::kConfigRegion, 0, 0);
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
+  // MSI-X capability: Table Size is N-1; Message Control starts disabled.
+  const uint32_t cap = c.read32(vfio::kConfigRegion, kMsixCap);
+  EXPECT_EQ(cap & 0xff, 0x11U);
+  EXPECT_EQ((cap >> 16U) & 0x7ff, kVectors - 1U);
+  EXPECT_EQ(cap >> 30U, 0U);
+  // The Command register goes through to the device.
+  c.write32(vfio::kConfigRegion, 0x04, 0x0006);
+  uint16_t command = 0;
+  sim->read(vfio::kConfigRegion, 0x04, &command, 2);
+  EXPECT_EQ(command, 0x0006);
+}
+
+TEST_F(VfProxyTest, TableIsEmulatedNotPassedThrough) {
+  Client c(socket);
+  c.write32(0, 16 + 0, 0xfee01000);
+  c.write32(0, 16 + 8, 0x51);
+  EXPECT_EQ(c.read32(0, 16), 0xfee01000U);
+  EXPECT_EQ(c.read32(0, 24), 0x51U);
+  EXPECT_EQ(c.read32(0, 28), 1U);  // masked after reset
+  uint32_t device_table = 0;
+  sim->read(vfio::kBar0Region, 16, &device_table, 4);
+  EXPECT_EQ(device_table, 0U);  // the hardware table was never touched
+  // A QWORD access to the address pair (§6.8.2: DWORD and QWORD).
+  uint64_t qword = 0x00000001fee02000ULL;
+  c.write(0, 32, {reinterpret_cast<uint8_t*>(&qword), 8});
+  uint64_t back = 0;
+  c.read(0, 32, {reinterpret_cast<uint8_t*>(&back), 8});
+  EXPECT_EQ(back, qword);
+  // The PBA is read-only.
+  c.write32(0, SimulatedDevice::kPbaOffset, 0xffffffff);
+  EXPECT_EQ(c.read32(0, SimulatedDevice::kPbaOffset), 0U);
+}
+
+TEST_F(VfProxyTest, InterruptDeliveredThroughTheRoute) {
+  Client c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 2, fd.get());
+  sim->trigger(vfio::kMsixIrq, 2);
+  EXPECT_EQ(take(fd.get()), 1U);
+  ASSERT_TRUE(proxy->route(2));
+  EXPECT_EQ(engine.stats(*proxy->route(2)).delivered, 1U);
+  // Only the vector in use is enabled in VFIO.
+  EXPECT_EQ(proxy->vfio_enabled_vectors(), 3U);
+  EXPECT_FALSE(proxy->route(0));
+  // The client's own trigger (SET_IRQS DATA_NONE|TRIGGER) takes the same path.
+  c.trigger(vfio::kMsixIrq, 2);
+  EXPECT_EQ(take(fd.get()), 1U);
+}
+
+TEST_F(VfProxyTest, MaskedFireLatchesPbaAndUnmaskReplaysOnce) {
+  Client c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 1, fd.get());
+  c.write32(0, 16 + 12, 1);  // mask through the table
+  sim->trigger(vfio::kMsixIrq, 1);
+  sim->trigger(vfio::kMsixIrq, 1);
+  for (int i = 0; i < 200 && !pba_bit(c, 1); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(pba_bit(c, 1));
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  c.write32(0, 16 + 12, 0);
+  EXPECT_EQ(take(fd.get()), 1U);  // two fires while masked: one message (§6.8.2.10)
+  EXPECT_FALSE(pba_bit(c, 1));
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+}
+
+TEST_F(VfProxyTest, SetIrqsMaskUnmaskActions) {
+  Client c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 3, fd.get());
+  c.mask(vfio::kMsixIrq, 3, true);
+  EXPECT_EQ(c.read32(0, 3 * 16 + 12), 1U);  // the mask shows in Vector Control
+  sim->trigger(vfio::kMsixIrq, 3);
+  for (int i = 0; i < 200 && !pba_bit(c, 3); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  c.mask(vfio::kMsixIrq, 3, false);
+  EXPECT_EQ(take(fd.get()), 1U);
+}
+
+TEST_F(VfProxyTest, FunctionMaskHoldsEveryVector) {
+  Client c(socket);
+  UniqueFd a = eventfd_(), b = eventfd_();
+  enable_vector(c, 0, a.get());
+  enable_vector(c, 1, b.get());
+  const uint32_t dw0 = c.read32(vfio::kConfigRegion, kMsixCap);
+  c.write32(vfio::kConfigRegion, kMsixCap, dw0 | (0x4000U << 16U));  // Function Mask
+  sim->trigger(vfio::kMsixIrq, 0);
+  sim->trigger(vfio::kMsixIrq, 1);
+  for (int i = 0; i < 200 && (c.read32(0, SimulatedDevice::kPbaOffset) & 3U) != 3U; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(take(a.get(), 20ms), 0U);
+  c.write32(vfio::kConfigRegion, kMsixCap, dw0 & ~(0x4000U << 16U));
+  EXPECT_EQ(take(a.get()), 1U);
+  EXPECT_EQ(take(b.get()), 1U);
+}
+
+TEST_F(VfProxyTest, DmaWindowsReachTheDevice) {
+  Client c(socket);
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 20), 0);
+  auto* guest = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0));
+  c.dma_map(0x100000, 1 << 20, mem.get(), 0);
+  EXPECT_EQ(sim->dma_windows(), 1U);
+  const char packet[] = "received frame";
+  sim->dma_write(0x100000 + 0x800, packet, sizeof packet);  // the VF writes into guest memory
+  EXPECT_STREQ(reinterpret_cast<char*>(guest + 0x800), packet);
+  try {
+    c.dma_map(0x180000, 0x1000, mem.get(), 0);
+    FAIL() << "an overlapping window was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), EEXIST);
+  }
+  try {
+    c.dma_map(0x300100, 0x1000, mem.get(), 0);
+    FAIL() << "an unaligned window was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), EINVAL);
+  }
+  try {
+    c.dma_unmap(0x100000, 0x1000);  // must match a window exactly
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ENOENT);
+  }
+  c.dma_unmap(0x100000, 1 << 20);
+  EXPECT_EQ(sim->dma_windows(), 0U);
+  EXPECT_THROW(sim->dma_write(0x100800, packet, sizeof packet), std::out_of_range);  // an IOMMU fault now
+  ::munmap(guest, 1 << 20);
+}
+
+TEST_F(VfProxyTest, VfRefusesMemoryWithoutAnFd) {
+  Client c(socket);
+  std::vector<uint8_t> local(4096);
+  try {
+    c.dma_map_local(0x1000, 4096, local.data());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), EINVAL);
+  }
+}
+
+// Every malformed request gets an errno and the connection stays usable.
+TEST_F(VfProxyTest, BadRequestsGetErrorsNotACrash) {
+  Client c(socket);
+  auto expect_errno = [&](uint16_t cmd, std::vector<uint8_t> payload, int err, std::span<const int> fds = {}) {
+    Client::Reply r = c.request(cmd, payload, fds);
+    EXPECT_TRUE(r.hdr.flags & kError) << command_name(cmd);
+    EXPECT_EQ(r.hdr.error, static_cast<uint32_t>(err)) << command_name(cmd);
+    EXPECT_TRUE(r.payload.empty());
+  };
+  auto bytes = [](const auto& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    return std::vector<uint8_t>(p, p + sizeof v);
+  };
+  expect_errno(kDeviceGetInfo, {1, 2, 3}, EINVAL);                                            // short
+  expect_errno(kDeviceGetRegionInfo, bytes(RegionInfo{32, 0, 99, 0, 0, 0}), EINVAL);          // no region 99
+  expect_errno(kRegionRead, bytes(RegionAccess{0x4000, 0, 4}), EINVAL);                        // past BAR0
+  expect_errno(kRegionRead, bytes(RegionAccess{0, 0, kMaxDataXfer + 1}), EINVAL);              // too big
+  expect_errno(kRegionRead, bytes(RegionAccess{UINT64_MAX - 1, 7, 4}), EINVAL);                // wraps
+  expect_errno(kRegionWrite, bytes(RegionAccess{0, 7, 8}), EINVAL);                            // data missing
+  expect_errno(kDeviceGetIrqInfo, bytes(IrqInfo{16, 0, 9, 0}), EINVAL);                       // no index 9
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK, 2, 7, 2}), EINVAL);
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1}), EINVAL);   // no action
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{24, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK, 2, 0, 1}), EINVAL);
+  UniqueFd e1 = eventfd_(), e2 = eventfd_();
+  const int two[2] = {e1.get(), e2.get()};
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1}), EINVAL, two);
+  expect_errno(kDmaMap, bytes(DmaMap{32, 0x80, 0, 0x1000, 0x1000}), EINVAL);                   // unknown flag
+  expect_errno(kDmaMap, bytes(DmaMap{32, 3, 0, UINT64_MAX & ~0xfffULL, 0x2000}), EINVAL);      // wraps
+  expect_errno(kDeviceGetInfo, bytes(DeviceInfo{16, 0, 0, 0}), EINVAL, two);                   // fds where none belong
+  expect_errno(77, {}, ENOSYS);
+  EXPECT_EQ(exported->server->stats().error_replies, 15U);
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);  // still served
+  EXPECT_EQ(exported->server->stats().connections, 1U);
+}
+
+int raw_connect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  return fd;
+}
+
+bool closed_by_peer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 2000) != 1) return false;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+  }
+  return n == 0 || (n < 0 && errno == ECONNRESET);  // reset: it closed with our bytes unread
+}
+
+// Messages that break the framing end that connection; the next client is served.
+TEST_F(VfProxyTest, FramingErrorsEndOnlyThatConnection) {
+  const std::vector<std::pair<std::string, Header>> cases = {
+      {"before VERSION", Header{1, kDeviceGetInfo, 16 + 16, 0, 0}},
+      {"size below the header", Header{1, kVersion, 8, 0, 0}},
+      {"size above the limit", Header{1, kVersion, kMaxMessage + 1, 0, 0}},
+      {"a reply from the client", Header{1, kVersion, 16, kTypeReply, 0}},
+  };
+  for (const auto& [name, h] : cases) {
+    UniqueFd fd(raw_connect(socket));
+    ASSERT_TRUE(fd.valid());
+    std::vector<uint8_t> msg(sizeof h + 16, 0);
+    std::memcpy(msg.data(), &h, sizeof h);
+    ASSERT_GT(::send(fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL), 0);
+    EXPECT_TRUE(closed_by_peer(fd.get())) << name;
+  }
+  // A stalled message (header promises more than comes) is cut off too.
+  {
+    UniqueFd fd(raw_connect(socket));
+    Header h{1, kVersion, 16 + 64, 0, 0};
+    ASSERT_GT(::send(fd.get(), &h, sizeof h, MSG_NOSIGNAL), 0);
+    EXPECT_TRUE(closed_by_peer(fd.get()));
+  }
+  // Wrong major version: an error reply, then the end.
+  {
+    UniqueFd fd(raw_connect(socket));
+    Header h{1, kVersion, 16 + 4, 0, 0};
+    const uint16_t v[2] = {7, 0};
+    std::vector<uint8_t> msg(20);
+    std::memcpy(msg.data(), &h, 16);
+    std::memcpy(msg.data() + 16, v, 4);
+    ASSERT_GT(::send(fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL), 0);
+    Header reply{};
+    ASSERT_EQ(::recv(fd.get(), &reply, sizeof reply, MSG_WAITALL), 16);
+    EXPECT_TRUE(reply.flags & kError);
+    EXPECT_EQ(reply.error, static_cast<uint32_t>(ENOTSUP));
+    EXPECT_TRUE(closed_by_peer(fd.get()));
+  }
+  EXPECT_GE(exported->server->stats().protocol_errors, 5U);
+  Client c(socket);
+  EXPECT_EQ(c.device_info().num_regions, 9U);
+}
+
+TEST_F(VfProxyTest, OneClientAtATime) {
+  Client first(socket);
+  UniqueFd second(raw_connect(socket));
+  EXPECT_TRUE(closed_by_peer(second.get()));
+  EXPECT_EQ(first.device_info().num_irqs, 5U);
+  EXPECT_EQ(exported->server->stats().refused_peers, 1U);
+}
+
+// A client that goes away leaves nothing behind: no routes, no DMA
+// windows, MSI-X back to its reset state; the next client starts clean.
+TEST_F(VfProxyTest, DisconnectReleasesEverythingAndReconnectWorks) {
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
+  {
+    Client c(socket);
+    UniqueFd fd = eventfd_();
+    enable_vector(c, 0, fd.get());
+    c.dma_map(0, 1 << 16, mem.get(), 0);
+    EXPECT_EQ(engine.size(), 1U);
+  }
+  for (int i = 0; i < 200 && (engine.size() != 0 || sim->dma_windows() != 0); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(engine.size(), 0U);
+  EXPECT_EQ(sim->dma_windows(), 0U);
+  Client c(socket);
+  EXPECT_EQ(c.read32(0, 12), 1U);  // vector 0 masked again
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, kMsixCap) >> 30U, 0U);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 0, fd.get());
+  sim->trigger(vfio::kMsixIrq, 0);
+  EXPECT_EQ(take(fd.get()), 1U);
+}
+
+TEST_F(VfProxyTest, TwoHundredConnectCyclesLeakNothing) {
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
+  auto cycle = [&] {
+    Client c(socket);
+    UniqueFd fd = eventfd_();
+    enable_vector(c, 1, fd.get());
+    c.dma_map(0, 1 << 16, mem.get(), 0);
+    (void)c.region(0);  // receives the BAR fd
+  };
+  cycle();  // first use allocates what stays (relay eventfds pool, etc.)
+  for (int i = 0; i < 100 && engine.size() != 0; ++i) std::this_thread::sleep_for(5ms);
+  const size_t fds_before = open_fds();
+  for (int i = 0; i < 200; ++i) cycle();
+  for (int i = 0; i < 200 && (engine.size() != 0 || exported->server->connected()); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(open_fds(), fds_before);
+  EXPECT_EQ(engine.size(), 0U);
+  EXPECT_EQ(exported->server->stats().connections, 201U);
+}
+
+class VfProxyDirect : public VfProxyTest {
+ protected:
+  VfProxyDirect() : VfProxyTest(irq::Policy::direct) {}
+};
+
+// Direct bind: the device signals the client's eventfd itself; the relay
+// does not see the interrupt at all. A mask moves it back to the relay.
+TEST_F(VfProxyDirect, DirectBindBypassesTheRelay) {
+  Client c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 0, fd.get());
+  const irq::RouteId r = *proxy->route(0);
+  EXPECT_EQ(engine.mode(r), irq::Mode::direct);
+  sim->trigger(vfio::kMsixIrq, 0);
+  EXPECT_EQ(take(fd.get()), 1U);
+  EXPECT_EQ(engine.stats(r).fired, 0U);
+  c.write32(0, 12, 1);
+  EXPECT_EQ(engine.mode(r), irq::Mode::relay);
+  sim->trigger(vfio::kMsixIrq, 0);
+  for (int i = 0; i < 200 && !pba_bit(c, 0); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  c.write32(0, 12, 0);
+  EXPECT_EQ(take(fd.get()), 1U);
+  EXPECT_EQ(engine.mode(r), irq::Mode::direct);
+}
+
+// A device model that asks the client for memory it shared without an fd:
+// the server's DMA_READ/WRITE, served by the client while it waits.
+class DmaDevice : public ExportedDevice {
+ public:
+  const std::string& name() const override { return name_; }
+  RegionDescription region(uint32_t index) override {
+    RegionDescription d;
+    if (index == 0) {
+      d.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+      d.size = 4096;
+    }
+    return d;
+  }
+  void read(uint32_t, uint64_t, std::span<uint8_t> data) override { std::fill(data.begin(), data.end(), 0); }
+  void write(uint32_t, uint64_t offset, std::span<const uint8_t>) override { on_write(offset); }
+  vfio::IrqInfo irq(uint32_t index) override { return {index, 0, 0}; }
+  void set_irq_eventfds(uint32_t, uint32_t, std::vector<UniqueFd>) override {}
+  void disable_irqs(uint32_t) override {}
+  void mask_irq(uint32_t, uint32_t, bool) override {}
+  void trigger_irq(uint32_t, uint32_t) override {}
+  void reset() override {}
+  void client_gone() override {}
+  std::function<void(uint64_t)> on_write;
+  std::string name_ = "dma-model";
+};
+
+TEST(VfioUserServer, DmaReadWriteForMemoryWithoutAnFd) {
+  test::TempDir dir;
+  DmaDevice device;
+  Export ex(device, dir.file("dma.sock"));
+  std::vector<uint8_t> got(16);
+  std::string error;
+  device.on_write = [&](uint64_t offset) {
+    try {
+      if (offset == 0) {
+        const char hello[] = "written by DMA";
+        ex.server->dma_write(0x2010, {reinterpret_cast<const uint8_t*>(hello), sizeof hello});
+        ex.server->dma_read(0x2000, got);
+      } else {
+        ex.server->dma_read(0x9000, got);  // outside every window
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  };
+  Client c(dir.file("dma.sock"));
+  std::vector<uint8_t> local(8192, 0);
+  std::memcpy(local.data(), "guest bytes!", 12);
+  c.dma_map_local(0x2000, 8192, local.data());
+  c.write32(0, 0, 1);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(local.data() + 0x10)), "written by DMA");
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(got.data()), 12), "guest bytes!");
+  EXPECT_EQ(c.dma_requests_served(), 2U);
+  EXPECT_TRUE(error.empty()) << error;
+  c.write32(0, 4, 1);
+  EXPECT_NE(error.find("not inside one window"), std::string::npos) << error;
+}
+
+TEST(VfioUserServer, PeerNotOnTheAllowListIsRefused) {
+  test::TempDir dir;
+  DmaDevice device;
+  Export ex(device, dir.file("x.sock"), {::getuid() + 4242});
+  UniqueFd fd(raw_connect(dir.file("x.sock")));
+  EXPECT_TRUE(closed_by_peer(fd.get()));
+  EXPECT_EQ(ex.server->stats().refused_peers, 1U);
+}
+
+}  // namespace
+}  // namespace sriovd::vfio_user
