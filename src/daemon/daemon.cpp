@@ -51,6 +51,7 @@ Daemon::Daemon(Options options, config::Config config)
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
   host_->start(config_, options_.test_stop_before_step);
+  sync_vf_exports();
   start_virtio();
 }
 
@@ -105,6 +106,7 @@ void Daemon::shutdown(const char* why) {
   stopping_ = true;
   spdlog::info("{}: stopping", why);
   notifier_.stopping();
+  drop_vf_exports(nullptr);
   try {
     const auto steps = host_->release_all();
     spdlog::info("host released: {} change(s) undone", steps.size());
@@ -139,10 +141,18 @@ json Daemon::reload(const std::string& trigger) {
     if (next.interrupts.relay_threads != config_.interrupts.relay_threads ||
         next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
       throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
-    const auto steps = host_->apply(next);
+    drop_vf_exports(&next);
+    std::vector<host::Step> steps;
+    try {
+      steps = host_->apply(next);
+    } catch (...) {
+      sync_vf_exports();  // the host is as it was: so are the exports
+      throw;
+    }
     control_->update_access(next.control);
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
+    sync_vf_exports();
     ++reloads_.ok;
     reloads_.last_error.clear();
     spdlog::info("reloaded: {}", summary(config_));
@@ -279,6 +289,112 @@ json Daemon::devices_json() const {
     virtio.push_back(std::move(j));
   }
   out["virtio_devices"] = virtio;
+  out["vfio_user_exports"] = vf_exports_json();
+  return out;
+}
+
+std::vector<Daemon::WantedExport> Daemon::wanted_exports(const config::Config& cfg) {
+  std::vector<WantedExport> out;
+  for (const auto& pf : cfg.physical_functions) {
+    std::optional<PciAddress> addr = pf.ref.address;
+    if (!addr) {
+      const std::string root = host_->simulated() ? host_->simulated()->root() : options_.sysfs_root;
+      addr = host::pci_address_of_netdev(root, pf.ref.netdev);
+    }
+    if (!addr) continue;
+    for (const auto& vf : pf.vfs)
+      if (vf.assign && vf.assign->export_kind == config::ExportKind::vfio_user)
+        out.push_back({*addr, vf.index, &pf, &*vf.assign});
+  }
+  return out;
+}
+
+namespace {
+irq::Policy policy_of(config::MsixPolicy p) {
+  switch (p) {
+    case config::MsixPolicy::direct: return irq::Policy::direct;
+    case config::MsixPolicy::relay: return irq::Policy::relay;
+    case config::MsixPolicy::adaptive: break;
+  }
+  return irq::Policy::adaptive;
+}
+}  // namespace
+
+void Daemon::drop_vf_exports(const config::Config* next) {
+  if (!next) {
+    vf_exports_.clear();
+    return;
+  }
+  const auto keep = wanted_exports(*next);
+  std::erase_if(vf_exports_, [&](const VfExport& e) {
+    for (const auto& w : keep) {
+      if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket || policy_of(w.assign->msix_policy) != e.policy)
+        continue;
+      // Same VF, same export; its PF keeps its VFs only if num_vfs stays.
+      for (const auto& pf : config_.physical_functions)
+        if (pf.num_vfs != w.pf_cfg->num_vfs && (pf.ref == w.pf_cfg->ref)) return true;
+      return !e.server;  // one that could not be served is tried again
+    }
+    return true;
+  });
+}
+
+void Daemon::sync_vf_exports() {
+  for (const auto& w : wanted_exports(config_)) {
+    if (host_->released(w.pf, w.index)) continue;
+    bool have = false;
+    for (const auto& e : vf_exports_) have = have || (e.pf == w.pf && e.index == w.index);
+    if (have) continue;
+    VfExport e;
+    e.pf = w.pf;
+    e.index = w.index;
+    e.socket = w.assign->socket;
+    e.policy = policy_of(w.assign->msix_policy);
+    try {
+      auto vf = host_->vf_address(w.pf_cfg->ref, w.index);
+      if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
+      e.vf = vf->to_string();
+      e.proxy = std::make_unique<vfio_user::VfProxy>(host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf);
+      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy);
+      spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(), w.index,
+                   w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
+    } catch (const std::exception& ex) {
+      e.server.reset();
+      e.proxy.reset();
+      e.not_served = ex.what();
+      spdlog::error("vfio-user: {} VF {}: not exported: {}", w.pf.to_string(), w.index, ex.what());
+    }
+    vf_exports_.push_back(std::move(e));
+  }
+}
+
+json Daemon::vf_exports_json() const {
+  json out = json::array();
+  for (const auto& e : vf_exports_) {
+    json j = {{"pf", e.pf.to_string()}, {"vf_index", e.index}, {"vf", e.vf}, {"socket", e.socket},
+              {"msix_policy", irq::to_string(e.policy)}};
+    if (!e.server) {
+      j["state"] = "not served";
+      j["reason"] = e.not_served;
+    } else {
+      const auto& st = e.server->stats();
+      j["state"] = e.server->connected() ? "connected" : "listening";
+      j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
+                        {"protocol_errors", st.protocol_errors}, {"refused_peers", st.refused_peers},
+                        {"last_error", st.last_error}};
+      j["dma_windows"] = e.proxy->dma_windows();
+      const irq::RouteStats t = e.proxy->interrupt_totals();
+      j["interrupts"] = {{"fired", t.fired}, {"delivered", t.delivered}, {"masked_pending", t.masked_pending},
+                         {"replayed", t.replayed}, {"dropped", t.dropped}, {"masks", t.masks}, {"unmasks", t.unmasks},
+                         {"mode_switches", t.mode_switches}};
+      j["msix"] = {{"vectors", e.proxy->msix().vectors()},
+                   {"enabled", e.proxy->msix().enabled()},
+                   {"function_masked", e.proxy->msix().function_masked()},
+                   {"vfio_enabled_vectors", e.proxy->vfio_enabled_vectors()},
+                   {"vfio_reenables", e.proxy->vfio_reenables()}};
+    }
+    out.push_back(std::move(j));
+  }
   return out;
 }
 
@@ -351,7 +467,17 @@ json Daemon::release(const json& req) {
     return control::make_error(control::errc::kBadRequest,
                                "release: give {\"device\": VF address} or {\"pf\": PF, \"vf\": index}");
   }
-  const auto steps = host_->release_vf(config_, *pf, *index);
+  // sriovd lets go of the VF before the host layer takes it off vfio-pci.
+  const PciAddress pf_addr = *pf;
+  const unsigned vf_index = *index;
+  std::erase_if(vf_exports_, [&](const VfExport& e) { return e.pf == pf_addr && e.index == vf_index; });
+  std::vector<host::Step> steps;
+  try {
+    steps = host_->release_vf(config_, *pf, *index);
+  } catch (...) {
+    sync_vf_exports();
+    throw;
+  }
   return control::make_result({{"released", pf->to_string() + " VF " + std::to_string(*index)},
                                {"changes", steps_json(steps)}});
 }
@@ -463,6 +589,7 @@ json Daemon::udev_event(const json& req) {
       try {
         const auto steps = host_->reconcile(config_);
         spdlog::info("udev: reconciled, {} change(s)", steps.size());
+        sync_vf_exports();
       } catch (const std::exception& e) {
         spdlog::error("udev: reconcile failed: {}", e.what());
       }

@@ -7,6 +7,8 @@
 
 #include "sriovd/host/netlink_vf_link.hpp"
 #include "sriovd/host/topology.hpp"
+#include "sriovd/vfio/kernel.hpp"
+#include "sriovd/vfio/simulated.hpp"
 
 namespace sriovd::daemon {
 
@@ -18,7 +20,7 @@ json steps_json(const std::vector<host::Step>& steps) {
   return out;
 }
 
-HostService::HostService(const config::Config& cfg, const std::string& sysfs_root) {
+HostService::HostService(const config::Config& cfg, const std::string& sysfs_root) : sysfs_root_(sysfs_root) {
   std::string journal = cfg.state_dir + "/state.json";
   if (cfg.host == config::HostMode::simulated) {
     // The simulated host is born anew with the daemon: a journal of an
@@ -78,6 +80,36 @@ std::vector<host::Step> HostService::release_vf(const config::Config& cfg, const
 }
 
 std::vector<host::Step> HostService::release_all() { return reconciler_->release_all(); }
+
+std::optional<PciAddress> HostService::vf_address(const config::PfRef& pf_ref, unsigned index) {
+  std::optional<PciAddress> pf = pf_ref.address;
+  if (!pf) pf = control_->resolve_netdev(pf_ref.netdev);
+  if (!pf) return std::nullopt;
+  return control_->vf_address(*pf, index);
+}
+
+bool HostService::released(const PciAddress& pf, unsigned index) const { return released_.count({pf, index}) != 0; }
+
+std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, const config::PfRef& pf_ref, unsigned index) {
+  const auto vf = vf_address(pf_ref, index);
+  if (!vf) throw std::runtime_error("PF " + pf_ref.to_string() + " has no VF " + std::to_string(index));
+  if (sim_) {
+    std::optional<PciAddress> pf = pf_ref.address;
+    if (!pf) pf = control_->resolve_netdev(pf_ref.netdev);
+    for (const auto& spf : cfg.simulated_pfs)
+      if (pf && spf.address == *pf) {
+        const std::string driver = control_->driver(*vf);
+        if (driver != "vfio-pci")
+          throw std::runtime_error("VF " + vf->to_string() + " is on '" + driver + "', not vfio-pci");
+        const auto text = control_->sysfs().read("bus/pci/devices/" + vf->to_string() + "/device");
+        if (!text) throw std::runtime_error("VF " + vf->to_string() + " has no device id in sysfs");
+        const auto device_id = static_cast<uint16_t>(std::stoul(*text, nullptr, 16));
+        return std::make_unique<vfio::SimulatedDevice>(vf->to_string(), spf.vendor_id, device_id, spf.msix_vectors_per_vf);
+      }
+    throw std::runtime_error("PF " + pf_ref.to_string() + " is not a simulated PF");
+  }
+  return vfio::KernelDevice::open(*vf, sysfs_root_);
+}
 
 std::string HostService::vf_netdev(const config::PfRef& pf_ref, unsigned index) {
   std::optional<PciAddress> pf = pf_ref.address;

@@ -51,7 +51,37 @@ RegionInfo SimulatedDevice::region(uint32_t index) {
   throw std::out_of_range(name_ + ": no region " + std::to_string(index));
 }
 
+bool SimulatedDevice::register_write(uint64_t offset, const void* data, size_t size) {
+  if (size != 4 || (offset != kRegIcs && offset != kRegGenVectors && offset != kRegGenRate)) return false;
+  uint32_t v;
+  std::memcpy(&v, data, 4);
+  if (offset == kRegGenRate) {
+    gen_rate_.store(v);
+    return true;
+  }
+  std::vector<uint32_t> vectors;
+  for (uint32_t i = 0; i < std::min<size_t>(32, vector_fds_.size()); ++i)
+    if (v & (1U << i)) vectors.push_back(i);
+  if (offset == kRegIcs) {
+    for (uint32_t i : vectors) trigger(kMsixIrq, i);
+    generated_.fetch_add(vectors.size(), std::memory_order_relaxed);
+  } else if (vectors.empty()) {
+    stop_generator();
+  } else {
+    start_generator(std::move(vectors), gen_rate_.load());
+  }
+  return true;
+}
+
+bool SimulatedDevice::register_read(uint64_t offset, void* data, size_t size) {
+  if (offset != kRegGenerated || (size != 8 && size != 4)) return false;
+  const uint64_t n = generated_.load();
+  std::memcpy(data, &n, size);
+  return true;
+}
+
 void SimulatedDevice::read(uint32_t index, uint64_t offset, void* data, size_t size) {
+  if (index == kBar0Region && register_read(offset, data, size)) return;
   std::lock_guard lock(mutex_);
   const size_t limit = index == kConfigRegion ? config_.size() : kBar0Size;
   if ((index != kConfigRegion && index != kBar0Region) || offset + size > limit)
@@ -60,6 +90,7 @@ void SimulatedDevice::read(uint32_t index, uint64_t offset, void* data, size_t s
 }
 
 void SimulatedDevice::write(uint32_t index, uint64_t offset, const void* data, size_t size) {
+  if (index == kBar0Region && register_write(offset, data, size)) return;
   std::lock_guard lock(mutex_);
   const size_t limit = index == kConfigRegion ? config_.size() : kBar0Size;
   if ((index != kConfigRegion && index != kBar0Region) || offset + size > limit)
@@ -100,6 +131,8 @@ void SimulatedDevice::trigger(uint32_t index, uint32_t vector) {
 }
 
 void SimulatedDevice::reset() {
+  stop_generator();
+  gen_rate_.store(0);
   std::lock_guard lock(mutex_);
   std::memset(bar0_, 0, kBar0Size);
 }

@@ -53,8 +53,29 @@ void VfProxy::Vectors::attach(unsigned v, irq::RouteId id) {
   if (!masked_[v]) engine_.unmask(id);
 }
 
+namespace {
+void add(irq::RouteStats& to, const irq::RouteStats& s) {
+  to.fired += s.fired;
+  to.delivered += s.delivered;
+  to.masked_pending += s.masked_pending;
+  to.replayed += s.replayed;
+  to.dropped += s.dropped;
+  to.masks += s.masks;
+  to.unmasks += s.unmasks;
+  to.mode_switches += s.mode_switches;
+}
+}  // namespace
+
+irq::RouteStats VfProxy::Vectors::totals() const {
+  irq::RouteStats t = retired_;
+  for (const auto& r : routes_)
+    if (r) add(t, engine_.stats(*r));
+  return t;
+}
+
 void VfProxy::Vectors::detach(unsigned v) {
   if (!routes_.at(v)) return;
+  add(retired_, engine_.stats(*routes_[v]));
   engine_.remove(*routes_[v]);
   routes_[v].reset();
 }

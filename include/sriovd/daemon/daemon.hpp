@@ -14,6 +14,8 @@
 #include "sriovd/daemon/host_service.hpp"
 #include "sriovd/daemon/notify.hpp"
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vfio_user/vf_proxy.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "sriovd/util/asio.hpp"
@@ -81,6 +83,32 @@ class Daemon {
   };
   std::vector<VirtioExport> virtio_;
   void start_virtio();
+  // One per VF the config exports over vfio-user (assign.export).
+  struct VfExport {
+    PciAddress pf;
+    unsigned index = 0;
+    std::string vf;  // its PCI address
+    std::string socket;
+    irq::Policy policy = irq::Policy::adaptive;
+    std::unique_ptr<vfio_user::VfProxy> proxy;
+    std::unique_ptr<vfio_user::Server> server;
+    std::string not_served;  // why, when it is not served
+  };
+  std::vector<VfExport> vf_exports_;
+  struct WantedExport {
+    PciAddress pf;
+    unsigned index;
+    const config::PfConfig* pf_cfg;
+    const config::VfAssign* assign;
+  };
+  std::vector<WantedExport> wanted_exports(const config::Config& cfg);
+  // Exports what `config_` asks for and is not exported yet (a VF that was
+  // released, or that the host does not have, is skipped).
+  void sync_vf_exports();
+  // Closes the exports `next` does not keep as they are: a VF must be out
+  // of sriovd's hands before the host layer may unbind or destroy it.
+  void drop_vf_exports(const config::Config* next);
+  control::json vf_exports_json() const;
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;
   std::map<std::string, Command> commands_;

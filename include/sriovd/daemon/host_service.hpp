@@ -13,6 +13,7 @@
 #include "sriovd/host/host_control.hpp"
 #include "sriovd/host/reconciler.hpp"
 #include "sriovd/host/simulated_kernel.hpp"
+#include "sriovd/vfio/device.hpp"
 
 namespace sriovd::daemon {
 
@@ -38,11 +39,19 @@ class HostService {
   // The kernel netdev of VF `index` of `pf` (on the simulated host: a real
   // veth made for it). Throws when the VF has none (not on its own driver).
   std::string vf_netdev(const config::PfRef& pf, unsigned index);
+  // The PCI address of VF `index` of `pf`, and whether it is released.
+  std::optional<PciAddress> vf_address(const config::PfRef& pf, unsigned index);
+  [[nodiscard]] bool released(const PciAddress& pf, unsigned index) const;
+  // Opens the VF through VFIO: the kernel's (it must be on vfio-pci, in a
+  // viable group) or, on the simulated host, a simulated VF with the PF's
+  // ids and MSI-X vector count.
+  std::unique_ptr<vfio::Device> open_vf(const config::Config& cfg, const config::PfRef& pf, unsigned index);
   [[nodiscard]] host::SimulatedKernel* simulated() { return sim_.get(); }
   [[nodiscard]] const std::vector<std::string>& recovered() const { return recovered_; }
 
  private:
   std::unique_ptr<host::SimulatedKernel> sim_;
+  std::string sysfs_root_;
   std::unique_ptr<host::SysfsIo> sysfs_;
   std::unique_ptr<host::VfLinkControl> vf_link_;
   std::unique_ptr<host::HostControl> control_;

@@ -19,6 +19,13 @@ class SimulatedDevice : public Device {
   static constexpr uint64_t kBar0Size = 0x4000;
   static constexpr uint64_t kTableOffset = 0x0000;  // in BAR0
   static constexpr uint64_t kPbaOffset = 0x2000;
+  // The device's own registers, in the BAR0 page between the table and the
+  // PBA (not mappable, so every access reaches the device), as a NIC has
+  // an interrupt cause register for driver self-tests:
+  static constexpr uint64_t kRegIcs = 0x1000;       // write: fire the vectors whose bits are set
+  static constexpr uint64_t kRegGenVectors = 0x1010;  // write: generator on those vectors (0: stop)
+  static constexpr uint64_t kRegGenRate = 0x1014;   // interrupts/s for the generator (0: flat out)
+  static constexpr uint64_t kRegGenerated = 0x1018;  // read: interrupts generated (64-bit)
 
   SimulatedDevice(std::string name, uint16_t vendor, uint16_t device, uint16_t msix_vectors);
   ~SimulatedDevice() override;
@@ -69,6 +76,9 @@ class SimulatedDevice : public Device {
   };
   std::vector<Window> windows_;
   uint8_t* dma_target(uint64_t iova, size_t size, bool write);
+  bool register_write(uint64_t offset, const void* data, size_t size);
+  bool register_read(uint64_t offset, void* data, size_t size);
+  std::atomic<uint32_t> gen_rate_{0};
   std::vector<std::atomic<int>> vector_fds_;
   bool msix_enabled_ = false;
   std::atomic<uint64_t> generated_{0};

@@ -49,6 +49,7 @@ class VfProxy : public ExportedDevice {
   [[nodiscard]] const pci::MsixLayout& msix_layout() const { return layout_; }
   // The route of a vector with an eventfd (nullopt: none given).
   [[nodiscard]] std::optional<irq::RouteId> route(unsigned vector) const { return vectors_.route(vector); }
+  [[nodiscard]] irq::RouteStats interrupt_totals() const { return vectors_.totals(); }
   [[nodiscard]] uint64_t vfio_reenables() const { return binder_.reenables(); }
   [[nodiscard]] unsigned vfio_enabled_vectors() const { return binder_.enabled(); }
   [[nodiscard]] size_t dma_windows() const { return dma_windows_; }
@@ -65,11 +66,14 @@ class VfProxy : public ExportedDevice {
     void attach(unsigned v, irq::RouteId id);
     void detach(unsigned v);
     void reset_masks() { masked_.assign(masked_.size(), true); }
+    // Counters of every route this export has had, gone ones included.
+    [[nodiscard]] irq::RouteStats totals() const;
 
    private:
     irq::Engine& engine_;
     std::vector<std::optional<irq::RouteId>> routes_;
     std::vector<bool> masked_;  // the effective mask, kept while no route exists
+    irq::RouteStats retired_;   // of routes already removed
   };
 
   enum class Area { device, table, pba };

@@ -1,0 +1,227 @@
+// sriovd-guest: plays the VMM and the guest driver against a vfio-user
+// export, with no VM: shares memory, reads config space, programs MSI-X,
+// gives eventfds, and masks/unmasks the way guests do - including the
+// guest that masks its vector on every interrupt (msix-storm).
+#include <linux/vfio.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sriovd/pci/config_space.hpp"
+#include "sriovd/util/error.hpp"
+#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/version.hpp"
+
+namespace {
+
+using nlohmann::json;
+using sriovd::UniqueFd;
+using sriovd::vfio_user::Client;
+
+constexpr uint32_t kConfig = VFIO_PCI_CONFIG_REGION_INDEX;
+constexpr uint32_t kMsix = VFIO_PCI_MSIX_IRQ_INDEX;
+
+std::vector<uint8_t> read_config(Client& c) {
+  const auto r = c.region(kConfig);
+  std::vector<uint8_t> bytes(std::min<uint64_t>(r.info.size, 4096));
+  c.read(kConfig, 0, bytes);
+  return bytes;
+}
+
+json info(Client& c) {
+  json out;
+  out["protocol"] = {{"minor", c.minor()}, {"server", c.server_capabilities()}};
+  const auto d = c.device_info();
+  out["device"] = {{"flags", d.flags}, {"regions", d.num_regions}, {"irqs", d.num_irqs},
+                   {"pci", (d.flags & VFIO_DEVICE_FLAGS_PCI) != 0}, {"reset", (d.flags & VFIO_DEVICE_FLAGS_RESET) != 0}};
+  json regions = json::array();
+  for (uint32_t i = 0; i < d.num_regions; ++i) {
+    const auto r = c.region(i);
+    if (r.info.size == 0) continue;
+    json areas = json::array();
+    for (const auto& a : r.sparse) areas.push_back({{"offset", a.offset}, {"size", a.size}});
+    regions.push_back({{"index", i}, {"size", r.info.size}, {"flags", r.info.flags},
+                       {"mmap", (r.info.flags & VFIO_REGION_INFO_FLAG_MMAP) != 0}, {"fd", r.fd.valid()},
+                       {"sparse", areas}});
+  }
+  out["regions"] = regions;
+  json irqs = json::array();
+  for (uint32_t i = 0; i < d.num_irqs; ++i) {
+    const auto q = c.irq_info(i);
+    irqs.push_back({{"index", i}, {"count", q.count}, {"flags", q.flags}});
+  }
+  out["irqs"] = irqs;
+  const auto cfg = read_config(c);
+  uint16_t vendor, device;
+  std::memcpy(&vendor, cfg.data(), 2);
+  std::memcpy(&device, cfg.data() + 2, 2);
+  out["config"] = {{"vendor", vendor}, {"device", device}, {"size", cfg.size()}};
+  if (auto m = sriovd::pci::find_msix(cfg))
+    out["msix"] = {{"vectors", m->vectors}, {"table_bar", m->table_bir}, {"table_offset", m->table_offset},
+                   {"pba_bar", m->pba_bir}, {"pba_offset", m->pba_offset}};
+  return out;
+}
+
+void print_info(const json& j) {
+  std::printf("device: %04x:%04x, %u regions, %u irq types%s\n", j["config"]["vendor"].get<unsigned>(),
+              j["config"]["device"].get<unsigned>(), j["device"]["regions"].get<unsigned>(),
+              j["device"]["irqs"].get<unsigned>(), j["device"]["reset"].get<bool>() ? ", resettable" : "");
+  for (const auto& r : j["regions"]) {
+    std::printf("  region %u: %llu bytes%s", r["index"].get<unsigned>(), static_cast<unsigned long long>(r["size"].get<uint64_t>()),
+                r["mmap"].get<bool>() ? ", mappable" : ", through messages");
+    for (const auto& a : r["sparse"])
+      std::printf(" [0x%llx +0x%llx]", static_cast<unsigned long long>(a["offset"].get<uint64_t>()),
+                  static_cast<unsigned long long>(a["size"].get<uint64_t>()));
+    std::printf("\n");
+  }
+  if (j.contains("msix"))
+    std::printf("  MSI-X: %u vectors, table in BAR%u at 0x%x, PBA in BAR%u at 0x%x\n", j["msix"]["vectors"].get<unsigned>(),
+                j["msix"]["table_bar"].get<unsigned>(), j["msix"]["table_offset"].get<unsigned>(),
+                j["msix"]["pba_bar"].get<unsigned>(), j["msix"]["pba_offset"].get<unsigned>());
+}
+
+struct StormOptions {
+  std::string socket;
+  unsigned vector = 0;
+  double seconds = 2;
+  unsigned rate = 0;  // generator interrupts/s, 0: flat out
+  std::string source = "generator";
+  std::string mask_via = "table";
+  bool mask_every = true;
+};
+
+// The guest the 2010 measurements were about: on every interrupt it masks
+// the vector, handles it, and unmasks it again.
+json storm(const StormOptions& o) {
+  Client c(o.socket);
+  const auto cfg = read_config(c);
+  const auto layout = sriovd::pci::find_msix(cfg);
+  if (!layout) throw std::runtime_error(o.socket + ": the device has no MSI-X capability");
+  if (o.vector >= layout->vectors)
+    throw std::runtime_error("vector " + std::to_string(o.vector) + " of " + std::to_string(layout->vectors));
+  // Guest RAM, shared as a VMM shares it.
+  UniqueFd ram(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
+  constexpr uint64_t kRam = 2 << 20;
+  if (!ram || ::ftruncate(ram.get(), kRam) != 0) sriovd::throw_errno("guest RAM memfd");
+  c.dma_map(0, kRam, ram.get(), 0);
+
+  const uint32_t bar = layout->table_bir;
+  const uint64_t entry = layout->table_offset + 16ULL * o.vector;
+  c.write32(bar, entry + 0, 0xfee00000);
+  c.write32(bar, entry + 4, 0);
+  c.write32(bar, entry + 8, 0x40 + o.vector);
+  UniqueFd irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  const int fds[1] = {irq.get()};
+  c.set_irq_eventfds(kMsix, o.vector, fds);
+  const uint32_t dw0 = c.read32(kConfig, layout->cap_offset);
+  c.write32(kConfig, layout->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);  // MSI-X Enable
+  c.write32(bar, entry + 12, 0);                                                 // unmask
+  auto mask = [&](bool m) {
+    if (o.mask_via == "table")
+      c.write32(bar, entry + 12, m ? 1 : 0);
+    else
+      c.mask(kMsix, o.vector, m);
+  };
+  const bool generator = o.source == "generator";
+  if (generator) {
+    // The simulated VF's generator registers (see vfio/simulated.hpp).
+    c.write32(0, 0x1014, o.rate);
+    c.write32(0, 0x1010, 1U << o.vector);
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  uint64_t handled = 0, signals = 0, masks = 0;
+  while (Clock::now() < end) {
+    if (!generator) c.trigger(kMsix, o.vector);
+    pollfd p{irq.get(), POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    uint64_t n = 0;
+    if (::read(irq.get(), &n, sizeof n) != sizeof n) continue;
+    ++handled;
+    signals += n;
+    if (o.mask_every) {
+      mask(true);
+      mask(false);
+      masks += 2;
+    }
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  uint64_t generated = 0;
+  if (generator) {
+    c.write32(0, 0x1010, 0);
+    uint64_t g = 0;
+    c.read(0, 0x1018, {reinterpret_cast<uint8_t*>(&g), 8});
+    generated = g;
+  }
+  c.write32(bar, entry + 12, 1);
+  c.disable_irqs(kMsix);
+  return {{"socket", o.socket}, {"vector", o.vector}, {"seconds", elapsed}, {"source", o.source},
+          {"mask_via", o.mask_via}, {"handled", handled}, {"handled_per_sec", handled / elapsed},
+          {"signals", signals}, {"masks_and_unmasks", masks}, {"generated", generated}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sriovd-guest: a vfio-user client that plays the VMM and the guest driver"};
+  app.set_version_flag("--version", std::string(sriovd::kVersion));
+  app.require_subcommand(1);
+  app.fallthrough();
+  bool as_json = false;
+  app.add_flag("--json", as_json, "print JSON");
+
+  std::string info_socket;
+  auto* info_cmd = app.add_subcommand("info", "what the export offers: regions, sparse areas, interrupts, MSI-X");
+  info_cmd->add_option("--socket", info_socket, "the export's vfio-user socket")->required();
+
+  StormOptions so;
+  auto* storm_cmd = app.add_subcommand("msix-storm", "a guest that masks its vector on every interrupt: handled/s");
+  storm_cmd->add_option("--socket", so.socket, "the export's vfio-user socket")->required();
+  storm_cmd->add_option("--vector", so.vector, "MSI-X vector")->capture_default_str();
+  storm_cmd->add_option("--seconds", so.seconds, "how long")->capture_default_str();
+  storm_cmd->add_option("--rate", so.rate, "generator interrupts/s (0: as fast as it can)")->capture_default_str();
+  storm_cmd->add_option("--source", so.source,
+                        "generator: the simulated VF's interrupt generator; loopback: the client triggers each interrupt "
+                        "(SET_IRQS TRIGGER), for any device")
+      ->check(CLI::IsMember({"generator", "loopback"}))
+      ->capture_default_str();
+  storm_cmd->add_option("--mask-via", so.mask_via, "table: Vector Control writes; set-irqs: SET_IRQS MASK/UNMASK")
+      ->check(CLI::IsMember({"table", "set-irqs"}))
+      ->capture_default_str();
+  bool no_mask = false;
+  storm_cmd->add_flag("--no-mask", no_mask, "a guest that does not mask per interrupt");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*info_cmd) {
+      Client c(info_socket);
+      const json j = info(c);
+      if (as_json)
+        std::cout << j.dump(2) << "\n";
+      else
+        print_info(j);
+    } else if (*storm_cmd) {
+      so.mask_every = !no_mask;
+      const json j = storm(so);
+      if (as_json)
+        std::cout << j.dump() << "\n";
+      else
+        std::printf("%s vector %u: %llu interrupts handled in %.2f s (%.0f/s), %llu mask+unmask writes\n", so.socket.c_str(),
+                    so.vector, static_cast<unsigned long long>(j["handled"].get<uint64_t>()), j["seconds"].get<double>(),
+                    j["handled_per_sec"].get<double>(), static_cast<unsigned long long>(j["masks_and_unmasks"].get<uint64_t>()));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sriovd-guest: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
