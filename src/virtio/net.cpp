@@ -47,7 +47,10 @@ NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Pack
   if (tap_->queues() < config_.queue_pairs)
     throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
                                 " queue(s) for " + std::to_string(config_.queue_pairs) + " queue pairs");
-  for (unsigned q = 0; q < queues_.size(); ++q) queues_[q].route = engine_.add({config_.name, q, irq::Policy::relay, nullptr});
+  for (unsigned q = 0; q < queues_.size(); ++q) {
+    queues_[q].route = engine_.add({config_.name, q, irq::Policy::relay, nullptr});
+    queues_[q].interrupt = queues_[q].route;
+  }
 }
 
 NetDevice::~NetDevice() {
@@ -97,6 +100,10 @@ void NetDevice::set_queue_call(unsigned q, UniqueFd call) {
     engine_.mask(queue.route);
 }
 void NetDevice::set_queue_enabled(unsigned q, bool enabled) { queues_.at(q).enabled = enabled; }
+void NetDevice::set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route) {
+  if (running()) throw std::logic_error(config_.name + ": queue interrupt changed while running");
+  queues_.at(q).interrupt = route;
+}
 
 bool NetDevice::queue_ready(const Queue& q) const {
   return memory_ && q.size > 0 && q.rings_set && q.enabled && q.kick.valid();
@@ -166,6 +173,7 @@ void NetDevice::reset() {
     queue.base = 0;
     queue.kick.reset();
     queue.enabled = false;
+    queue.interrupt = queue.route;
     engine_.set_sink(queue.route, UniqueFd());
     engine_.mask(queue.route);
   }
@@ -175,8 +183,8 @@ void NetDevice::reset() {
 }
 
 void NetDevice::notify(Queue& q) {
-  if (q.ring->should_notify()) {
-    engine_.trigger(q.route);
+  if (q.ring->should_notify() && q.interrupt) {
+    engine_.trigger(*q.interrupt);
     q.stats->notifies.fetch_add(1, std::memory_order_relaxed);
   }
 }

@@ -102,6 +102,11 @@ class NetDevice {
   void set_queue_kick(unsigned q, UniqueFd kick);
   void set_queue_call(unsigned q, UniqueFd call);  // becomes the route's sink
   void set_queue_enabled(unsigned q, bool enabled);
+  // The route queue q's used-buffer notifications trigger, when the
+  // transport has its own (virtio-pci: the MSI-X vector the driver chose
+  // for the queue; nullopt: VIRTIO_MSI_NO_VECTOR, no interrupt). By
+  // default a queue triggers its own route, whose sink is set_queue_call's.
+  void set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route);
   // Stops the queue and returns where it stood (GET_VRING_BASE).
   uint32_t stop_queue(unsigned q);
 
@@ -127,6 +132,7 @@ class NetDevice {
     bool enabled = false;
     std::unique_ptr<Virtqueue> ring;
     irq::RouteId route = 0;
+    std::optional<irq::RouteId> interrupt;  // what notify() triggers
     std::unique_ptr<QueueStats> stats = std::make_unique<QueueStats>();
   };
   struct Worker;

@@ -1,0 +1,113 @@
+#pragma once
+// virtio-net-pci over vfio-user: the virtio 1.2 PCI transport (§4.1) in
+// front of the transport-agnostic virtio::NetDevice. BAR0 holds the common,
+// ISR, device and notify structures; every queue has its own doorbell
+// (notify_off_multiplier 4), so a client can wire one zero-length
+// ioeventfd per queue (GET_REGION_IO_FDS) and the queue is known from the
+// address alone - the doorbell eventfd *is* the queue's kick fd. BAR1 holds
+// the MSI-X table and PBA, emulated by the same msix::MsixState as the VF
+// proxy's; each vector is a route of the shared interrupt engine, and a
+// queue's used-buffer notification triggers the route of the vector the
+// driver chose for it.
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sriovd/irq/engine.hpp"
+#include "sriovd/msix/msix.hpp"
+#include "sriovd/pci/virtual_config.hpp"
+#include "sriovd/virtio/guest_memory.hpp"
+#include "sriovd/virtio/net.hpp"
+#include "sriovd/vfio_user/device.hpp"
+
+namespace sriovd::vfio_user {
+
+class VirtioNetPci : public ExportedDevice {
+ public:
+  // BAR0 layout.
+  static constexpr uint64_t kBar0Size = 0x4000;
+  static constexpr uint64_t kCommonOffset = 0x0000;
+  static constexpr uint64_t kCommonSize = 0x40;
+  static constexpr uint64_t kIsrOffset = 0x1000;
+  static constexpr uint64_t kDeviceOffset = 0x2000;
+  static constexpr uint64_t kDeviceSize = 0x20;
+  static constexpr uint64_t kNotifyOffset = 0x3000;
+  static constexpr uint32_t kNotifyMultiplier = 4;
+  // BAR1: MSI-X.
+  static constexpr uint64_t kBar1Size = 0x1000;
+  static constexpr uint64_t kPbaOffset = 0x800;
+  static constexpr uint16_t kNoVector = 0xffff;  // VIRTIO_MSI_NO_VECTOR
+  // Where the capabilities sit in config space.
+  static constexpr uint32_t kCapMsix = 0x40;
+  static constexpr uint32_t kCapPciCfg = 0x90;
+
+  VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::string name);
+  ~VirtioNetPci() override;
+
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  RegionDescription region(uint32_t index) override;
+  std::vector<IoFd> region_io_fds(uint32_t index) override;
+  void read(uint32_t region, uint64_t offset, std::span<uint8_t> data) override;
+  void write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) override;
+  vfio::IrqInfo irq(uint32_t index) override;
+  void set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) override;
+  void disable_irqs(uint32_t index) override;
+  void mask_irq(uint32_t index, uint32_t vector, bool masked) override;
+  void trigger_irq(uint32_t index, uint32_t vector) override;
+  void dma_mapped(const DmaWindow& window) override;
+  void dma_unmapped(const DmaWindow& window) override;
+  void reset() override;
+  void client_gone() override;
+
+  [[nodiscard]] uint8_t status() const { return status_; }
+  [[nodiscard]] const msix::MsixState& msix() const { return *msix_; }
+  [[nodiscard]] irq::RouteId vector_route(unsigned v) const { return routes_.at(v); }
+
+ private:
+  struct QueueRegs {
+    uint16_t size = 0;
+    uint16_t msix_vector = kNoVector;
+    bool enabled = false;
+    uint64_t desc = 0, driver = 0, device = 0;
+  };
+  uint64_t bar0_read(uint64_t offset, unsigned size);
+  void bar0_write(uint64_t offset, unsigned size, uint64_t value);
+  uint64_t common_read(uint64_t offset, unsigned size);
+  void common_write(uint64_t offset, unsigned size, uint64_t value);
+  uint32_t config_read(uint32_t offset, unsigned size);
+  void config_write(uint32_t offset, unsigned size, uint32_t value);
+  void set_status(uint8_t status);
+  void start_device();
+  void virtio_reset();
+  void rebuild_memory();
+  void access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
+
+  virtio::NetDevice& device_;
+  irq::Engine& engine_;
+  std::string name_;
+  unsigned num_queues_;
+  std::vector<irq::RouteId> routes_;  // one per MSI-X vector
+  msix::RoutedVectors vectors_;
+  std::unique_ptr<msix::MsixState> msix_;
+  std::unique_ptr<pci::VirtualConfig> config_;
+  std::vector<uint8_t> config_bytes_;
+  std::vector<UniqueFd> kicks_;  // one doorbell eventfd per queue
+  // Common configuration (§4.1.4.3).
+  uint32_t device_feature_select_ = 0;
+  uint32_t driver_feature_select_ = 0;
+  uint64_t driver_features_ = 0;
+  uint16_t config_msix_vector_ = kNoVector;
+  uint8_t status_ = 0;
+  uint16_t queue_select_ = 0;
+  std::vector<QueueRegs> queues_;
+  // The PCI configuration access capability's window (§4.1.4.9).
+  uint8_t cfg_bar_ = 0;
+  uint32_t cfg_offset_ = 0, cfg_length_ = 0;
+  // DMA windows, as guest memory for the rings and buffers.
+  std::vector<DmaWindow> windows_;
+  virtio::GuestMemory memory_;
+};
+
+}  // namespace sriovd::vfio_user

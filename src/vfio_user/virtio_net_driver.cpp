@@ -1,0 +1,369 @@
+#include "sriovd/vfio_user/virtio_net_driver.hpp"
+
+#include <linux/if_tun.h>
+#include <linux/vfio.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "sriovd/pci/config_space.hpp"
+#include "sriovd/util/error.hpp"
+#include "sriovd/virtio/net.hpp"
+
+namespace sriovd::vfio_user {
+
+namespace {
+
+constexpr uint32_t kConfigRegion = VFIO_PCI_CONFIG_REGION_INDEX;
+constexpr uint32_t kMsixIrq = VFIO_PCI_MSIX_IRQ_INDEX;
+constexpr uint64_t kRamBase = 0x100000;  // guest physical address of the shared RAM
+constexpr size_t kBufSize = 65536 + 4096;  // a 64 KB TSO segment, its headers and the virtio-net header
+constexpr uint8_t kAcknowledge = 1, kDriver = 2, kDriverOk = 4, kFeaturesOk = 8;
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+// One virtqueue from the driver's side, split or packed, with the buffer
+// slot each outstanding chain carries.
+class VirtioNetDriver::Ring {
+ public:
+  Ring(uint8_t* host, uint64_t gpa, uint16_t size, bool packed) : slot_of_(size) {
+    if (packed)
+      packed_ = std::make_unique<virtio::PackedDriver>(host, gpa, size);
+    else
+      split_ = std::make_unique<virtio::SplitDriver>(host, gpa, size);
+  }
+  static uint64_t bytes(uint16_t size, bool packed) {
+    return packed ? virtio::PackedDriver::ring_bytes(size) : virtio::SplitDriver::ring_bytes(size);
+  }
+  [[nodiscard]] virtio::RingAddresses addresses() const { return split_ ? split_->addresses() : packed_->addresses(); }
+  bool add(const virtio::Buffer& b, uint16_t slot) {
+    const int id = split_ ? split_->add({&b, 1}) : packed_->add({&b, 1});
+    if (id < 0) return false;
+    slot_of_[static_cast<size_t>(id)] = slot;
+    return true;
+  }
+  void publish() {
+    if (split_) split_->publish();
+  }
+  bool take(uint16_t& slot, uint32_t& len) {
+    uint32_t id = 0;
+    if (!(split_ ? split_->take_used(id, len) : packed_->take_used(id, len))) return false;
+    if (id >= slot_of_.size()) throw std::runtime_error("the device used an id that was never made available");
+    slot = slot_of_[id];
+    return true;
+  }
+
+ private:
+  std::unique_ptr<virtio::SplitDriver> split_;
+  std::unique_ptr<virtio::PackedDriver> packed_;
+  std::vector<uint16_t> slot_of_;
+};
+
+VirtioNetDriver::VirtioNetDriver(Client& client, VirtioNetDriverOptions options) : client_(client), options_(options) {}
+
+VirtioNetDriver::~VirtioNetDriver() {
+  try {
+    set_status(0);
+  } catch (...) {
+  }
+  if (ram_) ::munmap(ram_, ram_size_);
+}
+
+void VirtioNetDriver::find_caps() {
+  std::vector<uint8_t> cfg(256);
+  client_.read(kConfigRegion, 0, cfg);
+  uint16_t vendor = 0;
+  std::memcpy(&vendor, cfg.data(), 2);
+  if (vendor != 0x1af4) throw std::runtime_error("not a virtio device (vendor " + std::to_string(vendor) + ")");
+  bool have_common = false, have_notify = false, have_device = false;
+  for (const auto& cap : pci::capabilities(cfg)) {
+    if (cap.id != 0x09 || cap.offset + 16U > cfg.size()) continue;
+    Cap c{cfg[cap.offset + 4U], 0, 0};
+    std::memcpy(&c.offset, &cfg[cap.offset + 8U], 4);
+    std::memcpy(&c.length, &cfg[cap.offset + 12U], 4);
+    switch (cfg[cap.offset + 3U]) {
+      case 1: if (!have_common) common_ = c; have_common = true; break;
+      case 2:
+        if (!have_notify) {
+          notify_ = c;
+          std::memcpy(&notify_multiplier_, &cfg[cap.offset + 16U], 4);
+        }
+        have_notify = true;
+        break;
+      case 4: if (!have_device) device_ = c; have_device = true; break;
+      default: break;
+    }
+  }
+  if (!have_common || !have_notify || !have_device)
+    throw std::runtime_error("the device lacks the common, notify or device configuration capability");
+}
+
+uint32_t VirtioNetDriver::common32(uint32_t off) { return client_.read32(common_.bar, common_.offset + off); }
+
+void VirtioNetDriver::common_write(uint32_t off, uint64_t value, unsigned size) {
+  client_.write(common_.bar, common_.offset + off, {reinterpret_cast<const uint8_t*>(&value), size});
+}
+
+uint8_t VirtioNetDriver::status() {
+  uint8_t s = 0;
+  client_.read(common_.bar, common_.offset + 0x14, {&s, 1});
+  return s;
+}
+
+void VirtioNetDriver::set_status(uint8_t s) { common_write(0x14, s, 1); }
+
+std::string VirtioNetDriver::mac() const {
+  uint8_t m[6];
+  client_.read(device_.bar, device_.offset, {m, 6});
+  char out[18];
+  std::snprintf(out, sizeof out, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return out;
+}
+
+void VirtioNetDriver::bring_up() {
+  find_caps();
+  // §3.1.1: reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK, queues, DRIVER_OK.
+  set_status(0);
+  set_status(kAcknowledge | kDriver);
+  common_write(0x00, 0, 4);
+  uint64_t offered = common32(0x04);
+  common_write(0x00, 1, 4);
+  offered |= static_cast<uint64_t>(common32(0x04)) << 32U;
+  uint64_t want = virtio::kVersion1 | virtio::kNetMrgRxbuf | virtio::kNetMac | virtio::kNetMtu | virtio::kNetStatus;
+  if (options_.offloads)
+    want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 | virtio::kNetGuestTso4 |
+            virtio::kNetGuestTso6;
+  if (options_.packed) want |= virtio::kRingPacked;
+  features_ = offered & want;
+  if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the device does not offer VIRTIO_F_VERSION_1");
+  packed_ = features_ & virtio::kRingPacked;
+  common_write(0x08, 0, 4);
+  common_write(0x0c, features_ & 0xffffffffU, 4);
+  common_write(0x08, 1, 4);
+  common_write(0x0c, features_ >> 32U, 4);
+  set_status(kAcknowledge | kDriver | kFeaturesOk);
+  if (!(status() & kFeaturesOk)) throw std::runtime_error("the device refused the features (FEATURES_OK did not stick)");
+
+  // Guest RAM: both rings, then RX and TX buffers.
+  const uint16_t n = options_.queue_size;
+  const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
+  ram_size_ = align_up(2 * ring + 2ULL * n * kBufSize, 2 << 20);
+  ram_fd_.reset(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
+  if (!ram_fd_ || ::ftruncate(ram_fd_.get(), static_cast<off_t>(ram_size_)) != 0) throw_errno("guest RAM memfd");
+  void* m = ::mmap(nullptr, ram_size_, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd_.get(), 0);
+  if (m == MAP_FAILED) throw_errno("mapping guest RAM");
+  ram_ = static_cast<uint8_t*>(m);
+  client_.dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
+  rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
+  tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
+
+  // MSI-X: vector 0 for RX, 1 for TX, enabled and unmasked.
+  std::vector<uint8_t> cfg(256);
+  client_.read(kConfigRegion, 0, cfg);
+  const auto msix = pci::find_msix(cfg);
+  if (!msix || msix->vectors < 2) throw std::runtime_error("the device has fewer than 2 MSI-X vectors");
+  int fds[2];
+  for (unsigned v = 0; v < 2; ++v) {
+    irq_fds_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    fds[v] = irq_fds_.back().get();
+    client_.write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
+    client_.write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
+  }
+  client_.set_irq_eventfds(kMsixIrq, 0, fds);
+  const uint32_t dw0 = client_.read32(kConfigRegion, msix->cap_offset);
+  client_.write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
+  for (unsigned v = 0; v < 2; ++v) client_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
+
+  for (unsigned q = 0; q < 2; ++q) {
+    Ring& r = q == 0 ? *rx_ : *tx_;
+    common_write(0x16, q, 2);
+    common_write(0x18, n, 2);
+    common_write(0x1a, q, 2);
+    uint16_t vector = 0;
+    client_.read(common_.bar, common_.offset + 0x1a, {reinterpret_cast<uint8_t*>(&vector), 2});
+    if (vector != q) throw std::runtime_error("queue " + std::to_string(q) + " refused MSI-X vector " + std::to_string(q));
+    const auto a = r.addresses();
+    common_write(0x20, a.desc, 8);
+    common_write(0x28, a.driver, 8);
+    common_write(0x30, a.device, 8);
+    common_write(0x1c, 1, 2);
+  }
+  // Doorbells: one eventfd per queue; fall back to REGION_WRITE without them.
+  try {
+    auto io = client_.region_io_fds(notify_.bar);
+    doorbells_.resize(2);
+    for (size_t i = 0; i < io.entries.size(); ++i) {
+      const uint64_t q = (io.entries[i].offset - notify_.offset) / std::max<uint32_t>(notify_multiplier_, 1);
+      if (q < 2 && io.entries[i].fd_index < io.fds.size()) doorbells_[q] = UniqueFd(::dup(io.fds[io.entries[i].fd_index].get()));
+    }
+  } catch (const Error&) {
+    doorbells_.clear();
+  }
+  for (uint16_t slot = 0; slot < n; ++slot) tx_free_.push_back(slot);
+  set_status(kAcknowledge | kDriver | kFeaturesOk | kDriverOk);
+  if (!(status() & kDriverOk)) throw std::runtime_error("the device did not take DRIVER_OK");
+  post_rx();
+}
+
+void VirtioNetDriver::kick(unsigned q) {
+  stats_.kicks.fetch_add(1, std::memory_order_relaxed);
+  if (q < doorbells_.size() && doorbells_[q]) {
+    const uint64_t one = 1;
+    (void)::write(doorbells_[q].get(), &one, sizeof one);
+    return;
+  }
+  client_.write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
+}
+
+// Guest RAM: the RX ring, the TX ring, TX buffers, RX buffers.
+uint64_t VirtioNetDriver::tx_offset(uint16_t slot) const {
+  return 2 * align_up(Ring::bytes(options_.queue_size, packed_), 4096) + static_cast<uint64_t>(slot) * kBufSize;
+}
+
+uint64_t VirtioNetDriver::rx_offset(uint16_t slot) const { return tx_offset(options_.queue_size) + static_cast<uint64_t>(slot) * kBufSize; }
+
+void VirtioNetDriver::post_rx() {
+  for (uint16_t slot = 0; slot < options_.queue_size; ++slot)
+    if (!rx_->add({kRamBase + rx_offset(slot), static_cast<uint32_t>(kBufSize), true}, slot)) break;
+  rx_->publish();
+  kick(0);
+}
+
+void VirtioNetDriver::reclaim_tx() {
+  uint16_t slot;
+  uint32_t len;
+  while (tx_->take(slot, len)) tx_free_.push_back(slot);
+}
+
+// Takes one used RX chain (gathering the num_buffers a merged packet
+// spans), hands it to the tap or copies it out, and gives the buffers back.
+size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
+  auto buf = [&](uint16_t slot) { return ram_ + rx_offset(slot); };
+  uint16_t slot;
+  uint32_t len;
+  if (!rx_->take(slot, len)) return 0;
+  uint16_t count = 1;
+  if (features_ & virtio::kNetMrgRxbuf) std::memcpy(&count, buf(slot) + 10, 2);
+  iovec iov[64];
+  uint16_t slots[64];
+  int parts = 0;
+  iov[parts] = {buf(slot), std::min<size_t>(len, kBufSize)};
+  slots[parts++] = slot;
+  // The device publishes a merged packet's buffers together; a count it
+  // never completes is a broken device, not a reason to hang.
+  for (uint32_t i = 1, spins = 0; i < count && parts < 64 && spins < (1U << 24U); ++spins) {
+    if (rx_->take(slot, len)) {
+      iov[parts] = {buf(slot), std::min<size_t>(len, kBufSize)};
+      slots[parts++] = slot;
+      ++i;
+    }
+  }
+  size_t total = 0;
+  for (int i = 0; i < parts; ++i) total += iov[i].iov_len;
+  if (tap) {
+    if (tap->send(0, iov, parts) < 0) stats_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    size_t at = 0;
+    for (int i = 0; i < parts && at < size; ++i) {
+      const size_t c = std::min(size - at, iov[i].iov_len);
+      std::memcpy(out + at, iov[i].iov_base, c);
+      at += c;
+    }
+    total = std::min(total, size);
+  }
+  stats_.rx_packets.fetch_add(1, std::memory_order_relaxed);
+  stats_.rx_bytes.fetch_add(total, std::memory_order_relaxed);
+  for (int i = 0; i < parts; ++i)
+    rx_->add({kRamBase + rx_offset(slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
+  return total;
+}
+
+bool VirtioNetDriver::send(const uint8_t* frame, size_t size) {
+  reclaim_tx();
+  if (tx_free_.empty() || size > kBufSize) return false;
+  const uint16_t slot = tx_free_.back();
+  const uint64_t off = tx_offset(slot);
+  std::memcpy(ram_ + off, frame, size);
+  if (!tx_->add({kRamBase + off, static_cast<uint32_t>(size), false}, slot)) return false;
+  tx_free_.pop_back();
+  tx_->publish();
+  kick(1);
+  stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);
+  stats_.tx_bytes.fetch_add(size, std::memory_order_relaxed);
+  return true;
+}
+
+size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (const size_t got = take_rx(out, size, nullptr)) {
+      rx_->publish();
+      kick(0);
+      return got;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return 0;
+    pollfd p{irq_fds_[0].get(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) == 1) {
+      uint64_t v;
+      (void)::read(irq_fds_[0].get(), &v, sizeof v);
+      stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
+  // What the kernel may hand us on the tap is what the device takes on TX.
+  unsigned tun = 0;
+  if (features_ & virtio::kNetCsum) {
+    tun |= TUN_F_CSUM;
+    if (features_ & virtio::kNetHostTso4) tun |= TUN_F_TSO4;
+    if (features_ & virtio::kNetHostTso6) tun |= TUN_F_TSO6;
+  }
+  tap.set_offloads(tun);
+  while (!stop.load(std::memory_order_relaxed)) {
+    reclaim_tx();
+    pollfd p[3] = {{irq_fds_[0].get(), POLLIN, 0}, {irq_fds_[1].get(), POLLIN, 0}, {tap.fd(0), POLLIN, 0}};
+    const nfds_t count = tx_free_.empty() ? 2 : 3;
+    if (::poll(p, count, 100) < 0 && errno != EINTR) throw_errno("poll");
+    for (int i = 0; i < 2; ++i)
+      if (p[i].revents & POLLIN) {
+        uint64_t v;
+        (void)::read(p[i].fd, &v, sizeof v);
+        stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
+      }
+    // Device -> tap.
+    bool reposted = false;
+    while (take_rx(nullptr, 0, &tap) > 0) reposted = true;
+    if (reposted) {
+      rx_->publish();
+      kick(0);
+    }
+    // Tap -> device.
+    bool added = false;
+    reclaim_tx();
+    while (!tx_free_.empty()) {
+      const uint16_t slot = tx_free_.back();
+      const uint64_t off = tx_offset(slot);
+      const ssize_t got = tap.recv(0, ram_ + off, kBufSize);
+      if (got <= 0) break;
+      if (!tx_->add({kRamBase + off, static_cast<uint32_t>(got), false}, slot)) break;
+      tx_free_.pop_back();
+      added = true;
+      stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);
+      stats_.tx_bytes.fetch_add(static_cast<uint64_t>(got), std::memory_order_relaxed);
+    }
+    if (added) {
+      tx_->publish();
+      kick(1);
+    }
+  }
+}
+
+}  // namespace sriovd::vfio_user

@@ -1,0 +1,441 @@
+#include "sriovd/vfio_user/virtio_pci.hpp"
+
+#include <linux/vfio.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::vfio_user {
+
+namespace {
+
+// Device status bits (§2.1).
+constexpr uint8_t kDriverOk = 4;
+constexpr uint8_t kFeaturesOk = 8;
+constexpr uint8_t kNeedsReset = 64;
+
+// virtio_pci_cap cfg_type (§4.1.4).
+constexpr uint8_t kCommonCfg = 1;
+constexpr uint8_t kNotifyCfg = 2;
+constexpr uint8_t kIsrCfg = 3;
+constexpr uint8_t kDeviceCfg = 4;
+constexpr uint8_t kPciCfg = 5;
+
+constexpr uint32_t kCapCommon = 0x4c;
+constexpr uint32_t kCapNotify = 0x5c;
+constexpr uint32_t kCapIsr = 0x70;
+constexpr uint32_t kCapDevice = 0x80;
+
+void put8(std::vector<uint8_t>& c, uint32_t at, uint8_t v) { c[at] = v; }
+void put16(std::vector<uint8_t>& c, uint32_t at, uint16_t v) { std::memcpy(&c[at], &v, 2); }
+void put32(std::vector<uint8_t>& c, uint32_t at, uint32_t v) { std::memcpy(&c[at], &v, 4); }
+
+void virtio_cap(std::vector<uint8_t>& c, uint32_t at, uint8_t next, uint8_t len, uint8_t type, uint8_t bar,
+                uint32_t offset, uint32_t length) {
+  put8(c, at + 0, 0x09);  // vendor-specific
+  put8(c, at + 1, next);
+  put8(c, at + 2, len);
+  put8(c, at + 3, type);
+  put8(c, at + 4, bar);
+  put32(c, at + 8, offset);
+  put32(c, at + 12, length);
+}
+
+uint64_t merge(uint64_t whole, uint64_t offset_in, unsigned size, uint64_t value) {
+  const uint64_t mask = (size == 8 ? ~0ULL : ((1ULL << (8U * size)) - 1)) << (8U * offset_in);
+  return (whole & ~mask) | ((value << (8U * offset_in)) & mask);
+}
+
+}  // namespace
+
+VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::string name)
+    : device_(device),
+      engine_(engine),
+      name_(std::move(name)),
+      num_queues_(device.num_queues()),
+      routes_([&] {
+        std::vector<irq::RouteId> r;
+        for (unsigned v = 0; v <= num_queues_; ++v) r.push_back(engine.add({name_, v, irq::Policy::relay, nullptr}));
+        return r;
+      }()),
+      vectors_(engine, routes_),
+      queues_(num_queues_) {
+  for (unsigned q = 0; q < num_queues_; ++q) {
+    kicks_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!kicks_.back()) throw_errno(name_ + ": doorbell eventfd");
+  }
+  // Config space (§4.1.2): a non-transitional virtio-net function.
+  config_bytes_.assign(4096, 0);
+  auto& c = config_bytes_;
+  put16(c, 0x00, 0x1af4);
+  put16(c, 0x02, 0x1041);
+  put16(c, 0x06, 0x0010);  // Status: capabilities list
+  put8(c, 0x08, 0x01);     // revision 1
+  put8(c, 0x0b, 0x02);     // class: network controller, Ethernet
+  put16(c, 0x2c, 0x1af4);
+  put16(c, 0x2e, 0x0040);
+  put8(c, 0x34, kCapMsix);
+  // MSI-X: one vector per queue and one for configuration changes.
+  put8(c, kCapMsix + 0, 0x11);
+  put8(c, kCapMsix + 1, kCapCommon);
+  put16(c, kCapMsix + 2, static_cast<uint16_t>(routes_.size() - 1));
+  put32(c, kCapMsix + 4, 0x0 | 1U);              // table at 0 in BAR1
+  put32(c, kCapMsix + 8, static_cast<uint32_t>(kPbaOffset) | 1U);
+  virtio_cap(c, kCapCommon, kCapNotify, 16, kCommonCfg, 0, kCommonOffset, kCommonSize);
+  virtio_cap(c, kCapNotify, kCapIsr, 20, kNotifyCfg, 0, kNotifyOffset, num_queues_ * kNotifyMultiplier);
+  put32(c, kCapNotify + 16, kNotifyMultiplier);
+  virtio_cap(c, kCapIsr, kCapDevice, 16, kIsrCfg, 0, kIsrOffset, 4);
+  virtio_cap(c, kCapDevice, kCapPciCfg, 16, kDeviceCfg, 0, kDeviceOffset, kDeviceSize);
+  virtio_cap(c, kCapPciCfg, 0, 20, kPciCfg, 0, 0, 0);
+  msix_ = std::make_unique<msix::MsixState>(static_cast<uint16_t>(routes_.size()), vectors_);
+  std::array<pci::BarInfo, 6> bars{};
+  bars[0].size = kBar0Size;
+  bars[1].size = kBar1Size;
+  config_ = std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
+  virtio_reset();
+}
+
+VirtioNetPci::~VirtioNetPci() {
+  device_.reset();
+  for (auto r : routes_) engine_.remove(r);
+}
+
+RegionDescription VirtioNetPci::region(uint32_t index) {
+  RegionDescription d;
+  constexpr uint32_t rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+  if (index == vfio::kConfigRegion) d = {rw, config_bytes_.size(), -1, 0, {}};
+  if (index == 0) d = {rw, kBar0Size, -1, 0, {}};
+  if (index == 1) d = {rw, kBar1Size, -1, 0, {}};
+  return d;
+}
+
+std::vector<IoFd> VirtioNetPci::region_io_fds(uint32_t index) {
+  std::vector<IoFd> out;
+  if (index != 0) return out;
+  for (unsigned q = 0; q < num_queues_; ++q) out.push_back({kNotifyOffset + q * kNotifyMultiplier, 0, kicks_[q].get()});
+  return out;
+}
+
+void VirtioNetPci::read(uint32_t region, uint64_t offset, std::span<uint8_t> data) {
+  access(region, offset, data.data(), data.size(), false);
+}
+
+void VirtioNetPci::write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) {
+  std::vector<uint8_t> copy(data.begin(), data.end());
+  access(region, offset, copy.data(), copy.size(), true);
+}
+
+// Splits an access into naturally aligned pieces of up to 8 bytes (4 in
+// config space), as a CPU issues them.
+void VirtioNetPci::access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write) {
+  if (region != vfio::kConfigRegion && region > 1)
+    throw Error(EINVAL, name_ + ": region " + std::to_string(region) + " is empty");
+  const unsigned widest = region == vfio::kConfigRegion ? 4 : 8;
+  for (size_t done = 0; done < size;) {
+    const uint64_t at = offset + done;
+    unsigned piece = widest;
+    while (piece > 1 && (at % piece != 0 || piece > size - done)) piece /= 2;
+    uint64_t v = 0;
+    if (write) std::memcpy(&v, data + done, piece);
+    if (region == vfio::kConfigRegion) {
+      if (write)
+        config_write(static_cast<uint32_t>(at), piece, static_cast<uint32_t>(v));
+      else
+        v = config_read(static_cast<uint32_t>(at), piece);
+    } else if (region == 1) {
+      const bool table = at < kPbaOffset;
+      if (write)
+        table ? msix_->write_table(at, piece, v) : msix_->write_pba(at - kPbaOffset, piece, v);
+      else
+        v = table ? msix_->read_table(at, piece) : msix_->read_pba(at - kPbaOffset, piece);
+    } else {
+      if (write)
+        bar0_write(at, piece, v);
+      else
+        v = bar0_read(at, piece);
+    }
+    if (!write) std::memcpy(data + done, &v, piece);
+    done += piece;
+  }
+}
+
+// virtio_pci_cfg_cap (§4.1.4.9): cap.bar/offset/length select a window in
+// a BAR, and pci_cfg_data reads or writes it.
+uint32_t VirtioNetPci::config_read(uint32_t offset, unsigned size) {
+  const uint32_t data_at = kCapPciCfg + 16;
+  if (offset >= data_at && offset < data_at + 4) {
+    if (cfg_length_ == 0 || cfg_length_ > 4 || cfg_bar_ != 0) return 0;
+    return static_cast<uint32_t>(bar0_read(cfg_offset_, cfg_length_));
+  }
+  if (offset >= kCapPciCfg + 4 && offset < kCapPciCfg + 16) {
+    std::vector<uint8_t> fields(16, 0);
+    std::memcpy(fields.data(), config_bytes_.data() + kCapPciCfg, 4);
+    fields[4] = cfg_bar_;
+    std::memcpy(fields.data() + 8, &cfg_offset_, 4);
+    std::memcpy(fields.data() + 12, &cfg_length_, 4);
+    uint32_t v = 0;
+    std::memcpy(&v, fields.data() + (offset - kCapPciCfg), size);
+    return v;
+  }
+  return config_->read(offset, size);
+}
+
+void VirtioNetPci::config_write(uint32_t offset, unsigned size, uint32_t value) {
+  const uint32_t data_at = kCapPciCfg + 16;
+  if (offset >= data_at && offset < data_at + 4) {
+    if (cfg_length_ >= 1 && cfg_length_ <= 4 && cfg_bar_ == 0) bar0_write(cfg_offset_, cfg_length_, value);
+    return;
+  }
+  if (offset == kCapPciCfg + 4 && size == 1) {
+    cfg_bar_ = static_cast<uint8_t>(value);
+    return;
+  }
+  if (offset == kCapPciCfg + 8 && size == 4) {
+    cfg_offset_ = value;
+    return;
+  }
+  if (offset == kCapPciCfg + 12 && size == 4) {
+    cfg_length_ = value;
+    return;
+  }
+  config_->write(offset, size, value);
+}
+
+uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
+  if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize) return common_read(offset - kCommonOffset, size);
+  if (offset == kIsrOffset) return 0;  // MSI-X in use: the ISR status is not used (§4.1.4.5)
+  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
+    // struct virtio_net_config (§5.1.4).
+    std::array<uint8_t, kDeviceSize> cfg{};
+    const auto& nc = device_.config();
+    if (nc.mac) std::memcpy(cfg.data(), nc.mac->octets, 6);
+    const uint16_t link = 1;  // VIRTIO_NET_S_LINK_UP
+    std::memcpy(cfg.data() + 6, &link, 2);
+    std::memcpy(cfg.data() + 8, &nc.queue_pairs, 2);
+    std::memcpy(cfg.data() + 10, &nc.mtu, 2);
+    uint64_t v = 0;
+    std::memcpy(&v, cfg.data() + (offset - kDeviceOffset), size);
+    return v;
+  }
+  return 0;  // notify area and holes read as zero
+}
+
+void VirtioNetPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
+  if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize) {
+    common_write(offset - kCommonOffset, size, value);
+    return;
+  }
+  if (offset >= kNotifyOffset && offset < kNotifyOffset + num_queues_ * kNotifyMultiplier) {
+    // A doorbell through REGION_WRITE (a client without ioeventfds): the
+    // queue is the address; the same eventfd a client's ioeventfd signals.
+    const unsigned q = static_cast<unsigned>((offset - kNotifyOffset) / kNotifyMultiplier);
+    const uint64_t one = 1;
+    (void)::write(kicks_[q].get(), &one, sizeof one);
+  }
+  // The device configuration is read-only for virtio-net (no writable fields offered).
+}
+
+// struct virtio_pci_common_cfg as the driver sees it now, so an access of
+// any width at any offset reads what the same bytes of the structure hold.
+uint64_t VirtioNetPci::common_read(uint64_t off, unsigned size) {
+  std::array<uint8_t, kCommonSize> c{};
+  auto put = [&c](unsigned at, uint64_t v, unsigned width) { std::memcpy(c.data() + at, &v, width); };
+  const QueueRegs* q = queue_select_ < num_queues_ ? &queues_[queue_select_] : nullptr;
+  const uint64_t offered = device_.offered_features();
+  put(0x00, device_feature_select_, 4);
+  put(0x04, device_feature_select_ < 2 ? offered >> (32U * device_feature_select_) : 0, 4);
+  put(0x08, driver_feature_select_, 4);
+  put(0x0c, driver_feature_select_ < 2 ? driver_features_ >> (32U * driver_feature_select_) : 0, 4);
+  put(0x10, config_msix_vector_, 2);
+  put(0x12, num_queues_, 2);
+  put(0x14, static_cast<uint8_t>(status_ | (device_.broken() ? kNeedsReset : 0)), 1);
+  put(0x15, 0, 1);  // config_generation: the device config never changes
+  put(0x16, queue_select_, 2);
+  put(0x18, q ? q->size : 0, 2);
+  put(0x1a, q ? q->msix_vector : kNoVector, 2);
+  put(0x1c, q && q->enabled ? 1 : 0, 2);
+  put(0x1e, q ? queue_select_ : 0, 2);  // queue_notify_off: queue q rings at q * multiplier
+  put(0x20, q ? q->desc : 0, 8);
+  put(0x28, q ? q->driver : 0, 8);
+  put(0x30, q ? q->device : 0, 8);
+  uint64_t v = 0;
+  std::memcpy(&v, c.data() + off, size);
+  return v;
+}
+
+void VirtioNetPci::common_write(uint64_t off, unsigned size, uint64_t value) {
+  QueueRegs* q = queue_select_ < num_queues_ ? &queues_[queue_select_] : nullptr;
+  const bool live = status_ & kDriverOk;
+  // The ring addresses, 64-bit, written whole or in 32-bit halves.
+  if (off >= 0x20 && off < 0x38) {
+    if (!q || live) return;
+    uint64_t& field = off < 0x28 ? q->desc : off < 0x30 ? q->driver : q->device;
+    field = merge(field, off & 7U, size, value);
+    return;
+  }
+  switch (off) {
+    case 0x00: device_feature_select_ = static_cast<uint32_t>(value); break;
+    case 0x08: driver_feature_select_ = static_cast<uint32_t>(value); break;
+    case 0x0c:
+      if (driver_feature_select_ < 2 && !(status_ & kFeaturesOk))
+        driver_features_ = merge(driver_features_, 4ULL * driver_feature_select_, 4, value);
+      break;
+    case 0x10: config_msix_vector_ = value < routes_.size() || value == kNoVector ? static_cast<uint16_t>(value) : kNoVector; break;
+    case 0x14: set_status(static_cast<uint8_t>(value)); break;
+    case 0x16: queue_select_ = static_cast<uint16_t>(value); break;
+    case 0x18:
+      if (q && !live) q->size = static_cast<uint16_t>(std::min<uint64_t>(value, device_.config().max_queue_size));
+      break;
+    case 0x1a:
+      // A vector the device does not have reads back as NO_VECTOR (§4.1.5.1.2).
+      if (q) q->msix_vector = value < routes_.size() ? static_cast<uint16_t>(value) : kNoVector;
+      break;
+    case 0x1c:
+      if (q && !live && value == 1) q->enabled = true;
+      break;
+    default: break;  // read-only or not offered
+  }
+}
+
+void VirtioNetPci::set_status(uint8_t status) {
+  if (status == 0) {
+    virtio_reset();
+    return;
+  }
+  const uint8_t added = status & ~status_;
+  if (added & kFeaturesOk) {
+    const uint64_t offered = device_.offered_features();
+    if ((driver_features_ & ~offered) || !(driver_features_ & virtio::kVersion1)) {
+      // Features the device did not offer: FEATURES_OK does not stick (§3.1.1).
+      spdlog::warn("virtio-pci {}: driver features 0x{:x} not a subset of 0x{:x} with VERSION_1", name_, driver_features_,
+                   offered);
+      status &= static_cast<uint8_t>(~kFeaturesOk);
+    } else {
+      device_.set_features(driver_features_);
+    }
+  }
+  status_ = status;
+  if ((added & kDriverOk) && (status_ & kFeaturesOk)) {
+    try {
+      start_device();
+    } catch (const std::exception& e) {
+      spdlog::error("virtio-pci {}: cannot start: {}", name_, e.what());
+      device_.reset();
+      status_ |= kNeedsReset;
+    }
+  }
+}
+
+void VirtioNetPci::start_device() {
+  device_.stop();
+  rebuild_memory();
+  for (unsigned i = 0; i < num_queues_; ++i) {
+    const QueueRegs& q = queues_[i];
+    device_.set_queue_enabled(i, false);
+    if (!q.enabled) continue;
+    device_.set_queue_size(i, q.size);
+    device_.set_queue_rings(i, {q.desc, q.driver, q.device});
+    device_.set_queue_base(i, 0);
+    UniqueFd kick(::dup(kicks_[i].get()));
+    if (!kick) throw_errno(name_ + ": dup of a doorbell");
+    device_.set_queue_kick(i, std::move(kick));
+    device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
+    device_.set_queue_enabled(i, true);
+  }
+  device_.start();
+  spdlog::info("virtio-pci {}: driver ready, features 0x{:x}", name_, device_.features());
+}
+
+void VirtioNetPci::virtio_reset() {
+  device_.reset();
+  device_feature_select_ = driver_feature_select_ = 0;
+  driver_features_ = 0;
+  config_msix_vector_ = kNoVector;
+  status_ = 0;
+  queue_select_ = 0;
+  for (auto& q : queues_) q = QueueRegs{device_.config().max_queue_size};
+}
+
+void VirtioNetPci::rebuild_memory() {
+  device_.set_memory(nullptr);
+  memory_.clear();
+  for (const auto& w : windows_) memory_.add_host_region(w.iova, w.size, w.iova, w.host);
+  device_.set_memory(&memory_);
+}
+
+vfio::IrqInfo VirtioNetPci::irq(uint32_t index) {
+  if (index == vfio::kMsixIrq)
+    return {index, VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE, static_cast<uint32_t>(routes_.size())};
+  return {index, 0, 0};
+}
+
+void VirtioNetPci::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  for (uint32_t i = 0; i < fds.size(); ++i) engine_.set_sink(routes_[start + i], std::move(fds[i]));
+}
+
+void VirtioNetPci::disable_irqs(uint32_t index) {
+  if (index != vfio::kMsixIrq) return;
+  for (auto r : routes_) engine_.set_sink(r, UniqueFd());
+}
+
+void VirtioNetPci::mask_irq(uint32_t index, uint32_t vector, bool masked) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  msix_->set_vector_mask(vector, masked);
+}
+
+void VirtioNetPci::trigger_irq(uint32_t index, uint32_t vector) {
+  if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
+  engine_.trigger(routes_[vector]);
+}
+
+void VirtioNetPci::dma_mapped(const DmaWindow& w) {
+  if (!w.host) throw Error(EINVAL, name_ + ": the rings and buffers must be in memory shared with an fd");
+  windows_.push_back(w);
+  if (device_.running()) {
+    // The workers see the new memory map from a stopped state; the rings
+    // go on where they stood.
+    device_.stop();
+    rebuild_memory();
+    device_.start();
+  }
+}
+
+void VirtioNetPci::dma_unmapped(const DmaWindow& w) {
+  std::erase_if(windows_, [&](const DmaWindow& x) { return x.iova == w.iova && x.size == w.size; });
+  if (device_.running()) {
+    // The server unmaps the window once this returns: the workers must not
+    // touch it after that.
+    device_.stop();
+    rebuild_memory();
+    device_.start();
+  }
+}
+
+// DEVICE_RESET: a PCI function reset, so the virtio state and MSI-X (§6.8.2).
+void VirtioNetPci::reset() {
+  virtio_reset();
+  msix_->reset();
+}
+
+void VirtioNetPci::client_gone() {
+  virtio_reset();
+  windows_.clear();
+  device_.set_memory(nullptr);
+  memory_.clear();
+  disable_irqs(vfio::kMsixIrq);
+  msix_->reset();
+  std::array<pci::BarInfo, 6> bars{};
+  bars[0].size = kBar0Size;
+  bars[1].size = kBar1Size;
+  config_ = std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
+  cfg_bar_ = 0;
+  cfg_offset_ = cfg_length_ = 0;
+}
+
+}  // namespace sriovd::vfio_user
