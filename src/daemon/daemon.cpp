@@ -264,9 +264,24 @@ json Daemon::devices_json() const {
               {"backend", backend}};
     for (const auto& e : virtio_) {
       if (e.name != dev.name) continue;
-      if (!e.backend) {
+      if (!e.backend && !e.pci_server) {
         j["state"] = "not served";
         j["reason"] = e.not_served;
+        continue;
+      }
+      if (e.pci_server) {
+        const auto& st = e.pci_server->stats();
+        j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+        j["features"] = e.device->features();
+        j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
+                          {"protocol_errors", st.protocol_errors}, {"last_error", st.last_error}};
+        json queues = json::array();
+        for (unsigned q = 0; q < e.device->num_queues(); ++q) {
+          const auto& qs = e.device->stats(q);
+          queues.push_back({{"queue", q}, {"packets", qs.packets.load()}, {"bytes", qs.bytes.load()},
+                            {"dropped", qs.dropped.load()}, {"kicks", qs.kicks.load()}, {"notifies", qs.notifies.load()}});
+        }
+        j["queues"] = queues;
         continue;
       }
       j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected")
@@ -398,16 +413,14 @@ json Daemon::vf_exports_json() const {
   return out;
 }
 
-// Serves every virtio device the config asks for over vhost-user with a tap
-// backend. A device that cannot be served says why in `devices`; it does
+// Serves every virtio device the config asks for, over vhost-user or as
+// virtio-net-pci over vfio-user, on a tap or a VF's netdev. A device that cannot be served says why in `devices`; it does
 // not stop the others.
 void Daemon::start_virtio() {
   for (const auto& dev : config_.virtio_devices) {
     VirtioExport e;
     e.name = dev.name;
-    if (dev.transport != config::Transport::vhost_user) {
-      e.not_served = "virtio-pci over vfio-user is not served yet";
-    } else {
+    {
       try {
         virtio::NetConfig nc;
         nc.name = dev.name;
@@ -430,11 +443,18 @@ void Daemon::start_virtio() {
           port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf));
         }
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
-        e.backend = std::make_unique<vhost_user::Backend>(
-            io_, dev.socket, *e.device,
-            dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
-                                                         : vhost_user::Backend::Mode::server);
+        if (dev.transport == config::Transport::vfio_user) {
+          e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
+          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci);
+        } else {
+          e.backend = std::make_unique<vhost_user::Backend>(
+              io_, dev.socket, *e.device,
+              dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
+                                                           : vhost_user::Backend::Mode::server);
+        }
       } catch (const std::exception& ex) {
+        e.pci_server.reset();
+        e.pci.reset();
         e.backend.reset();
         e.device.reset();
         e.not_served = ex.what();

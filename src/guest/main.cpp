@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <thread>
 #include <cstdio>
 #include <iostream>
 
@@ -18,6 +20,8 @@
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/vfio_user/client.hpp"
+#include "sriovd/vfio_user/virtio_net_driver.hpp"
+#include "sriovd/virtio/tap.hpp"
 #include "sriovd/version.hpp"
 
 namespace {
@@ -169,6 +173,48 @@ json storm(const StormOptions& o) {
           {"signals", signals}, {"masks_and_unmasks", masks}, {"generated", generated}};
 }
 
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+struct NetOptions {
+  std::string socket;
+  std::string tap = "sriovd-guest0";
+  std::string netns;
+  uint16_t queue_size = 256;
+  bool packed = false;
+  bool no_offloads = false;
+  double seconds = 0;
+};
+
+// The guest's virtio-net driver, bridged to a tap: what the guest kernel
+// would send goes out through the device, and what the device delivers
+// comes up on the tap. Runs until SIGINT/SIGTERM or --seconds.
+json virtio_net(const NetOptions& o) {
+  Client c(o.socket);
+  sriovd::vfio_user::VirtioNetDriver d(c, {o.queue_size, o.packed, !o.no_offloads});
+  d.bring_up();
+  sriovd::virtio::Tap tap(o.tap, 1, o.netns);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::fprintf(stderr, "sriovd-guest: %s up: virtio-net %s, %s ring, features 0x%llx, bridged to tap %s%s\n",
+               o.socket.c_str(), d.mac().c_str(), d.packed() ? "packed" : "split",
+               static_cast<unsigned long long>(d.features()), o.tap.c_str(),
+               o.netns.empty() ? "" : (" in netns " + o.netns).c_str());
+  std::thread timer;
+  if (o.seconds > 0)
+    timer = std::thread([&] {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.seconds);
+      while (!g_stop.load() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      g_stop.store(true);
+    });
+  d.bridge(tap, g_stop);
+  if (timer.joinable()) timer.join();
+  const auto& st = d.stats();
+  return {{"socket", o.socket}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"features", d.features()},
+          {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
+          {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +246,16 @@ int main(int argc, char** argv) {
   bool no_mask = false;
   storm_cmd->add_flag("--no-mask", no_mask, "a guest that does not mask per interrupt");
 
+  NetOptions no;
+  auto* net_cmd = app.add_subcommand("virtio-net", "drive a virtio-net-pci export as a guest would and bridge it to a tap");
+  net_cmd->add_option("--socket", no.socket, "the export's vfio-user socket")->required();
+  net_cmd->add_option("--tap", no.tap, "the tap to bridge to (created)")->capture_default_str();
+  net_cmd->add_option("--netns", no.netns, "network namespace to put the tap in");
+  net_cmd->add_option("--queue-size", no.queue_size, "descriptors per queue")->capture_default_str();
+  net_cmd->add_flag("--packed", no.packed, "use the packed ring layout (when the device offers it)");
+  net_cmd->add_flag("--no-offloads", no.no_offloads, "negotiate no checksum or TSO offloads");
+  net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info_cmd) {
@@ -209,6 +265,15 @@ int main(int argc, char** argv) {
         std::cout << j.dump(2) << "\n";
       else
         print_info(j);
+    } else if (*net_cmd) {
+      const json j = virtio_net(no);
+      if (as_json)
+        std::cout << j.dump() << "\n";
+      else
+        std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts\n",
+                    static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
+                    static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),
+                    static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()));
     } else if (*storm_cmd) {
       so.mask_every = !no_mask;
       const json j = storm(so);

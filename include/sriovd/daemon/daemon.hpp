@@ -16,6 +16,7 @@
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
+#include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "sriovd/util/asio.hpp"
@@ -79,6 +80,9 @@ class Daemon {
     std::string name;
     std::unique_ptr<virtio::NetDevice> device;
     std::unique_ptr<vhost_user::Backend> backend;
+    // transport: vfio-user - the PCI transport and its server instead.
+    std::unique_ptr<vfio_user::VirtioNetPci> pci;
+    std::unique_ptr<vfio_user::Server> pci_server;
     std::string not_served;  // why it is not served, when it is not
   };
   std::vector<VirtioExport> virtio_;
