@@ -72,6 +72,18 @@ void print_devices(const json& r) {
     std::fputs("\n", stdout);
     std::fputs(virtio.render().c_str(), stdout);
   }
+  if (r.contains("vfio_user_exports") && !r["vfio_user_exports"].empty()) {
+    Table ex({"EXPORT", "VF", "SOCKET", "MSIX-POLICY", "STATE", "CONNECTIONS", "DELIVERED", "MASKS", "SWITCHES"});
+    for (const auto& e : r["vfio_user_exports"]) {
+      const bool served = e.contains("vfio_user");
+      ex.add({field(e, "pf") + "/" + field(e, "vf_index"), field(e, "vf"), field(e, "socket"), field(e, "msix_policy"),
+              served ? field(e, "state") : "not served: " + field(e, "reason"),
+              served ? field(e["vfio_user"], "connections") : "-", served ? field(e["interrupts"], "delivered") : "-",
+              served ? field(e["interrupts"], "masks") : "-", served ? field(e["interrupts"], "mode_switches") : "-"});
+    }
+    std::fputs("\n", stdout);
+    std::fputs(ex.render().c_str(), stdout);
+  }
 }
 
 void print_steps(const json& steps, const char* none) {
