@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <poll.h>
 #include <unistd.h>
+#include <linux/vfio.h>
 
 #include <atomic>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "sriovd/control/client.hpp"
+#include "sriovd/vfio_user/client.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -564,6 +566,85 @@ TEST(SriovctlCli, NoDaemonIsAClearError) {
   auto r = test::run({SRIOVCTL_BIN, "--socket", "/tmp/no-such-sriovd.sock", "status"});
   EXPECT_EQ(r.exit_code, 69);
   EXPECT_THAT(r.output, HasSubstr("cannot connect to /tmp/no-such-sriovd.sock (is sriovd running?)"));
+}
+
+// --- VFs exported over vfio-user by the daemon ---
+
+json export_of(const json& devices, const std::string& sock) {
+  for (const auto& e : devices["result"]["vfio_user_exports"])
+    if (e["socket"] == sock) return e;
+  return json();
+}
+
+TEST_F(Daemon, AssignedVfIsServedOverVfioUserAndReleasedWithIt) {
+  write_config(2);
+  start();
+  const std::string vf0 = socket() + ".vf0";
+  {
+    vfio_user::Client c(vf0);
+    EXPECT_EQ(c.device_info().num_regions, 9U);
+    EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0) & 0xffff, 0x8086U);
+    EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 4U);  // msix_vectors_per_vf
+    const json e = export_of(request({{"cmd", "devices"}}), vf0);
+    EXPECT_EQ(e["state"], "connected") << e.dump();
+    EXPECT_EQ(e["vf"], "0000:3b:02.0");
+    EXPECT_EQ(e["msix_policy"], "adaptive");
+    // Giving the VF back ends the export first: the client sees the end.
+    const json r = request({{"cmd", "release"}, {"pf", "0000:3b:00.0"}, {"vf", 0}});
+    ASSERT_TRUE(r.value("ok", false)) << r.dump();
+    EXPECT_THROW(c.device_info(), std::exception);
+  }
+  EXPECT_FALSE(std::filesystem::exists(vf0));
+  EXPECT_TRUE(export_of(request({{"cmd", "devices"}}), vf0).is_null());
+  ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
+  ASSERT_TRUE(std::filesystem::exists(vf0));
+  vfio_user::Client again(vf0);
+  EXPECT_EQ(again.device_info().num_irqs, 5U);
+}
+
+// A VMM that dies mid-storm (SIGKILL) leaves nothing behind in the daemon:
+// its routes go, the export listens again, and the next client is served.
+TEST_F(Daemon, VfioUserClientCrashAndReconnect) {
+  write_config(1);
+  start();
+  const std::string vf0 = socket() + ".vf0";
+  test::Process guest({SRIOVD_GUEST_BIN, "msix-storm", "--socket", vf0, "--seconds", "60", "--rate", "20000"},
+                      dir_.file("guest.log"));
+  ASSERT_TRUE(test::wait_until([&] { return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "connected"; }, 10s))
+      << guest.log();
+  ASSERT_TRUE(test::wait_until(
+      [&] { return export_of(request({{"cmd", "devices"}}), vf0)["interrupts"].value("delivered", 0) > 100; }, 10s));
+  guest.signal(SIGKILL);
+  ASSERT_TRUE(guest.wait_for(5s));
+  ASSERT_TRUE(test::wait_until([&] { return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "listening"; }, 5s));
+  for (const auto& r : request({{"cmd", "routes"}})["result"]["routes"]) EXPECT_NE(r["device"], "0000:3b:02.0") << r.dump();
+  const test::RunResult again = test::run({SRIOVD_GUEST_BIN, "--json", "msix-storm", "--socket", vf0, "--seconds", "1"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_GT(json::parse(again.output.substr(again.output.find('{')))["handled"].get<uint64_t>(), 0U) << again.output;
+  EXPECT_EQ(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["connections"], 2);
+}
+
+// A malformed vfio-user message ends that connection, never the daemon.
+TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
+  write_config(1);
+  start();
+  const std::string vf0 = socket() + ".vf0";
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, vf0.c_str());
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const uint32_t garbage[8] = {0x00040001, 0xffffffff, 0, 0, 1, 2, 3, 4};  // VERSION of 4 GiB
+  ASSERT_GT(::send(fd, garbage, sizeof garbage, MSG_NOSIGNAL), 0);
+  char buf[64];
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  EXPECT_LE(::recv(fd, buf, sizeof buf, 0), 0);  // closed
+  ::close(fd);
+  EXPECT_TRUE(request({{"cmd", "version"}}).value("ok", false));
+  vfio_user::Client c(vf0);
+  EXPECT_EQ(c.device_info().num_regions, 9U);
+  EXPECT_GE(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["protocol_errors"].get<int>(), 1);
 }
 
 }  // namespace
