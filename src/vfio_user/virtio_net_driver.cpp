@@ -42,8 +42,9 @@ class VirtioNetDriver::Ring {
     return packed ? virtio::PackedDriver::ring_bytes(size) : virtio::SplitDriver::ring_bytes(size);
   }
   [[nodiscard]] virtio::RingAddresses addresses() const { return split_ ? split_->addresses() : packed_->addresses(); }
-  bool add(const virtio::Buffer& b, uint16_t slot) {
-    const int id = split_ ? split_->add({&b, 1}) : packed_->add({&b, 1});
+  bool add(const virtio::Buffer& b, uint16_t slot) { return add_chain(std::span<const virtio::Buffer>(&b, 1), slot); }
+  bool add_chain(std::span<const virtio::Buffer> chain, uint16_t slot) {
+    const int id = split_ ? split_->add(chain) : packed_->add(chain);
     if (id < 0) return false;
     slot_of_[static_cast<size_t>(id)] = slot;
     return true;
@@ -140,6 +141,7 @@ void VirtioNetDriver::bring_up() {
     want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 | virtio::kNetGuestTso4 |
             virtio::kNetGuestTso6;
   if (options_.packed) want |= virtio::kRingPacked;
+  if (options_.control_queue) want |= virtio::kNetCtrlVq | virtio::kNetCtrlRx | virtio::kNetCtrlMacAddr;
   features_ = offered & want;
   if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the device does not offer VIRTIO_F_VERSION_1");
   packed_ = features_ & virtio::kRingPacked;
@@ -153,7 +155,7 @@ void VirtioNetDriver::bring_up() {
   // Guest RAM: both rings, then RX and TX buffers.
   const uint16_t n = options_.queue_size;
   const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
-  ram_size_ = align_up(2 * ring + 2ULL * n * kBufSize, 2 << 20);
+  ram_size_ = align_up(3 * ring + 2ULL * n * kBufSize + 4096, 2 << 20);
   ram_fd_.reset(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
   if (!ram_fd_ || ::ftruncate(ram_fd_.get(), static_cast<off_t>(ram_size_)) != 0) throw_errno("guest RAM memfd");
   void* m = ::mmap(nullptr, ram_size_, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd_.get(), 0);
@@ -162,32 +164,40 @@ void VirtioNetDriver::bring_up() {
   client_.dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
   rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
   tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
+  const bool with_ctrl = features_ & virtio::kNetCtrlVq;
+  if (with_ctrl) {
+    // The control queue is the last one: after every data queue pair.
+    ctrl_index_ = static_cast<unsigned>(common32(0x10) >> 16U) - 1;  // num_queues - 1
+    ctrl_ = std::make_unique<Ring>(ram_ + 2 * ring, kRamBase + 2 * ring, n, packed_);
+  }
 
   // MSI-X: vector 0 for RX, 1 for TX, enabled and unmasked.
   std::vector<uint8_t> cfg(256);
   client_.read(kConfigRegion, 0, cfg);
   const auto msix = pci::find_msix(cfg);
-  if (!msix || msix->vectors < 2) throw std::runtime_error("the device has fewer than 2 MSI-X vectors");
-  int fds[2];
-  for (unsigned v = 0; v < 2; ++v) {
+  const unsigned nvec = with_ctrl ? 3 : 2;
+  if (!msix || msix->vectors < nvec) throw std::runtime_error("the device has too few MSI-X vectors");
+  int fds[3];
+  for (unsigned v = 0; v < nvec; ++v) {
     irq_fds_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     fds[v] = irq_fds_.back().get();
     client_.write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
     client_.write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
   }
-  client_.set_irq_eventfds(kMsixIrq, 0, fds);
+  client_.set_irq_eventfds(kMsixIrq, 0, std::span<const int>(fds, nvec));
   const uint32_t dw0 = client_.read32(kConfigRegion, msix->cap_offset);
   client_.write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
-  for (unsigned v = 0; v < 2; ++v) client_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
+  for (unsigned v = 0; v < nvec; ++v) client_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
 
-  for (unsigned q = 0; q < 2; ++q) {
-    Ring& r = q == 0 ? *rx_ : *tx_;
+  for (unsigned i = 0; i < nvec; ++i) {
+    Ring& r = i == 0 ? *rx_ : i == 1 ? *tx_ : *ctrl_;
+    const unsigned q = i < 2 ? i : ctrl_index_;
     common_write(0x16, q, 2);
     common_write(0x18, n, 2);
-    common_write(0x1a, q, 2);
+    common_write(0x1a, i, 2);
     uint16_t vector = 0;
     client_.read(common_.bar, common_.offset + 0x1a, {reinterpret_cast<uint8_t*>(&vector), 2});
-    if (vector != q) throw std::runtime_error("queue " + std::to_string(q) + " refused MSI-X vector " + std::to_string(q));
+    if (vector != i) throw std::runtime_error("queue " + std::to_string(q) + " refused MSI-X vector " + std::to_string(i));
     const auto a = r.addresses();
     common_write(0x20, a.desc, 8);
     common_write(0x28, a.driver, 8);
@@ -200,7 +210,9 @@ void VirtioNetDriver::bring_up() {
     doorbells_.resize(2);
     for (size_t i = 0; i < io.entries.size(); ++i) {
       const uint64_t q = (io.entries[i].offset - notify_.offset) / std::max<uint32_t>(notify_multiplier_, 1);
-      if (q < 2 && io.entries[i].fd_index < io.fds.size()) doorbells_[q] = UniqueFd(::dup(io.fds[io.entries[i].fd_index].get()));
+      if (io.entries[i].fd_index >= io.fds.size()) continue;
+      if (q >= doorbells_.size()) doorbells_.resize(q + 1);
+      doorbells_[q] = UniqueFd(::dup(io.fds[io.entries[i].fd_index].get()));
     }
   } catch (const Error&) {
     doorbells_.clear();
@@ -223,7 +235,7 @@ void VirtioNetDriver::kick(unsigned q) {
 
 // Guest RAM: the RX ring, the TX ring, TX buffers, RX buffers.
 uint64_t VirtioNetDriver::tx_offset(uint16_t slot) const {
-  return 2 * align_up(Ring::bytes(options_.queue_size, packed_), 4096) + static_cast<uint64_t>(slot) * kBufSize;
+  return 3 * align_up(Ring::bytes(options_.queue_size, packed_), 4096) + static_cast<uint64_t>(slot) * kBufSize;
 }
 
 uint64_t VirtioNetDriver::rx_offset(uint16_t slot) const { return tx_offset(options_.queue_size) + static_cast<uint64_t>(slot) * kBufSize; }
@@ -282,6 +294,34 @@ size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
   for (int i = 0; i < parts; ++i)
     rx_->add({kRamBase + rx_offset(slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
   return total;
+}
+
+uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uint8_t>& data) {
+  if (!ctrl_) throw std::runtime_error("no control queue was negotiated");
+  // The command page follows the RX buffers: header, data, then the ack.
+  const uint64_t page = rx_offset(options_.queue_size);
+  if (data.size() + 3 > 4096) throw std::invalid_argument("control command too long");
+  uint8_t* p = ram_ + page;
+  p[0] = cls;
+  p[1] = cmd;
+  std::memcpy(p + 2, data.data(), data.size());
+  p[2 + data.size()] = 0xff;
+  const virtio::Buffer chain[2] = {{kRamBase + page, static_cast<uint32_t>(2 + data.size()), false},
+                                   {kRamBase + page + 2 + data.size(), 1, true}};
+  uint16_t slot = 0;
+  uint32_t len = 0;
+  if (!ctrl_->add_chain(chain, 0)) throw std::runtime_error("the control queue is full");
+  ctrl_->publish();
+  kick(ctrl_index_);
+  for (int i = 0; i < 2000; ++i) {
+    if (ctrl_->take(slot, len)) return p[2 + data.size()];
+    pollfd pf{irq_fds_[2].get(), POLLIN, 0};
+    if (::poll(&pf, 1, 1) == 1) {
+      uint64_t v;
+      (void)::read(irq_fds_[2].get(), &v, sizeof v);
+    }
+  }
+  throw std::runtime_error("the device did not answer the control command");
 }
 
 bool VirtioNetDriver::send(const uint8_t* frame, size_t size) {

@@ -213,7 +213,7 @@ uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
     // struct virtio_net_config (§5.1.4).
     std::array<uint8_t, kDeviceSize> cfg{};
     const auto& nc = device_.config();
-    if (nc.mac) std::memcpy(cfg.data(), nc.mac->octets, 6);
+    if (nc.mac || (device_.features() & virtio::kNetCtrlMacAddr)) std::memcpy(cfg.data(), device_.mac().octets, 6);
     const uint16_t link = 1;  // VIRTIO_NET_S_LINK_UP
     std::memcpy(cfg.data() + 6, &link, 2);
     std::memcpy(cfg.data() + 8, &nc.queue_pairs, 2);

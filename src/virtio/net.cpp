@@ -22,9 +22,51 @@ constexpr unsigned kMaxChains = 64;             // buffers one received packet m
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
 
-enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4 };
+enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5 };
+
+// Control queue classes and commands (§5.1.6.5).
+constexpr uint8_t kCtrlRx = 0, kCtrlRxPromisc = 0, kCtrlRxAllmulti = 1;
+constexpr uint8_t kCtrlMac = 1, kCtrlMacTableSet = 0, kCtrlMacAddrSet = 1;
+constexpr uint8_t kCtrlMq = 4, kCtrlMqPairsSet = 0;
+constexpr uint8_t kCtrlOk = 0, kCtrlErr = 1;
+constexpr size_t kCtrlMaxCommand = 4096;
+
+uint64_t mac_bits(const uint8_t* m) {
+  uint64_t v = 0;
+  std::memcpy(&v, m, 6);
+  return v;
+}
 
 }  // namespace
+
+void RxFilter::reset(uint64_t device_mac) {
+  promisc = true;
+  allmulti = true;
+  mac = device_mac;
+  unicast_count = 0;
+  multicast_count = 0;
+  unicast_overflow = false;
+  multicast_overflow = false;
+}
+
+bool RxFilter::accepts(const uint8_t* dest) const {
+  if (promisc.load(std::memory_order_relaxed)) return true;
+  const uint64_t d = mac_bits(dest);
+  if (dest[0] & 1U) {  // multicast or broadcast
+    if (d == 0xffffffffffffULL || allmulti.load(std::memory_order_relaxed) ||
+        multicast_overflow.load(std::memory_order_relaxed))
+      return true;
+    const uint32_t n = multicast_count.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < n; ++i)
+      if (multicast[i].load(std::memory_order_relaxed) == d) return true;
+    return false;
+  }
+  if (d == mac.load(std::memory_order_relaxed) || unicast_overflow.load(std::memory_order_relaxed)) return true;
+  const uint32_t n = unicast_count.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < n; ++i)
+    if (unicast[i].load(std::memory_order_relaxed) == d) return true;
+  return false;
+}
 
 struct NetDevice::Worker {
   unsigned pair = 0;
@@ -39,11 +81,14 @@ struct NetDevice::Worker {
   std::array<Chain, kMaxChains> chains{};
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
   std::array<Segment, kTxSegs> tx_segs{};
+  std::array<Segment, 16> ctrl_segs{};
+  std::array<uint8_t, kCtrlMaxCommand> ctrl_buf{};
   std::array<iovec, kTxSegs> tx_iov{};
 };
 
 NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<PacketPort> port)
-    : config_(std::move(config)), engine_(engine), tap_(std::move(port)), queues_(2U * config_.queue_pairs) {
+    : config_(std::move(config)), engine_(engine), tap_(std::move(port)), queues_(num_queues()) {
+  if (config_.mac) filter_.mac.store(mac_bits(config_.mac->octets));
   if (tap_->queues() < config_.queue_pairs)
     throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
                                 " queue(s) for " + std::to_string(config_.queue_pairs) + " queue pairs");
@@ -62,9 +107,21 @@ uint64_t NetDevice::offered_features() const {
   uint64_t f = kVersion1 | kNetMrgRxbuf | kNetStatus | kNetMtu | kRingEventIdx | kRingIndirectDesc;
   if (config_.mac) f |= kNetMac;
   if (config_.packed) f |= kRingPacked;
-  if (config_.queue_pairs > 1) f |= kNetMq;
+  if (config_.control_queue) {
+    f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr;
+    if (config_.queue_pairs > 1) f |= kNetMq;  // MQ needs the control queue (§5.1.3.1)
+  } else if (config_.queue_pairs > 1) {
+    f |= kNetMq;  // vhost-user: the VMM's control queue, SET_VRING_ENABLE per pair
+  }
   if (config_.offloads) f |= kNetCsum | kNetGuestCsum | kNetHostTso4 | kNetHostTso6 | kNetGuestTso4 | kNetGuestTso6;
   return f;
+}
+
+MacAddress NetDevice::mac() const {
+  MacAddress m;
+  const uint64_t v = filter_.mac.load();
+  std::memcpy(m.octets, &v, 6);
+  return m;
 }
 
 void NetDevice::set_features(uint64_t features) {
@@ -143,6 +200,14 @@ void NetDevice::start() {
     watch(rx.kick.get(), kEvRxKick);
     watch(w->tap_fd, kEvTap);
     watch(w->stop.get(), kEvStop);
+    if (p == 0 && (features_ & kNetCtrlVq)) {
+      Queue& ctrl = queues_[control_queue_index()];
+      if (queue_ready(ctrl)) {
+        ctrl.ring = packed ? make_packed_queue(*memory_, ctrl.size, ctrl.rings, event_idx, Barriers::one_way, ctrl.base)
+                           : make_split_queue(*memory_, ctrl.size, ctrl.rings, event_idx, Barriers::one_way, ctrl.base);
+        watch(ctrl.kick.get(), kEvCtrlKick);
+      }
+    }
     Worker* raw = w.get();
     w->thread = std::thread([this, raw] { run_pair(*raw); });
     workers_.push_back(std::move(w));
@@ -156,7 +221,7 @@ void NetDevice::stop() {
   }
   for (auto& w : workers_) w->thread.join();
   for (auto& w : workers_)
-    for (unsigned q : {2 * w->pair, 2 * w->pair + 1}) {
+    for (unsigned q : {2 * w->pair, 2 * w->pair + 1, w->pair == 0 && config_.control_queue ? control_queue_index() : 2 * w->pair}) {
       Queue& queue = queues_[q];
       if (queue.ring) queue.base = queue.ring->base();
       queue.ring.reset();
@@ -180,6 +245,13 @@ void NetDevice::reset() {
   features_ = 0;
   memory_ = nullptr;
   broken_ = false;
+  filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
+  if (active_pairs_.exchange(1) != 1 && config_.control_queue) {
+    try {
+      tap_->set_active_queues(config_.queue_pairs);
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 void NetDevice::notify(Queue& q) {
@@ -193,6 +265,7 @@ void NetDevice::run_pair(Worker& w) {
   // Buffers may have been posted before the kick fds were watched.
   do_tx(w);
   do_rx(w);
+  if (w.pair == 0) do_ctrl(w);
   epoll_event events[8];
   for (;;) {
     const int n = ::epoll_wait(w.epoll.get(), events, 8, -1);
@@ -213,6 +286,11 @@ void NetDevice::run_pair(Worker& w) {
           break;
         case kEvTap:
           do_rx(w);
+          break;
+        case kEvCtrlKick:
+          (void)::read(queues_[control_queue_index()].kick.get(), &count, sizeof count);
+          queues_[control_queue_index()].stats->kicks.fetch_add(1, std::memory_order_relaxed);
+          do_ctrl(w);
           break;
       }
     }
@@ -257,11 +335,18 @@ bool NetDevice::do_tx(Worker& w) {
 bool NetDevice::do_rx(Worker& w) {
   Queue& q = queues_[2 * w.pair];
   const bool mergeable = features_ & kNetMrgRxbuf;
+  const bool filtering = features_ & kNetCtrlRx;
+  // A pair the driver did not activate (MQ) takes nothing.
+  if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
   for (;;) {
     if (w.pending == 0) {
       const ssize_t n = tap_->recv(w.pair, w.bounce.data(), w.bounce.size());
       if (n <= static_cast<ssize_t>(kHeader)) break;  // EAGAIN, or nothing usable
+      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(w.bounce.data() + kHeader)) {
+        filtered_.fetch_add(1, std::memory_order_relaxed);
+        continue;  // not for this driver's addresses (§5.1.6.5.1)
+      }
       w.pending = static_cast<size_t>(n);
     }
     // Take as many buffers as the packet needs before publishing any, so
@@ -329,6 +414,86 @@ bool NetDevice::do_rx(Worker& w) {
     w.tap_armed = true;
   }
   return delivered;
+}
+
+// The control queue (§5.1.6.5): class, command, data in device-readable
+// buffers; one ack byte in the first device-writable one.
+void NetDevice::do_ctrl(Worker& w) {
+  if (!(features_ & kNetCtrlVq)) return;
+  Queue& q = queues_[control_queue_index()];
+  if (!q.ring) return;
+  Chain c;
+  bool any = false;
+  for (;;) {
+    if (!q.ring->pop(c, w.ctrl_segs)) {
+      if (q.ring->broken() || !q.ring->enable_kicks()) break;
+      continue;
+    }
+    any = true;
+    size_t len = 0;
+    for (unsigned i = 0; i < c.readable && len < w.ctrl_buf.size(); ++i) {
+      const size_t n = std::min<size_t>(w.ctrl_segs[i].len, w.ctrl_buf.size() - len);
+      std::memcpy(w.ctrl_buf.data() + len, w.ctrl_segs[i].data, n);
+      len += n;
+    }
+    uint32_t written = 0;
+    if (c.count > c.readable && w.ctrl_segs[c.readable].len >= 1) {
+      const uint8_t ack = len >= 2 && c.readable_bytes <= w.ctrl_buf.size()
+                              ? control_command(w.ctrl_buf[0], w.ctrl_buf[1], w.ctrl_buf.data() + 2, len - 2)
+                              : kCtrlErr;
+      *w.ctrl_segs[c.readable].data = ack;
+      written = 1;
+    }
+    q.stats->packets.fetch_add(1, std::memory_order_relaxed);
+    q.ring->push(c, written);
+  }
+  if (q.ring->broken()) broken_ = true;
+  if (any) notify(q);
+}
+
+uint8_t NetDevice::control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len) {
+  if (cls == kCtrlRx && (features_ & kNetCtrlRx) && len == 1 && (cmd == kCtrlRxPromisc || cmd == kCtrlRxAllmulti)) {
+    (cmd == kCtrlRxPromisc ? filter_.promisc : filter_.allmulti).store(data[0] != 0);
+    return kCtrlOk;
+  }
+  if (cls == kCtrlMac && cmd == kCtrlMacAddrSet && (features_ & kNetCtrlMacAddr) && len == 6) {
+    filter_.mac.store(mac_bits(data));
+    return kCtrlOk;
+  }
+  if (cls == kCtrlMac && cmd == kCtrlMacTableSet && (features_ & kNetCtrlRx)) {
+    // Two tables: u32 entries then 6-byte addresses, unicast then multicast.
+    size_t at = 0;
+    for (int table = 0; table < 2; ++table) {
+      uint32_t entries = 0;
+      if (len - at < 4) return kCtrlErr;
+      std::memcpy(&entries, data + at, 4);
+      at += 4;
+      if (entries > (len - at) / 6) return kCtrlErr;
+      auto& slots = table == 0 ? filter_.unicast : filter_.multicast;
+      auto& count = table == 0 ? filter_.unicast_count : filter_.multicast_count;
+      auto& overflow = table == 0 ? filter_.unicast_overflow : filter_.multicast_overflow;
+      const uint32_t kept = std::min<uint32_t>(entries, RxFilter::kMaxMacs);
+      count.store(0, std::memory_order_release);
+      for (uint32_t i = 0; i < kept; ++i) slots[i].store(mac_bits(data + at + 6ULL * i), std::memory_order_relaxed);
+      count.store(kept, std::memory_order_release);
+      overflow.store(entries > RxFilter::kMaxMacs);  // more than we hold: let that kind through
+      at += 6ULL * entries;
+    }
+    return at == len ? kCtrlOk : kCtrlErr;
+  }
+  if (cls == kCtrlMq && cmd == kCtrlMqPairsSet && (features_ & kNetMq) && len == 2) {
+    uint16_t pairs = 0;
+    std::memcpy(&pairs, data, 2);
+    if (pairs < 1 || pairs > config_.queue_pairs) return kCtrlErr;
+    active_pairs_.store(pairs);
+    try {
+      tap_->set_active_queues(pairs);
+    } catch (const std::exception&) {
+      return kCtrlErr;
+    }
+    return kCtrlOk;
+  }
+  return kCtrlErr;  // a class or command not negotiated (VLAN, ANNOUNCE, ...)
 }
 
 }  // namespace sriovd::virtio

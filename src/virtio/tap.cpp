@@ -112,4 +112,15 @@ void move_to_netns(const std::string& ifname, const std::string& netns) {
 
 }  // namespace
 
+void Tap::set_active_queues(unsigned n) {
+  if (fds_.size() < 2) return;
+  for (size_t q = 0; q < fds_.size(); ++q) {
+    ifreq ifr{};
+    ifr.ifr_flags = q < n ? IFF_ATTACH_QUEUE : IFF_DETACH_QUEUE;
+    // EINVAL: already in that state.
+    if (::ioctl(fds_[q].get(), TUNSETQUEUE, &ifr) != 0 && errno != EINVAL)
+      throw_errno(name_ + ": TUNSETQUEUE on queue " + std::to_string(q));
+  }
+}
+
 }  // namespace sriovd::virtio

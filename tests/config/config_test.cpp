@@ -23,15 +23,18 @@ TEST(ShippedConfig, DemoDescribesTheSimulatedHost) {
   const PfConfig& pf = cfg.physical_functions[0];
   EXPECT_EQ(pf.num_vfs, 4);
   EXPECT_EQ(pf.ref.netdev, "simpf0");  // resolved from the simulated PF
-  ASSERT_EQ(pf.vfs.size(), 3U);
+  ASSERT_EQ(pf.vfs.size(), 4U);
   ASSERT_TRUE(pf.vfs[0].assign.has_value());
   EXPECT_EQ(pf.vfs[0].assign->export_kind, ExportKind::vfio_user);
   EXPECT_EQ(pf.vfs[0].assign->msix_policy, MsixPolicy::adaptive);
   EXPECT_EQ(pf.vfs[1].assign->msix_policy, MsixPolicy::direct);
+  EXPECT_FALSE(pf.vfs[2].assign.has_value());
+  EXPECT_EQ(pf.vfs[3].assign->msix_policy, MsixPolicy::relay);
   ASSERT_EQ(cfg.virtio_devices.size(), 2U);
   EXPECT_EQ(cfg.virtio_devices[0].backend_kind, BackendKind::vf);
   EXPECT_EQ(cfg.virtio_devices[0].vf.vf, 2);
-  EXPECT_EQ(cfg.virtio_devices[1].transport, Transport::vfio_user);
+  EXPECT_EQ(cfg.virtio_devices[0].transport, Transport::vfio_user);
+  EXPECT_EQ(cfg.virtio_devices[1].transport, Transport::vhost_user);
   EXPECT_EQ(cfg.virtio_devices[1].packed, PackedRing::on);
   EXPECT_EQ(cfg.virtio_devices[1].queue_pairs, 2);
 }

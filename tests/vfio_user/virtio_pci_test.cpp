@@ -59,6 +59,7 @@ class VirtioPciTest : public ::testing::Test {
     nc.mac = MacAddress::parse("02:5a:00:00:01:02");
     nc.mtu = 1500;
     nc.offloads = false;
+    nc.control_queue = true;
     net = std::make_unique<virtio::NetDevice>(nc, engine, std::move(p));
     pci = std::make_unique<VirtioNetPci>(*net, engine, "vnet-test");
     server = std::make_unique<Server>(io, socket, *pci);
@@ -103,18 +104,18 @@ TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
   EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0x08) >> 8U, 0x020000U);
   EXPECT_EQ(c.region(0).info.size, VirtioNetPci::kBar0Size);
   EXPECT_EQ(c.region(1).info.size, VirtioNetPci::kBar1Size);
-  EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 3U);  // RX, TX, config
+  EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 4U);  // RX, TX, control queue, config
   // One doorbell eventfd per queue, each at its own notify address.
   const auto io_fds = c.region_io_fds(0);
-  ASSERT_EQ(io_fds.entries.size(), 2U);
-  EXPECT_EQ(io_fds.fds.size(), 2U);
+  ASSERT_EQ(io_fds.entries.size(), 3U);
+  EXPECT_EQ(io_fds.fds.size(), 3U);
   EXPECT_EQ(io_fds.entries[0].offset, VirtioNetPci::kNotifyOffset);
   EXPECT_EQ(io_fds.entries[1].offset, VirtioNetPci::kNotifyOffset + VirtioNetPci::kNotifyMultiplier);
   // The PCI configuration access capability reaches BAR0: num_queues.
   c.write(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 4, std::vector<uint8_t>{0});
   c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 8, 0x12);
   c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 12, 2);
-  EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 16) & 0xffff, 2U);
+  EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 16) & 0xffff, 3U);
 }
 
 TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
@@ -180,6 +181,58 @@ TEST_F(VirtioPciTest, QueueInterruptHonoursTheVectorMask) {
   EXPECT_EQ(engine.stats(pci->vector_route(0)).replayed, 1U);
   std::vector<uint8_t> out(2048);
   EXPECT_EQ(d.receive(out.data(), out.size(), 2000), f.size());
+}
+
+std::vector<uint8_t> eth_frame(const uint8_t* dest, uint8_t fill) {
+  std::vector<uint8_t> f(12 + 64, fill);
+  std::memset(f.data(), 0, 12);
+  std::memcpy(f.data() + 12, dest, 6);
+  return f;
+}
+
+// The control queue (§5.1.6.5): RX mode and MAC filtering decide what the
+// driver receives; MAC_ADDR_SET changes the address in config space too.
+TEST_F(VirtioPciTest, ControlQueueFiltersWhatTheDriverReceives) {
+  Client c(socket);
+  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .control_queue = true});
+  d.bring_up();
+  ASSERT_TRUE(d.features() & virtio::kNetCtrlVq);
+  const uint8_t ours[6] = {0x02, 0x5a, 0x00, 0x00, 0x01, 0x02};
+  const uint8_t other[6] = {0x02, 0x99, 0x00, 0x00, 0x00, 0x01};
+  const uint8_t bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  const uint8_t mcast[6] = {0x01, 0x00, 0x5e, 0x00, 0x00, 0xfb};
+  auto delivered = [&](const uint8_t* dest) {
+    auto f = eth_frame(dest, 0x42);
+    EXPECT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
+    std::vector<uint8_t> out(2048);
+    return d.receive(out.data(), out.size(), 200) == f.size();
+  };
+  EXPECT_TRUE(delivered(other));  // promiscuous until the driver says otherwise
+  EXPECT_EQ(d.control(0, 0, {0}), 0);  // RX PROMISC off
+  EXPECT_EQ(d.control(0, 1, {0}), 0);  // RX ALLMULTI off
+  EXPECT_FALSE(delivered(other));
+  EXPECT_TRUE(delivered(ours));
+  EXPECT_TRUE(delivered(bcast));
+  EXPECT_FALSE(delivered(mcast));
+  // MAC TABLE_SET: no unicast entries, one multicast entry.
+  std::vector<uint8_t> table(14, 0);
+  table[4] = 1;
+  std::memcpy(table.data() + 8, mcast, 6);
+  EXPECT_EQ(d.control(1, 0, table), 0);
+  EXPECT_TRUE(delivered(mcast));
+  // A table whose count runs past the data is refused.
+  EXPECT_EQ(d.control(1, 0, {9, 0, 0, 0}), 1);
+  // MAC_ADDR_SET: the new address is the device's, in config space too.
+  EXPECT_EQ(d.control(1, 1, std::vector<uint8_t>(other, other + 6)), 0);
+  EXPECT_EQ(d.mac(), "02:99:00:00:00:01");
+  EXPECT_TRUE(delivered(other));
+  EXPECT_FALSE(delivered(ours));
+  // MQ on a one-pair device, and an unknown class: ERR, and the device goes on.
+  EXPECT_EQ(d.control(4, 0, {1, 0}), 1);
+  EXPECT_EQ(d.control(9, 9, {}), 1);
+  EXPECT_EQ(d.control(0, 0, {1}), 0);
+  EXPECT_TRUE(delivered(ours));
+  EXPECT_FALSE(net->broken());
 }
 
 TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {

@@ -26,6 +26,7 @@ struct VirtioNetDriverOptions {
   uint16_t queue_size = 256;
   bool packed = false;    // ask for VIRTIO_F_RING_PACKED (when offered)
   bool offloads = true;   // checksum and TSO both ways (when offered)
+  bool control_queue = false;  // negotiate CTRL_VQ, CTRL_RX, CTRL_MAC_ADDR and set the queue up
 };
 
 struct VirtioNetDriverStats {
@@ -48,6 +49,9 @@ class VirtioNetDriver {
   // Waits up to timeout_ms for one received frame (header first); returns
   // its size, 0 on timeout.
   size_t receive(uint8_t* out, size_t size, int timeout_ms);
+
+  // One control command (§5.1.6.5); returns the device's ack (0: OK).
+  uint8_t control(uint8_t cls, uint8_t cmd, const std::vector<uint8_t>& data);
 
   [[nodiscard]] uint64_t features() const { return features_; }
   [[nodiscard]] bool packed() const { return packed_; }
@@ -84,7 +88,8 @@ class VirtioNetDriver {
   UniqueFd ram_fd_;
   uint8_t* ram_ = nullptr;
   uint64_t ram_size_ = 0;
-  std::unique_ptr<Ring> rx_, tx_;
+  std::unique_ptr<Ring> rx_, tx_, ctrl_;
+  unsigned ctrl_index_ = 2;
   std::vector<UniqueFd> irq_fds_;   // MSI-X vector eventfds: 0 = RX, 1 = TX
   std::vector<UniqueFd> doorbells_;  // per queue, from GET_REGION_IO_FDS
   std::vector<uint16_t> tx_free_;   // free TX buffer slots

@@ -43,7 +43,10 @@ inline constexpr uint64_t kNetHostEcn = 1ULL << 13U;
 inline constexpr uint64_t kNetHostUfo = 1ULL << 14U;
 inline constexpr uint64_t kNetMrgRxbuf = 1ULL << 15U;
 inline constexpr uint64_t kNetStatus = 1ULL << 16U;
+inline constexpr uint64_t kNetCtrlVq = 1ULL << 17U;
+inline constexpr uint64_t kNetCtrlRx = 1ULL << 18U;
 inline constexpr uint64_t kNetMq = 1ULL << 22U;
+inline constexpr uint64_t kNetCtrlMacAddr = 1ULL << 23U;
 inline constexpr uint64_t kRingIndirectDesc = 1ULL << 28U;
 inline constexpr uint64_t kRingEventIdx = 1ULL << 29U;
 inline constexpr uint64_t kVersion1 = 1ULL << 32U;
@@ -70,6 +73,24 @@ struct NetConfig {
   bool packed = true;        // offer VIRTIO_F_RING_PACKED
   bool offloads = true;      // offer checksum and TSO both ways
   unsigned tap_offloads = 0; // TUN_F_* the tap may use (config backend.offloads)
+  // Serve the control virtqueue (§5.1.6.5: RX mode, MAC address and
+  // filter, MQ pairs). A transport that is the whole device (virtio-pci)
+  // does; over vhost-user the VMM keeps the control queue itself.
+  bool control_queue = false;
+};
+
+// What the control queue set (§5.1.6.5); read by every RX worker.
+struct RxFilter {
+  static constexpr unsigned kMaxMacs = 32;
+  std::atomic<bool> promisc{true};
+  std::atomic<bool> allmulti{true};
+  std::atomic<uint64_t> mac{0};  // the device's address, 6 bytes
+  std::atomic<uint32_t> unicast_count{0}, multicast_count{0};
+  std::array<std::atomic<uint64_t>, kMaxMacs> unicast{}, multicast{};
+  std::atomic<bool> unicast_overflow{false}, multicast_overflow{false};
+  void reset(uint64_t device_mac);
+  // Does a frame with this destination reach the driver?
+  [[nodiscard]] bool accepts(const uint8_t* dest) const;
 };
 
 struct QueueStats {
@@ -91,7 +112,13 @@ class NetDevice {
   // Negotiated features; turns on the tap offloads the guest can take.
   void set_features(uint64_t features);
   [[nodiscard]] uint64_t features() const { return features_; }
-  [[nodiscard]] unsigned num_queues() const { return 2U * config_.queue_pairs; }
+  [[nodiscard]] unsigned num_queues() const { return 2U * config_.queue_pairs + (config_.control_queue ? 1U : 0U); }
+  // The control queue's index (the last one), when there is one.
+  [[nodiscard]] unsigned control_queue_index() const { return 2U * config_.queue_pairs; }
+  // The device's current MAC (the config's, or what MAC_ADDR_SET gave).
+  [[nodiscard]] MacAddress mac() const;
+  [[nodiscard]] unsigned active_pairs() const { return active_pairs_.load(); }
+  [[nodiscard]] const RxFilter& rx_filter() const { return filter_; }
   [[nodiscard]] const NetConfig& config() const { return config_; }
 
   // --- queue setup by the transport (device stopped) ---
@@ -141,6 +168,8 @@ class NetDevice {
   void run_pair(Worker& w);
   bool do_tx(Worker& w);
   bool do_rx(Worker& w);
+  void do_ctrl(Worker& w);
+  uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
   void notify(Queue& q);
 
   NetConfig config_;
@@ -151,6 +180,9 @@ class NetDevice {
   std::vector<Queue> queues_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<bool> broken_{false};
+  RxFilter filter_;
+  std::atomic<unsigned> active_pairs_{1};
+  std::atomic<uint64_t> filtered_{0};
 };
 
 }  // namespace sriovd::virtio

@@ -24,6 +24,9 @@ class PacketPort {
   virtual ssize_t recv(unsigned q, uint8_t* buf, size_t size) = 0;
   // TUN_F_* offloads the guest can take from us.
   virtual void set_offloads(unsigned tun_flags) = 0;
+  // Only queues [0, n) carry traffic (the driver's MQ setting); a port
+  // that can steer (a multi-queue tap) stops giving packets to the rest.
+  virtual void set_active_queues(unsigned /*n*/) {}
 };
 
 }  // namespace sriovd::virtio

@@ -26,6 +26,8 @@ class Tap : public PacketPort {
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   // TUNSETOFFLOAD: what the kernel may hand us (csum, tso4, tso6, ecn, ufo).
   void set_offloads(unsigned tun_flags) override;
+  // TUNSETQUEUE: queues >= n detached, so the kernel steers no flow to them.
+  void set_active_queues(unsigned n) override;
 
  private:
   std::string name_;
