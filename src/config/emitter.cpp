@@ -50,6 +50,7 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   out << YAML::Key << "packed" << YAML::Value << YAML::DoubleQuoted << to_string(dev.packed);
   if (dev.mac) out << YAML::Key << "mac" << YAML::Value << YAML::DoubleQuoted << dev.mac->to_string();
   out << YAML::Key << "mtu" << YAML::Value << dev.mtu;
+  if (dev.iommu_platform) out << YAML::Key << "iommu_platform" << YAML::Value << true;
   out << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << to_string(dev.backend_kind);
   if (dev.backend_kind == BackendKind::tap) {

@@ -628,7 +628,7 @@ class Loader {
   void read_virtio(const YAML::Node& node, const std::string& path) {
     Mapping m(ctx_, node, path,
               {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
-               "mtu", "backend"});
+               "mtu", "iommu_platform", "backend"});
     if (!m.valid()) return;
     VirtioDevice dev;
     dev.where = m.where();
@@ -680,6 +680,14 @@ class Loader {
     }
     dev.mac = mac_value(ctx_, m, "mac");
     if (auto mtu = m.unsigned_in("mtu", 68, 65535)) dev.mtu = static_cast<uint16_t>(*mtu);
+    if (auto iommu = m.boolean("iommu_platform")) {
+      if (*iommu && dev.transport != Transport::vhost_user) {
+        ctx_.error(m.where("iommu_platform"), m.path_of("iommu_platform"),
+                   "iommu_platform is for vhost-user devices (over vfio-user the VMM maps DMA itself)");
+        ok = false;
+      }
+      dev.iommu_platform = *iommu;
+    }
     ok &= read_backend(m.get("backend", true), m.path_of("backend"), dev);
     if (!ok) return;
     dev.name = *name;

@@ -90,6 +90,8 @@ Shape shape_of(uint32_t request) {
       return {-1, -1};
     case kSetBackendReqFd:
       return {0, 1};
+    case kIotlbMsg:
+      return {sizeof(IotlbMsg), 0};
     default:
       return {-2, 0};  // not served
   }
@@ -111,7 +113,9 @@ struct Backend::Message {
 };
 
 Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode)
-    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), acceptor_(io), retry_(io) {
+    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), acceptor_(io), retry_(io),
+      miss_watch_(io, ::dup(iotlb_.miss_fd())) {
+  watch_misses();
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
     try_connect();
@@ -153,6 +157,7 @@ void Backend::adopt(UniqueFd fd) {
 
 Backend::~Backend() {
   boost::system::error_code ignored;
+  miss_watch_.cancel(ignored);
   retry_.cancel();
   acceptor_.close(ignored);
   if (watch_) {
@@ -290,6 +295,9 @@ void Backend::handle(Message& m) {
       device_.stop();
       device_.set_features(f & ~kFeatureProtocolFeatures);
       protocol_negotiated_ = f & kFeatureProtocolFeatures;
+      // ACCESS_PLATFORM: ring and buffer addresses are IOVAs from now on.
+      access_platform_ = device_.features() & virtio::kAccessPlatform;
+      memory_.set_iotlb(access_platform_ ? &iotlb_ : nullptr);
       break;
     }
     case kGetProtocolFeatures: {
@@ -306,6 +314,10 @@ void Backend::handle(Message& m) {
     case kResetDevice:
       device_.reset();
       memory_.clear();
+      memory_.set_iotlb(nullptr);
+      access_platform_ = false;
+      iotlb_.clear();
+      iotlb_.reclaim();
       status_ = 0;
       break;
     case kSetMemTable: {
@@ -340,9 +352,13 @@ void Backend::handle(Message& m) {
       const auto a = payload_as<VringAddr>(m.payload);
       const unsigned q = queue_index(a.index);
       virtio::RingAddresses rings;
-      if (!memory_.user_to_guest(a.desc, 1, rings.desc) || !memory_.user_to_guest(a.avail, 1, rings.driver) ||
-          !memory_.user_to_guest(a.used, 1, rings.device))
+      if (access_platform_) {
+        // IOVAs: translated through the IOTLB when the queue starts.
+        rings = {a.desc, a.avail, a.used};
+      } else if (!memory_.user_to_guest(a.desc, 1, rings.desc) || !memory_.user_to_guest(a.avail, 1, rings.driver) ||
+                 !memory_.user_to_guest(a.used, 1, rings.device)) {
         throw ProtocolError("SET_VRING_ADDR for queue " + std::to_string(q) + ": a ring outside the shared memory");
+      }
       device_.stop();
       device_.set_queue_rings(q, rings);
       break;
@@ -413,7 +429,10 @@ void Backend::handle(Message& m) {
       break;
     }
     case kSetBackendReqFd:
-      kept_fds_.push_back(std::move(m.fds[0]));
+      backend_req_ = std::move(m.fds[0]);
+      break;
+    case kIotlbMsg:
+      iotlb_message(payload_as<IotlbMsg>(m.payload));
       break;
     case kNetSetMtu:
     case kSendRarp:
@@ -432,6 +451,11 @@ void Backend::disconnect(const std::string& why) {
   protocol_negotiated_ = false;
   status_ = 0;
   kept_fds_.clear();
+  backend_req_.reset();
+  memory_.set_iotlb(nullptr);
+  access_platform_ = false;
+  iotlb_.clear();
+  iotlb_.reclaim();  // the device is stopped: no worker looks any more
   inbuf_.clear();
   infds_.clear();
   if (watch_) {
@@ -442,6 +466,72 @@ void Backend::disconnect(const std::string& why) {
   }
   conn_.reset();
   if (mode_ == Mode::client) connect_later(std::chrono::seconds(1));
+}
+
+// IOTLB_MSG from the front-end (§ "IOMMU support" of the vhost-user spec).
+// An update may unblock stalled rings (kick them) or queues that could not
+// start; an invalidation takes effect with the workers stopped, so no
+// translation from before it is in use once it is acknowledged.
+void Backend::iotlb_message(const IotlbMsg& msg) {
+  switch (msg.type) {
+    case kIotlbUpdate:
+      if (msg.size == 0 || msg.iova + msg.size < msg.iova || !(msg.perm & 3U))
+        throw ProtocolError("IOTLB update with size " + std::to_string(msg.size) + " and permission " +
+                            std::to_string(msg.perm));
+      iotlb_.update({msg.iova, msg.size, msg.uaddr, msg.perm});
+      if (iotlb_.retired() > 64 || device_.waiting_for_translations()) {
+        // Old tables freed, and pairs that waited for their rings started,
+        // from a stopped device.
+        const bool was_running = device_.running();
+        device_.stop();
+        iotlb_.reclaim();
+        if (was_running || device_.waiting_for_translations()) try_start();
+      } else if (device_.running()) {
+        device_.kick_all();
+      } else {
+        try_start();
+      }
+      break;
+    case kIotlbInvalidate: {
+      const bool was_running = device_.running();
+      device_.stop();
+      iotlb_.invalidate(msg.iova, msg.size);
+      iotlb_.reclaim();
+      if (was_running) try_start();
+      break;
+    }
+    case kIotlbAccessFail:
+      spdlog::warn("vhost-user: {}: front-end reports an IOTLB access failure at 0x{:x}", device_.config().name, msg.iova);
+      break;
+    default:
+      throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
+  }
+}
+
+void Backend::watch_misses() {
+  miss_watch_.async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;
+    send_miss();
+    watch_misses();
+  });
+}
+
+// A worker found an IOVA the IOTLB lacks: ask the front-end on the
+// back-end channel; its UPDATE arrives as an IOTLB_MSG on the main one.
+void Backend::send_miss() {
+  uint64_t iova = 0;
+  uint8_t perm = 0;
+  if (!iotlb_.take_miss(iova, perm)) return;
+  if (!backend_req_) {
+    spdlog::warn("vhost-user: {}: IOTLB miss at 0x{:x} and no back-end channel to ask on", device_.config().name, iova);
+    return;
+  }
+  struct {
+    Header hdr;
+    IotlbMsg msg;
+  } __attribute__((packed)) out{{kBackendIotlbMsg, kVersion, sizeof(IotlbMsg)}, {iova, 4096, 0, perm, kIotlbMiss, {}}};
+  if (::send(backend_req_.get(), &out, sizeof out, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof out))
+    spdlog::warn("vhost-user: {}: cannot send an IOTLB miss: {}", device_.config().name, std::strerror(errno));
 }
 
 }  // namespace sriovd::vhost_user

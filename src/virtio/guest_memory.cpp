@@ -38,7 +38,22 @@ void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t use
   mappings_.push_back({p, size + mmap_offset});
 }
 
-uint8_t* GuestMemory::translate(uint64_t gpa, uint64_t len) const {
+uint8_t* GuestMemory::translate(uint64_t gpa, uint64_t len, bool device_writes) const {
+  if (!iotlb_) return translate_gpa(gpa, len);
+  uint64_t uaddr = 0;
+  if (!iotlb_->lookup(gpa, len, device_writes, uaddr)) return nullptr;
+  return translate_user(uaddr, len);
+}
+
+bool GuestMemory::iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) const {
+  if (!iotlb_) return false;
+  uint64_t uaddr = 0;
+  if (iotlb_->lookup(iova, len, device_writes, uaddr)) return false;  // translated, but outside the memory table
+  iotlb_->report_miss(iova, device_writes);
+  return true;
+}
+
+uint8_t* GuestMemory::translate_gpa(uint64_t gpa, uint64_t len) const {
   auto inside = [&](const MemoryRegion& r) {
     return gpa >= r.guest_addr && len <= r.size && gpa - r.guest_addr <= r.size - len;
   };

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <tuple>
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
@@ -106,6 +107,7 @@ NetDevice::~NetDevice() {
 uint64_t NetDevice::offered_features() const {
   uint64_t f = kVersion1 | kNetMrgRxbuf | kNetStatus | kNetMtu | kRingEventIdx | kRingIndirectDesc;
   if (config_.mac) f |= kNetMac;
+  if (config_.access_platform) f |= kAccessPlatform;
   if (config_.packed) f |= kRingPacked;
   if (config_.control_queue) {
     f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr;
@@ -177,10 +179,26 @@ void NetDevice::start() {
   if (running() || broken_) return;
   const bool packed = features_ & kRingPacked;
   const bool event_idx = features_ & kRingEventIdx;
+  waiting_rings_ = false;
+  // With an IOTLB the ring parts may not be translated yet: the misses are
+  // reported and the pair starts when they are answered.
+  auto translated = [&](const Queue& q) {
+    const RingLayout l = packed ? packed_layout(q.size) : split_layout(q.size);
+    bool ok = true;
+    for (auto [addr, len, write] : {std::tuple{q.rings.desc, l.desc_bytes, false},
+                                    std::tuple{q.rings.driver, l.driver_bytes, false},
+                                    std::tuple{q.rings.device, l.device_bytes, true}})
+      if (!memory_->translate(addr, len, write) && memory_->iotlb_miss(addr, len, write)) ok = false;
+    return ok;
+  };
   for (unsigned p = 0; p < config_.queue_pairs; ++p) {
     Queue& rx = queues_[2 * p];
     Queue& tx = queues_[2 * p + 1];
     if (!queue_ready(rx) || !queue_ready(tx)) continue;
+    if (memory_->has_iotlb() && (!translated(rx) || !translated(tx))) {
+      waiting_rings_ = true;
+      continue;
+    }
     for (Queue* q : {&rx, &tx})
       q->ring = packed ? make_packed_queue(*memory_, q->size, q->rings, event_idx, Barriers::one_way, q->base)
                        : make_split_queue(*memory_, q->size, q->rings, event_idx, Barriers::one_way, q->base);
@@ -254,6 +272,12 @@ void NetDevice::reset() {
   }
 }
 
+void NetDevice::kick_all() {
+  const uint64_t one = 1;
+  for (auto& q : queues_)
+    if (q.kick) (void)::write(q.kick.get(), &one, sizeof one);
+}
+
 void NetDevice::notify(Queue& q) {
   if (q.ring->should_notify() && q.interrupt) {
     engine_.trigger(*q.interrupt);
@@ -308,8 +332,8 @@ bool NetDevice::do_tx(Worker& w) {
   for (;;) {
     if (!q.ring->pop(c, segs)) {
       // Ask for a kick before sleeping; buffers that slipped in meanwhile
-      // are taken now.
-      if (q.ring->broken() || !q.ring->enable_kicks()) break;
+      // are taken now. A stalled ring waits for its IOTLB answer instead.
+      if (q.ring->broken() || q.ring->stalled() || !q.ring->enable_kicks()) break;
       continue;
     }
     any = true;
@@ -373,9 +397,11 @@ bool NetDevice::do_rx(Worker& w) {
         delivered = true;
         continue;
       }
+      const bool stalled = q.ring->stalled();
       while (used > 0) q.ring->rewind(w.chains[--used]);
-      // Buffers that arrived meanwhile: try again before giving up.
-      if (q.ring->enable_kicks()) continue;
+      // Buffers that arrived meanwhile: try again before giving up (not
+      // when waiting for an IOTLB answer: kick_all() brings us back).
+      if (!stalled && q.ring->enable_kicks()) continue;
       // Out of buffers: stop watching the tap until the guest kicks.
       if (w.tap_armed) {
         epoll_event ev{};
@@ -426,7 +452,7 @@ void NetDevice::do_ctrl(Worker& w) {
   bool any = false;
   for (;;) {
     if (!q.ring->pop(c, w.ctrl_segs)) {
-      if (q.ring->broken() || !q.ring->enable_kicks()) break;
+      if (q.ring->broken() || q.ring->stalled() || !q.ring->enable_kicks()) break;
       continue;
     }
     any = true;

@@ -15,6 +15,7 @@ const char* to_string(RingError e) {
     case RingError::bad_address: return "buffer outside guest memory";
     case RingError::bad_indirect: return "malformed indirect descriptor";
     case RingError::write_then_read: return "device-readable buffer after a device-writable one";
+    case RingError::iotlb_miss: return "IOTLB miss";
   }
   return "?";
 }
@@ -66,9 +67,9 @@ bool add_segment(const GuestMemory& mem, uint64_t addr, uint32_t len, bool writa
     err = RingError::chain_too_long;
     return false;
   }
-  uint8_t* p = mem.translate(addr, len);
+  uint8_t* p = mem.translate(addr, len, writable);
   if (!p && len > 0) {
-    err = RingError::bad_address;
+    err = mem.iotlb_miss(addr, len, writable) ? RingError::iotlb_miss : RingError::bad_address;
     return false;
   }
   segs[c.count++] = {p, len, writable};
@@ -92,7 +93,7 @@ bool add_indirect(const GuestMemory& mem, uint64_t addr, uint32_t len, Chain& c,
   }
   const uint8_t* table = mem.translate(addr, len);
   if (!table) {
-    err = RingError::bad_address;
+    err = mem.iotlb_miss(addr, len, false) ? RingError::iotlb_miss : RingError::bad_address;
     return false;
   }
   const uint32_t n = len / sizeof(Desc);
@@ -147,6 +148,7 @@ class SplitQueue final : public Virtqueue {
 
   bool pop(Chain& c, std::span<Segment> segs) override {
     if (broken()) return false;
+    stalled_ = false;
     if (last_avail_ == cached_avail_) {
       cached_avail_ = load_acquire<B>(avail_[1]);
       if (last_avail_ == cached_avail_) return false;
@@ -165,10 +167,10 @@ class SplitQueue final : public Virtqueue {
       std::memcpy(&d, &desc_[i], sizeof d);
       if (d.flags & kDescIndirect) {
         if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
-        if (!add_indirect<SplitDesc>(mem_, d.addr, d.len, c, segs, err)) return fail(err);
+        if (!add_indirect<SplitDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
         break;
       }
-      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail(err);
+      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail_or_stall(err);
       if (!(d.flags & kDescNext)) break;
       if (d.next >= size_) return fail(RingError::bad_head);
       i = d.next;
@@ -259,6 +261,7 @@ class PackedQueue final : public Virtqueue {
 
   bool pop(Chain& c, std::span<Segment> segs) override {
     if (broken()) return false;
+    stalled_ = false;
     const uint16_t flags = load_acquire<B>(desc_[next_avail_].flags);
     if (!available(flags, avail_wrap_)) return false;
     c = Chain{};
@@ -279,11 +282,11 @@ class PackedQueue final : public Virtqueue {
       }
       if (d.flags & kDescIndirect) {
         if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
-        if (!add_indirect<PackedDesc>(mem_, d.addr, d.len, c, segs, err)) return fail(err);
+        if (!add_indirect<PackedDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
         c.id = d.id;
         break;
       }
-      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail(err);
+      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail_or_stall(err);
       if (!(d.flags & kDescNext)) {
         c.id = d.id;  // the buffer id is in the chain's last descriptor
         break;

@@ -135,6 +135,9 @@ struct VirtioDevice {
   PackedRing packed = PackedRing::automatic;
   std::optional<MacAddress> mac;
   uint16_t mtu = 1500;
+  // Offer VIRTIO_F_ACCESS_PLATFORM (vhost-user): the VMM's vIOMMU
+  // translates ring addresses through the device IOTLB.
+  bool iommu_platform = false;
   BackendKind backend_kind = BackendKind::tap;
   TapBackend tap;
   VfBackend vf;

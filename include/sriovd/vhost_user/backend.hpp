@@ -18,6 +18,8 @@
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
+#include "sriovd/virtio/iotlb.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/net.hpp"
 
 namespace sriovd::vhost_user {
@@ -43,6 +45,7 @@ class Backend {
 
  private:
   struct Message;
+  using IotlbMsg = vhost_user::IotlbMsg;
   void accept_next();
   void connect_later(std::chrono::milliseconds delay);
   void try_connect();
@@ -54,6 +57,9 @@ class Backend {
   void ack(const Message& m, uint64_t status);
   void disconnect(const std::string& why);
   void try_start();
+  void watch_misses();
+  void send_miss();
+  void iotlb_message(const IotlbMsg& msg);
 
   asio::io_context& io_;
   std::string path_;
@@ -69,7 +75,11 @@ class Backend {
   uint64_t protocol_features_ = 0;
   bool protocol_negotiated_ = false;
   uint8_t status_ = 0;
-  std::vector<UniqueFd> kept_fds_;  // error and backend-request fds
+  std::vector<UniqueFd> kept_fds_;  // vring error fds
+  UniqueFd backend_req_;            // the back-end channel (SET_BACKEND_REQ_FD)
+  virtio::Iotlb iotlb_;             // VIRTIO_F_ACCESS_PLATFORM translations
+  asio::posix::stream_descriptor miss_watch_;
+  bool access_platform_ = false;
   BackendStats stats_;
 };
 

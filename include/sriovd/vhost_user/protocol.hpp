@@ -110,6 +110,20 @@ struct SingleMemRegion {
 };
 static_assert(sizeof(SingleMemRegion) == 40);
 
+// struct vhost_iotlb_msg (linux/vhost_types.h), as IOTLB_MSG carries it.
+struct IotlbMsg {
+  uint64_t iova;
+  uint64_t size;
+  uint64_t uaddr;
+  uint8_t perm;
+  uint8_t type;
+  uint8_t padding[6];
+};
+static_assert(sizeof(IotlbMsg) == 32);
+inline constexpr uint8_t kIotlbMiss = 1, kIotlbUpdate = 2, kIotlbInvalidate = 3, kIotlbAccessFail = 4;
+// Back-end channel requests (back-end -> front-end).
+inline constexpr uint32_t kBackendIotlbMsg = 1;
+
 struct ConfigSpace {
   uint32_t offset;
   uint32_t size;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
+#include "sriovd/virtio/iotlb.hpp"
 
 namespace sriovd::virtio {
 
@@ -35,7 +36,15 @@ class GuestMemory {
   void clear();
 
   // Pointer to [gpa, gpa+len) if it lies inside one region; nullptr if not.
-  [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len) const;
+  // With an IOTLB (VIRTIO_F_ACCESS_PLATFORM) the address is an IOVA: the
+  // IOTLB gives the front-end address (checking `device_writes` against
+  // the entry's permission), and the memory table the pointer.
+  [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len, bool device_writes = false) const;
+  // After translate() failed: was it an IOTLB miss (then reported to the
+  // IOTLB, and worth a retry once it is answered) rather than a bad address?
+  [[nodiscard]] bool iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) const;
+  void set_iotlb(Iotlb* iotlb) { iotlb_ = iotlb; }
+  [[nodiscard]] bool has_iotlb() const { return iotlb_ != nullptr; }
   // The same for a front-end virtual address (vhost-user vring addresses).
   [[nodiscard]] uint8_t* translate_user(uint64_t uva, uint64_t len) const;
   // A front-end virtual address as a guest address (vhost-user ring
@@ -48,7 +57,9 @@ class GuestMemory {
     void* base = nullptr;
     size_t length = 0;
   };
+  [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len) const;
   std::vector<MemoryRegion> regions_;
+  Iotlb* iotlb_ = nullptr;
   std::vector<Mapping> mappings_;
   mutable size_t last_hit_ = 0;
 };

@@ -50,6 +50,7 @@ inline constexpr uint64_t kNetCtrlMacAddr = 1ULL << 23U;
 inline constexpr uint64_t kRingIndirectDesc = 1ULL << 28U;
 inline constexpr uint64_t kRingEventIdx = 1ULL << 29U;
 inline constexpr uint64_t kVersion1 = 1ULL << 32U;
+inline constexpr uint64_t kAccessPlatform = 1ULL << 33U;  // VIRTIO_F_ACCESS_PLATFORM (IOMMU_PLATFORM)
 inline constexpr uint64_t kRingPacked = 1ULL << 34U;
 
 // struct virtio_net_hdr_v1 (§5.1.6).
@@ -77,6 +78,8 @@ struct NetConfig {
   // filter, MQ pairs). A transport that is the whole device (virtio-pci)
   // does; over vhost-user the VMM keeps the control queue itself.
   bool control_queue = false;
+  // Offer VIRTIO_F_ACCESS_PLATFORM: the transport brings an IOTLB.
+  bool access_platform = false;
 };
 
 // What the control queue set (§5.1.6.5); read by every RX worker.
@@ -142,6 +145,12 @@ class NetDevice {
   void stop();
   // Everything back to the state before negotiation.
   void reset();
+  // Wakes every queue as its kick would (after an IOTLB update, so that
+  // stalled rings retry).
+  void kick_all();
+  // Pairs that could not start because their rings are not translated
+  // yet (IOTLB misses reported).
+  [[nodiscard]] bool waiting_for_translations() const { return waiting_rings_; }
   [[nodiscard]] bool running() const { return !workers_.empty(); }
   [[nodiscard]] bool broken() const { return broken_.load(); }
 
@@ -180,6 +189,7 @@ class NetDevice {
   std::vector<Queue> queues_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<bool> broken_{false};
+  bool waiting_rings_ = false;
   RxFilter filter_;
   std::atomic<unsigned> active_pairs_{1};
   std::atomic<uint64_t> filtered_{0};

@@ -64,6 +64,7 @@ enum class RingError : uint8_t {
   bad_address,        // a buffer outside guest memory
   bad_indirect,       // INDIRECT with NEXT, nested, empty, or a length not a multiple of 16
   write_then_read,    // a device-readable buffer after a device-writable one (§2.7.4.2)
+  iotlb_miss,         // not an error: an IOVA the IOTLB lacks; the pop is retried once it is answered
 };
 const char* to_string(RingError);
 
@@ -118,13 +119,26 @@ class Virtqueue {
   [[nodiscard]] virtual uint16_t size() const = 0;
   [[nodiscard]] RingError error() const { return error_; }
   [[nodiscard]] bool broken() const { return error_ != RingError::none; }
+  // The last pop found an IOVA the IOTLB does not translate yet: the
+  // buffer stays available and the miss has been reported.
+  [[nodiscard]] bool stalled() const { return stalled_; }
 
  protected:
   bool fail(RingError e) {
     error_ = e;
     return false;
   }
+  // A failed chain walk: an IOTLB miss stalls (no index moves), anything
+  // else breaks the ring.
+  bool fail_or_stall(RingError e) {
+    if (e == RingError::iotlb_miss) {
+      stalled_ = true;
+      return false;
+    }
+    return fail(e);
+  }
   RingError error_ = RingError::none;
+  bool stalled_ = false;
 };
 
 // Throws std::invalid_argument when the size is bad or a ring part is not in

@@ -1,0 +1,77 @@
+#pragma once
+// The device IOTLB of VIRTIO_F_ACCESS_PLATFORM over vhost-user: every
+// address in the rings is an IOVA the front-end's IOMMU translates; the
+// front-end pushes translations (IOTLB_MSG UPDATE / INVALIDATE) and the
+// device asks for what it lacks (a MISS on the back-end channel).
+//
+// Data plane: lookup() reads the current table without a lock - a sorted
+// array published with a release store, searched with a per-thread
+// last-hit cache (O(1) for the runs of buffers that share a mapping, and
+// the ring metadata is translated once per queue start anyway). The
+// control plane replaces the table whole (copy on write) and keeps the old
+// ones until reclaim(), which the owner calls when no worker runs.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd::virtio {
+
+// vhost_iotlb_msg permissions (linux/vhost_types.h).
+inline constexpr uint8_t kIotlbRead = 1;
+inline constexpr uint8_t kIotlbWrite = 2;
+
+struct IotlbEntry {
+  uint64_t iova = 0;
+  uint64_t size = 0;
+  uint64_t uaddr = 0;  // the front-end's virtual address (its memory table)
+  uint8_t perm = 0;
+};
+
+class Iotlb {
+ public:
+  Iotlb();
+  ~Iotlb();
+  Iotlb(const Iotlb&) = delete;
+  Iotlb& operator=(const Iotlb&) = delete;
+
+  // --- control plane ---
+  // Adds a translation; one that overlaps existing ones replaces them.
+  void update(const IotlbEntry& e);
+  // Drops every translation overlapping [iova, iova + size).
+  void invalidate(uint64_t iova, uint64_t size);
+  void clear();
+  // Frees replaced tables: only while no thread can be in lookup().
+  void reclaim();
+  [[nodiscard]] size_t retired() const { return retired_.size(); }
+  [[nodiscard]] size_t size() const;
+
+  // --- data plane (any thread) ---
+  // The front-end address of [iova, iova + len) if one entry covers it with
+  // the permission asked for; false otherwise.
+  bool lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const;
+  // Records a miss for the control plane to ask about (one outstanding at
+  // a time; more are found again when the rings are retried) and signals
+  // miss_fd().
+  void report_miss(uint64_t iova, bool write);
+  // Takes the outstanding miss, if any.
+  bool take_miss(uint64_t& iova, uint8_t& perm);
+  [[nodiscard]] int miss_fd() const { return miss_fd_.get(); }
+  [[nodiscard]] uint64_t misses() const { return misses_.load(); }
+
+ private:
+  using Table = std::vector<IotlbEntry>;  // sorted by iova, no overlaps
+  void publish(std::unique_ptr<Table> next);
+  std::atomic<const Table*> current_;
+  std::unique_ptr<Table> owned_;
+  std::vector<std::unique_ptr<Table>> retired_;
+  std::atomic<uint64_t> miss_slot_{0};  // iova | 1 (read) or | 2 (write) in the low bits; 0: none
+  std::atomic<uint64_t> misses_{0};
+  UniqueFd miss_fd_;
+};
+
+}  // namespace sriovd::virtio

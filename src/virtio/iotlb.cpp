@@ -1,0 +1,117 @@
+#include "sriovd/virtio/iotlb.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::virtio {
+
+namespace {
+
+// The last entry this thread hit, per table: consecutive buffers usually
+// share a mapping, so most lookups are one range check.
+struct LastHit {
+  const void* table = nullptr;
+  size_t index = 0;
+};
+thread_local LastHit t_last;
+
+}  // namespace
+
+Iotlb::Iotlb() : owned_(std::make_unique<Table>()) {
+  current_.store(owned_.get());
+  miss_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!miss_fd_) throw_errno("eventfd for IOTLB misses");
+}
+
+Iotlb::~Iotlb() = default;
+
+void Iotlb::publish(std::unique_ptr<Table> next) {
+  current_.store(next.get(), std::memory_order_release);
+  retired_.push_back(std::move(owned_));
+  owned_ = std::move(next);
+}
+
+void Iotlb::update(const IotlbEntry& e) {
+  if (e.size == 0 || e.iova + e.size < e.iova) throw std::invalid_argument("IOTLB entry of size 0 or wrapping");
+  auto next = std::make_unique<Table>();
+  next->reserve(owned_->size() + 1);
+  for (const auto& x : *owned_)
+    if (x.iova + x.size <= e.iova || x.iova >= e.iova + e.size) next->push_back(x);
+  next->push_back(e);
+  std::sort(next->begin(), next->end(), [](const IotlbEntry& a, const IotlbEntry& b) { return a.iova < b.iova; });
+  publish(std::move(next));
+}
+
+void Iotlb::invalidate(uint64_t iova, uint64_t size) {
+  auto next = std::make_unique<Table>();
+  for (const auto& x : *owned_)
+    if (x.iova + x.size <= iova || x.iova >= iova + size) next->push_back(x);
+  publish(std::move(next));
+}
+
+void Iotlb::clear() { publish(std::make_unique<Table>()); }
+
+void Iotlb::reclaim() { retired_.clear(); }
+
+size_t Iotlb::size() const { return owned_->size(); }
+
+bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const {
+  const Table* t = current_.load(std::memory_order_acquire);
+  const uint8_t need = write ? kIotlbWrite : kIotlbRead;
+  auto covers = [&](const IotlbEntry& e) {
+    return iova >= e.iova && len <= e.size && iova - e.iova <= e.size - len && (e.perm & need);
+  };
+  if (t_last.table == t && t_last.index < t->size() && covers((*t)[t_last.index])) {
+    const IotlbEntry& e = (*t)[t_last.index];
+    uaddr = e.uaddr + (iova - e.iova);
+    return true;
+  }
+  // The last entry starting at or below iova.
+  auto it = std::upper_bound(t->begin(), t->end(), iova, [](uint64_t v, const IotlbEntry& e) { return v < e.iova; });
+  if (it == t->begin()) return false;
+  --it;
+  if (covers(*it)) {
+    t_last = {t, static_cast<size_t>(it - t->begin())};
+    uaddr = it->uaddr + (iova - it->iova);
+    return true;
+  }
+  // A range over several entries (a ring in page-sized mappings) is one
+  // range if they follow each other in IOVA and in the front-end's space.
+  if (iova - it->iova >= it->size || !(it->perm & need)) return false;
+  const uint64_t start = it->uaddr + (iova - it->iova);
+  uint64_t covered = it->size - (iova - it->iova);
+  for (auto next = it + 1; covered < len; ++next) {
+    if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered || !(next->perm & need))
+      return false;
+    covered += next->size;
+  }
+  uaddr = start;
+  return true;
+}
+
+void Iotlb::report_miss(uint64_t iova, bool write) {
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t expected = 0;
+  // Page-aligned IOVA with the permission in the low bits.
+  const uint64_t slot = (iova & ~0xfffULL) | (write ? kIotlbWrite : kIotlbRead);
+  if (miss_slot_.compare_exchange_strong(expected, slot)) {
+    const uint64_t one = 1;
+    (void)::write(miss_fd_.get(), &one, sizeof one);
+  }
+}
+
+bool Iotlb::take_miss(uint64_t& iova, uint8_t& perm) {
+  uint64_t count;
+  (void)::read(miss_fd_.get(), &count, sizeof count);
+  const uint64_t slot = miss_slot_.exchange(0);
+  if (slot == 0) return false;
+  iova = slot & ~0xfffULL;
+  perm = static_cast<uint8_t>(slot & 0x3U);
+  return true;
+}
+
+}  // namespace sriovd::virtio

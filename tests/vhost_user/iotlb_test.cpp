@@ -1,0 +1,285 @@
+// VIRTIO_F_ACCESS_PLATFORM over vhost-user: every address the driver
+// writes is an IOVA. The back-end translates through the device IOTLB the
+// front-end fills (IOTLB_MSG UPDATE/INVALIDATE) and asks for what it lacks
+// with a MISS on the back-end channel; a stalled ring resumes once the
+// answer comes. Here the test plays QEMU with a vIOMMU, byte for byte.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
+#include "sriovd/virtio/driver.hpp"
+#include "sriovd/virtio/iotlb.hpp"
+#include "support/temp_dir.hpp"
+
+namespace sriovd::vhost_user {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Records what the device transmits.
+class RecordingPort : public virtio::PacketPort {
+ public:
+  RecordingPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
+  const std::string& name() const override { return name_; }
+  unsigned queues() const override { return 1; }
+  int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned, const iovec* iov, int count) override {
+    std::vector<uint8_t> p;
+    for (int i = 0; i < count; ++i) {
+      const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
+      p.insert(p.end(), b, b + iov[i].iov_len);
+    }
+    std::lock_guard lock(mutex_);
+    sent_.push_back(std::move(p));
+    return static_cast<ssize_t>(sent_.back().size());
+  }
+  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
+  void set_offloads(unsigned) override {}
+  size_t count() {
+    std::lock_guard lock(mutex_);
+    return sent_.size();
+  }
+  std::vector<uint8_t> last() {
+    std::lock_guard lock(mutex_);
+    return sent_.empty() ? std::vector<uint8_t>{} : sent_.back();
+  }
+
+ private:
+  std::string name_ = "rec0";
+  UniqueFd fd_;
+  std::mutex mutex_;
+  std::vector<std::vector<uint8_t>> sent_;
+};
+
+bool wait_for(const std::function<bool()>& f) {
+  for (int i = 0; i < 400; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+class IotlbTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kUaddr = 0x7f0000000000ULL;  // the front-end's address of its RAM
+  static constexpr uint64_t kRingIova = 0x100000;
+  static constexpr uint64_t kBufIova = 0x200000;
+  static constexpr uint64_t kBufOffset = 0x20000;  // in the RAM fd
+  static constexpr uint16_t kQueue = 64;
+
+  void SetUp() override {
+    irq::EngineOptions o;
+    o.relay_threads = 0;
+    engine = std::make_unique<irq::Engine>(o);
+    virtio::NetConfig nc;
+    nc.name = "vnet-iommu";
+    nc.access_platform = true;
+    nc.offloads = false;
+    auto p = std::make_unique<RecordingPort>();
+    port = p.get();
+    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::move(p));
+    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
+    runner = std::thread([this] {
+      auto guard = asio::make_work_guard(io);
+      io.run();
+    });
+    ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
+    ASSERT_EQ(::ftruncate(ram_fd.get(), 1 << 20), 0);
+    ram = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
+    sock.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, dir.file("vnet.sock").c_str());
+    ASSERT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    backend_channel.reset(sv[0]);
+    UniqueFd theirs(sv[1]);
+    timeval tv{2, 0};
+    ::setsockopt(backend_channel.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+
+    const uint64_t proto = kProtoReplyAck | kProtoBackendReq;
+    send(kSetProtocolFeatures, &proto, 8);
+    const uint64_t features = virtio::kVersion1 | virtio::kAccessPlatform | kFeatureProtocolFeatures;
+    send(kSetFeatures, &features, 8);
+    send(kSetBackendReqFd, nullptr, 0, {theirs.get()});
+    MemTable t{};
+    t.nregions = 1;
+    t.regions[0] = {0, 1 << 20, kUaddr, 0};
+    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
+    // The rings' IOVAs are known before the queues start, as QEMU does.
+    iotlb(kIotlbUpdate, kRingIova, 0x10000, kUaddr, 3);
+    rx = std::make_unique<virtio::SplitDriver>(ram, kRingIova, kQueue);
+    tx = std::make_unique<virtio::SplitDriver>(ram + 0x4000, kRingIova + 0x4000, kQueue);
+    for (unsigned q = 0; q < 2; ++q) {
+      const auto r = (q == 0 ? rx : tx)->addresses();
+      VringState num{q, kQueue};
+      send(kSetVringNum, &num, sizeof num);
+      VringAddr addr{q, 0, r.desc, r.device, r.driver, 0};
+      send(kSetVringAddr, &addr, sizeof addr);
+      VringState base{q, 0};
+      send(kSetVringBase, &base, sizeof base);
+      kicks[q].reset(::eventfd(0, EFD_NONBLOCK));
+      calls[q].reset(::eventfd(0, EFD_NONBLOCK));
+      uint64_t idx = q;
+      send(kSetVringKick, &idx, 8, {kicks[q].get()});
+      send(kSetVringCall, &idx, 8, {calls[q].get()});
+      VringState on{q, 1};
+      send(kSetVringEnable, &on, sizeof on);
+    }
+    ASSERT_TRUE(wait_for([&] { return device->running(); }));
+  }
+  void TearDown() override {
+    sock.reset();
+    io.stop();
+    runner.join();
+    ::munmap(ram, 1 << 20);
+  }
+  // Sends a message with NEED_REPLY and waits for its ack (0).
+  void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}) {
+    // SET_PROTOCOL_FEATURES negotiates REPLY_ACK itself: no ack asked for.
+    Header h{request, request == kSetProtocolFeatures ? kVersion : kVersion | kFlagNeedReply, size};
+    std::vector<uint8_t> bytes(sizeof h + size);
+    std::memcpy(bytes.data(), &h, sizeof h);
+    if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
+    iovec iov{bytes.data(), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    if (!fds.empty()) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    ASSERT_EQ(::sendmsg(sock.get(), &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    if (request == kSetProtocolFeatures) return;  // REPLY_ACK not negotiated yet
+    Header rh{};
+    uint64_t status = 1;
+    ASSERT_EQ(::recv(sock.get(), &rh, sizeof rh, MSG_WAITALL), static_cast<ssize_t>(sizeof rh)) << request_name(request);
+    ASSERT_EQ(::recv(sock.get(), &status, 8, MSG_WAITALL), 8);
+    EXPECT_EQ(status, 0U) << request_name(request);
+  }
+  void iotlb(uint8_t type, uint64_t iova, uint64_t size, uint64_t uaddr, uint8_t perm) {
+    IotlbMsg m{iova, size, uaddr, perm, type, {}};
+    send(kIotlbMsg, &m, sizeof m);
+  }
+  // A TX packet in a buffer at IOVA kBufIova (RAM offset kBufOffset).
+  void transmit(uint8_t fill) {
+    std::memset(ram + kBufOffset, 0, 12);
+    std::memset(ram + kBufOffset + 12, fill, 60);
+    const virtio::Buffer b{kBufIova, 72, false};
+    ASSERT_GE(tx->add({&b, 1}), 0);
+    tx->publish();
+    const uint64_t one = 1;
+    ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
+  }
+  // The next MISS on the back-end channel.
+  bool miss(uint64_t& iova, uint8_t& perm) {
+    Header h{};
+    IotlbMsg m{};
+    if (::recv(backend_channel.get(), &h, sizeof h, MSG_WAITALL) != sizeof h) return false;
+    if (h.request != kBackendIotlbMsg || h.size != sizeof m) return false;
+    if (::recv(backend_channel.get(), &m, sizeof m, MSG_WAITALL) != sizeof m) return false;
+    iova = m.iova;
+    perm = m.perm;
+    return m.type == kIotlbMiss;
+  }
+
+  sriovd::test::TempDir dir;
+  asio::io_context io;
+  std::unique_ptr<irq::Engine> engine;
+  RecordingPort* port = nullptr;
+  std::unique_ptr<virtio::NetDevice> device;
+  std::unique_ptr<Backend> backend;
+  std::thread runner;
+  UniqueFd ram_fd, sock, backend_channel;
+  uint8_t* ram = nullptr;
+  std::unique_ptr<virtio::SplitDriver> rx, tx;
+  UniqueFd kicks[2], calls[2];
+};
+
+TEST_F(IotlbTest, MissIsAskedForAndTheRingResumesWhenAnswered) {
+  transmit(0x11);
+  uint64_t iova = 0;
+  uint8_t perm = 0;
+  ASSERT_TRUE(miss(iova, perm));
+  EXPECT_EQ(iova, kBufIova);
+  EXPECT_EQ(perm, virtio::kIotlbRead);  // the device reads a TX buffer
+  EXPECT_EQ(port->count(), 0U);          // stalled, not dropped, not broken
+  EXPECT_FALSE(device->broken());
+  iotlb(kIotlbUpdate, kBufIova, 0x1000, kUaddr + kBufOffset, virtio::kIotlbRead);
+  ASSERT_TRUE(wait_for([&] { return port->count() == 1; }));
+  const auto p = port->last();
+  ASSERT_EQ(p.size(), 72U);
+  EXPECT_EQ(p[12], 0x11);
+  uint32_t id = 0, len = 0;
+  ASSERT_TRUE(wait_for([&] { return tx->take_used(id, len); }));
+}
+
+TEST_F(IotlbTest, InvalidationTakesTheTranslationAway) {
+  iotlb(kIotlbUpdate, kBufIova, 0x1000, kUaddr + kBufOffset, virtio::kIotlbRead);
+  transmit(0x22);
+  ASSERT_TRUE(wait_for([&] { return port->count() == 1; }));
+  iotlb(kIotlbInvalidate, kBufIova, 0x1000, 0, 0);
+  transmit(0x33);
+  uint64_t iova = 0;
+  uint8_t perm = 0;
+  ASSERT_TRUE(miss(iova, perm));
+  EXPECT_EQ(iova, kBufIova);
+  EXPECT_EQ(port->count(), 1U);
+  iotlb(kIotlbUpdate, kBufIova, 0x1000, kUaddr + kBufOffset, virtio::kIotlbRead);
+  ASSERT_TRUE(wait_for([&] { return port->count() == 2; }));
+  EXPECT_EQ(port->last()[12], 0x33);
+}
+
+// A translation the front-end gave for reading only does not let the
+// device write: a device-writable buffer there misses (asks for write).
+TEST_F(IotlbTest, PermissionsAreChecked) {
+  virtio::Iotlb t;
+  t.update({0x1000, 0x1000, 0x5000, virtio::kIotlbRead});
+  uint64_t u = 0;
+  EXPECT_TRUE(t.lookup(0x1800, 16, false, u));
+  EXPECT_EQ(u, 0x5800U);
+  EXPECT_FALSE(t.lookup(0x1800, 16, true, u));
+  EXPECT_FALSE(t.lookup(0x1ff8, 16, false, u));  // runs past the entry
+  // Two entries that follow each other in both spaces make one range.
+  t.update({0x2000, 0x1000, 0x6000, virtio::kIotlbRead});
+  EXPECT_TRUE(t.lookup(0x1ff8, 16, false, u));
+  EXPECT_EQ(u, 0x5ff8U);
+  t.update({0x3000, 0x1000, 0x9000, virtio::kIotlbRead});  // not contiguous in the front-end's space
+  EXPECT_FALSE(t.lookup(0x2ff8, 16, false, u));
+  t.invalidate(0x1000, 0x1000);
+  EXPECT_FALSE(t.lookup(0x1800, 16, false, u));
+  EXPECT_TRUE(t.lookup(0x2800, 16, false, u));
+  EXPECT_EQ(t.size(), 2U);
+}
+
+TEST_F(IotlbTest, MalformedIotlbMessageEndsTheConnection) {
+  IotlbMsg m{0x1000, 0, 0, 3, kIotlbUpdate, {}};  // size 0
+  Header h{kIotlbMsg, kVersion, sizeof m};
+  std::vector<uint8_t> bytes(sizeof h + sizeof m);
+  std::memcpy(bytes.data(), &h, sizeof h);
+  std::memcpy(bytes.data() + sizeof h, &m, sizeof m);
+  ASSERT_EQ(::send(sock.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  char c;
+  EXPECT_LE(::recv(sock.get(), &c, 1, 0), 0);
+  EXPECT_FALSE(device->running());
+}
+
+}  // namespace
+}  // namespace sriovd::vhost_user
