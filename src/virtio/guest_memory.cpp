@@ -2,11 +2,30 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
 
 namespace sriovd::virtio {
+
+namespace {
+
+// The last IOVA translation this thread made, straight to a host pointer:
+// the part of an IOTLB entry inside one memory region. Valid while the
+// memory (epoch) and the IOTLB (generation) are what they were.
+struct IovaCache {
+  const void* mem = nullptr;
+  uint64_t epoch = 0;
+  uint64_t generation = 0;
+  uint64_t iova = 0;
+  uint64_t size = 0;
+  uint8_t* host = nullptr;
+  uint8_t perm = 0;
+};
+thread_local IovaCache t_iova;
+
+}  // namespace
 
 GuestMemory::~GuestMemory() { clear(); }
 
@@ -15,6 +34,7 @@ void GuestMemory::clear() {
   mappings_.clear();
   regions_.clear();
   last_hit_ = 0;
+  ++epoch_;
 }
 
 void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host) {
@@ -24,6 +44,7 @@ void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t u
     if (guest_addr < r.guest_addr + r.size && r.guest_addr < guest_addr + size)
       throw std::invalid_argument("guest memory regions overlap at 0x" + std::to_string(guest_addr));
   regions_.push_back({guest_addr, size, user_addr, static_cast<uint8_t*>(host)});
+  ++epoch_;
 }
 
 void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
@@ -40,9 +61,23 @@ void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t use
 
 uint8_t* GuestMemory::translate(uint64_t gpa, uint64_t len, bool device_writes) const {
   if (!iotlb_) return translate_gpa(gpa, len);
-  uint64_t uaddr = 0;
-  if (!iotlb_->lookup(gpa, len, device_writes, uaddr)) return nullptr;
-  return translate_user(uaddr, len);
+  const uint64_t generation = iotlb_->generation();
+  const uint8_t need = device_writes ? kIotlbWrite : kIotlbRead;
+  IovaCache& c = t_iova;
+  if (c.mem == this && c.epoch == epoch_ && c.generation == generation && gpa >= c.iova && len <= c.size &&
+      gpa - c.iova <= c.size - len && (c.perm & need))
+    return c.host + (gpa - c.iova);
+  IotlbEntry e;
+  if (!iotlb_->lookup_entry(gpa, len, device_writes, e)) return nullptr;
+  const uint64_t u = e.uaddr + (gpa - e.iova);
+  for (const auto& r : regions_) {
+    if (u < r.user_addr || len > r.size || u - r.user_addr > r.size - len) continue;
+    const uint64_t begin = std::max(e.uaddr, r.user_addr);
+    const uint64_t end = std::min(e.uaddr + e.size, r.user_addr + r.size);
+    c = {this, epoch_, generation, e.iova + (begin - e.uaddr), end - begin, r.host + (begin - r.user_addr), e.perm};
+    return r.host + (u - r.user_addr);
+  }
+  return nullptr;
 }
 
 bool GuestMemory::iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) const {

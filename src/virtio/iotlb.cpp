@@ -31,6 +31,7 @@ Iotlb::~Iotlb() = default;
 
 void Iotlb::publish(std::unique_ptr<Table> next) {
   current_.store(next.get(), std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   retired_.push_back(std::move(owned_));
   owned_ = std::move(next);
 }
@@ -59,15 +60,14 @@ void Iotlb::reclaim() { retired_.clear(); }
 
 size_t Iotlb::size() const { return owned_->size(); }
 
-bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const {
+bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& out) const {
   const Table* t = current_.load(std::memory_order_acquire);
   const uint8_t need = write ? kIotlbWrite : kIotlbRead;
   auto covers = [&](const IotlbEntry& e) {
     return iova >= e.iova && len <= e.size && iova - e.iova <= e.size - len && (e.perm & need);
   };
   if (t_last.table == t && t_last.index < t->size() && covers((*t)[t_last.index])) {
-    const IotlbEntry& e = (*t)[t_last.index];
-    uaddr = e.uaddr + (iova - e.iova);
+    out = (*t)[t_last.index];
     return true;
   }
   // The last entry starting at or below iova.
@@ -76,7 +76,7 @@ bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) con
   --it;
   if (covers(*it)) {
     t_last = {t, static_cast<size_t>(it - t->begin())};
-    uaddr = it->uaddr + (iova - it->iova);
+    out = *it;
     return true;
   }
   // A range over several entries (a ring in page-sized mappings) is one
@@ -84,12 +84,21 @@ bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) con
   if (iova - it->iova >= it->size || !(it->perm & need)) return false;
   const uint64_t start = it->uaddr + (iova - it->iova);
   uint64_t covered = it->size - (iova - it->iova);
+  uint8_t perm = it->perm;
   for (auto next = it + 1; covered < len; ++next) {
     if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered || !(next->perm & need))
       return false;
     covered += next->size;
+    perm &= next->perm;
   }
-  uaddr = start;
+  out = {iova, covered, start, perm};
+  return true;
+}
+
+bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const {
+  IotlbEntry e;
+  if (!lookup_entry(iova, len, write, e)) return false;
+  uaddr = e.uaddr + (iova - e.iova);
   return true;
 }
 

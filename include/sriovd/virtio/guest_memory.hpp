@@ -60,6 +60,7 @@ class GuestMemory {
   [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len) const;
   std::vector<MemoryRegion> regions_;
   Iotlb* iotlb_ = nullptr;
+  uint64_t epoch_ = 1;  // changes with the regions: cached translations check it
   std::vector<Mapping> mappings_;
   mutable size_t last_hit_ = 0;
 };

@@ -54,6 +54,12 @@ class Iotlb {
   // The front-end address of [iova, iova + len) if one entry covers it with
   // the permission asked for; false otherwise.
   bool lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const;
+  // The same, giving the whole translation that covers the range (for a
+  // caller that caches it): out.iova <= iova, and [iova, iova + len) inside.
+  bool lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& out) const;
+  // Changes with every table published: a cached translation is valid
+  // only for the generation it was made under.
+  [[nodiscard]] uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   // Records a miss for the control plane to ask about (one outstanding at
   // a time; more are found again when the rings are retried) and signals
   // miss_fd().
@@ -69,6 +75,7 @@ class Iotlb {
   std::atomic<const Table*> current_;
   std::unique_ptr<Table> owned_;
   std::vector<std::unique_ptr<Table>> retired_;
+  std::atomic<uint64_t> generation_{1};
   std::atomic<uint64_t> miss_slot_{0};  // iova | 1 (read) or | 2 (write) in the low bits; 0: none
   std::atomic<uint64_t> misses_{0};
   UniqueFd miss_fd_;
