@@ -268,6 +268,7 @@ void Backend::try_start() {
 
 void Backend::handle(Message& m) {
   const uint32_t r = m.hdr.request;
+  spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.config().name, request_name(r), m.hdr.size, m.fds.size());
   const Shape shape = shape_of(r);
   const std::string what = std::string(request_name(r)) + " (" + std::to_string(r) + ")";
   if (shape.payload == -2) throw ProtocolError("request " + what + " is not served");
@@ -473,6 +474,8 @@ void Backend::disconnect(const std::string& why) {
 // start; an invalidation takes effect with the workers stopped, so no
 // translation from before it is in use once it is acknowledged.
 void Backend::iotlb_message(const IotlbMsg& msg) {
+  spdlog::debug("vhost-user: {}: IOTLB type {} iova 0x{:x} size 0x{:x} uaddr 0x{:x} perm {}", device_.config().name,
+                msg.type, msg.iova, msg.size, msg.uaddr, msg.perm);
   switch (msg.type) {
     case kIotlbUpdate:
       if (msg.size == 0 || msg.iova + msg.size < msg.iova || !(msg.perm & 3U))
@@ -522,6 +525,7 @@ void Backend::send_miss() {
   uint64_t iova = 0;
   uint8_t perm = 0;
   if (!iotlb_.take_miss(iova, perm)) return;
+  spdlog::debug("vhost-user: {}: IOTLB miss at 0x{:x} (perm {})", device_.config().name, iova, perm);
   if (!backend_req_) {
     spdlog::warn("vhost-user: {}: IOTLB miss at 0x{:x} and no back-end channel to ask on", device_.config().name, iova);
     return;

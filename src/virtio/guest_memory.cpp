@@ -84,7 +84,13 @@ bool GuestMemory::iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) co
   if (!iotlb_) return false;
   uint64_t uaddr = 0;
   if (iotlb_->lookup(iova, len, device_writes, uaddr)) return false;  // translated, but outside the memory table
-  iotlb_->report_miss(iova, device_writes);
+  // Ask for the first page not translated: a buffer over two pages may
+  // have its first one already. Translated all through but not contiguous
+  // in the front-end's memory (two RAM blocks) is not a miss: a segment
+  // is one pointer, so such a buffer is refused as a bad address.
+  const uint64_t gap = iotlb_->first_gap(iova, len, device_writes);
+  if (gap == iova + len) return false;
+  iotlb_->report_miss(gap, device_writes);
   return true;
 }
 

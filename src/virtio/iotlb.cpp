@@ -102,6 +102,21 @@ bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) con
   return true;
 }
 
+uint64_t Iotlb::first_gap(uint64_t iova, uint64_t len, bool write) const {
+  const Table* t = current_.load(std::memory_order_acquire);
+  const uint8_t need = write ? kIotlbWrite : kIotlbRead;
+  uint64_t at = iova;
+  const uint64_t end = iova + len;
+  while (at < end) {
+    auto it = std::upper_bound(t->begin(), t->end(), at, [](uint64_t v, const IotlbEntry& e) { return v < e.iova; });
+    if (it == t->begin()) return at;
+    --it;
+    if (at - it->iova >= it->size || !(it->perm & need)) return at;
+    at = it->iova + it->size;
+  }
+  return end;
+}
+
 void Iotlb::report_miss(uint64_t iova, bool write) {
   misses_.fetch_add(1, std::memory_order_relaxed);
   uint64_t expected = 0;

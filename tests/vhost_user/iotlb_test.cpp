@@ -263,6 +263,11 @@ TEST_F(IotlbTest, PermissionsAreChecked) {
   EXPECT_EQ(u, 0x5ff8U);
   t.update({0x3000, 0x1000, 0x9000, virtio::kIotlbRead});  // not contiguous in the front-end's space
   EXPECT_FALSE(t.lookup(0x2ff8, 16, false, u));
+  // A miss is asked for where translation stops, not where the buffer starts.
+  EXPECT_EQ(t.first_gap(0x2ff8, 16, false), 0x3008U);  // all translated, only not contiguous: no gap
+  EXPECT_EQ(t.first_gap(0x3ff8, 16, false), 0x4000U);
+  EXPECT_EQ(t.first_gap(0x1800, 16, true), 0x1800U);   // read-only: a write needs this page
+  EXPECT_EQ(t.first_gap(0x1800, 16, false), 0x1810U);  // fully translated
   t.invalidate(0x1000, 0x1000);
   EXPECT_FALSE(t.lookup(0x1800, 16, false, u));
   EXPECT_TRUE(t.lookup(0x2800, 16, false, u));

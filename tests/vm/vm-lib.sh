@@ -114,7 +114,7 @@ vm_run() {
   local rc=0
   timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
     -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 2 \
-    -device intel-iommu,intremap=on \
+    -device intel-iommu,intremap=on${VM_IOMMU_OPTS:-} \
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \

@@ -60,6 +60,9 @@ class Iotlb {
   // Changes with every table published: a cached translation is valid
   // only for the generation it was made under.
   [[nodiscard]] uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  // The first address of [iova, iova + len) that no entry translates with
+  // that permission (what to ask the front-end for); iova + len if none.
+  [[nodiscard]] uint64_t first_gap(uint64_t iova, uint64_t len, bool write) const;
   // Records a miss for the control plane to ask about (one outstanding at
   // a time; more are found again when the rings are retried) and signals
   // miss_fd().
