@@ -51,6 +51,7 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   if (dev.mac) out << YAML::Key << "mac" << YAML::Value << YAML::DoubleQuoted << dev.mac->to_string();
   out << YAML::Key << "mtu" << YAML::Value << dev.mtu;
   if (dev.iommu_platform) out << YAML::Key << "iommu_platform" << YAML::Value << true;
+  if (!dev.cpus.empty()) out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << dev.cpus;
   out << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << to_string(dev.backend_kind);
   if (dev.backend_kind == BackendKind::tap) {

@@ -628,7 +628,7 @@ class Loader {
   void read_virtio(const YAML::Node& node, const std::string& path) {
     Mapping m(ctx_, node, path,
               {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
-               "mtu", "iommu_platform", "backend"});
+               "mtu", "iommu_platform", "cpus", "backend"});
     if (!m.valid()) return;
     VirtioDevice dev;
     dev.where = m.where();
@@ -680,6 +680,14 @@ class Loader {
     }
     dev.mac = mac_value(ctx_, m, "mac");
     if (auto mtu = m.unsigned_in("mtu", 68, 65535)) dev.mtu = static_cast<uint16_t>(*mtu);
+    for_each_item(ctx_, m, "cpus", [&](const YAML::Node& n, const std::string& p) {
+      auto cpu = Mapping::unsigned_value(ctx_, n, p, 0, CPU_SETSIZE - 1);
+      if (!cpu) return;
+      if (std::find(dev.cpus.begin(), dev.cpus.end(), *cpu) != dev.cpus.end())
+        ctx_.error(n, p, "CPU " + std::to_string(*cpu) + " is listed twice");
+      else
+        dev.cpus.push_back(static_cast<uint16_t>(*cpu));
+    });
     if (auto iommu = m.boolean("iommu_platform")) {
       if (*iommu && dev.transport != Transport::vhost_user) {
         ctx_.error(m.where("iommu_platform"), m.path_of("iommu_platform"),

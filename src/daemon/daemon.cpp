@@ -432,6 +432,7 @@ void Daemon::start_virtio() {
         // As virtio-pci, sriovd is the whole device, control queue included.
         nc.control_queue = dev.transport == config::Transport::vfio_user;
         nc.access_platform = dev.iommu_platform;
+        nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
         nc.tap_offloads = (o.csum ? 0x01U : 0U) | (o.tso4 ? 0x02U : 0U) | (o.tso6 ? 0x04U : 0U) |

@@ -1,6 +1,8 @@
 #include "sriovd/virtio/net.hpp"
 
 #include <linux/if_tun.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
@@ -228,6 +230,18 @@ void NetDevice::start() {
     }
     Worker* raw = w.get();
     w->thread = std::thread([this, raw] { run_pair(*raw); });
+    pthread_setname_np(w->thread.native_handle(), ("sriovd-q" + std::to_string(p)).c_str());
+    if (!config_.cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(config_.cpus[p % config_.cpus.size()], &set);
+      if (int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof set, &set); rc != 0) {
+        workers_.push_back(std::move(w));
+        stop();
+        throw SystemError(rc, config_.name + ": pinning the worker of queue pair " + std::to_string(p) + " to CPU " +
+                                  std::to_string(config_.cpus[p % config_.cpus.size()]));
+      }
+    }
     workers_.push_back(std::move(w));
   }
 }

@@ -196,6 +196,10 @@ const BadCase kCases[] = {
   {"MtuTooSmall", kSystem + kVirtio + "    mtu: 10\n    backend: {type: tap, name: t0}\n", 8, 10,
    "virtio_devices[0].mtu: expected an integer from 68 to 65535, got '10'"},
   {"VirtioWithoutBackend", kSystem + kVirtio, 4, 5, "virtio_devices[0]: missing required key 'backend'"},
+  {"VirtioCpuTwice", kSystem + kVirtio + "    cpus: [1, 1]\n    backend: {type: tap, name: t0}\n", 8, 15,
+   "virtio_devices[0].cpus[1]: CPU 1 is listed twice"},
+  {"IommuPlatformOverVfioUser", kSystem + "virtio_devices:\n  - {name: n0, type: net, transport: vfio-user, socket: /run/n0.sock, iommu_platform: true, backend: {type: tap, name: t0}}\n",
+   4, 87, "virtio_devices[0].iommu_platform: iommu_platform is for vhost-user devices (over vfio-user the VMM maps DMA itself)"},
   {"DuplicateVirtioName", kSystem + kVirtio + "    backend: {type: tap, name: t0}\n" +
    "  - {name: n0, type: net, transport: vhost-user, socket: /run/n1.sock, backend: {type: tap, name: t1}}\n", 9, 12,
    "virtio_devices[1].name: virtio device 'n0' is already defined at line 4"},

@@ -8,7 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sched.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -60,6 +64,7 @@ class VirtioPciTest : public ::testing::Test {
     nc.mtu = 1500;
     nc.offloads = false;
     nc.control_queue = true;
+    nc.cpus = {0};  // the queue pair's worker is pinned (checked below)
     net = std::make_unique<virtio::NetDevice>(nc, engine, std::move(p));
     pci = std::make_unique<VirtioNetPci>(*net, engine, "vnet-test");
     server = std::make_unique<Server>(io, socket, *pci);
@@ -233,6 +238,27 @@ TEST_F(VirtioPciTest, ControlQueueFiltersWhatTheDriverReceives) {
   EXPECT_EQ(d.control(0, 0, {1}), 0);
   EXPECT_TRUE(delivered(ours));
   EXPECT_FALSE(net->broken());
+}
+
+// The queue pair's worker is named and pinned to the CPU the config gives.
+TEST_F(VirtioPciTest, WorkerRunsOnTheConfiguredCpu) {
+  Client c(socket);
+  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  bool found = false;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "sriovd-q0") continue;
+    found = true;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(::sched_getaffinity(std::stoi(e.path().filename().string()), sizeof set, &set), 0);
+    EXPECT_EQ(CPU_COUNT(&set), 1);
+    EXPECT_TRUE(CPU_ISSET(0, &set));
+  }
+  EXPECT_TRUE(found) << "no sriovd-q0 worker thread";
 }
 
 TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {

@@ -138,6 +138,8 @@ struct VirtioDevice {
   // Offer VIRTIO_F_ACCESS_PLATFORM (vhost-user): the VMM's vIOMMU
   // translates ring addresses through the device IOTLB.
   bool iommu_platform = false;
+  // Queue pair i's worker runs on cpus[i % n]; empty: not pinned.
+  std::vector<uint16_t> cpus;
   BackendKind backend_kind = BackendKind::tap;
   TapBackend tap;
   VfBackend vf;

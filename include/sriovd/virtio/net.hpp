@@ -80,6 +80,8 @@ struct NetConfig {
   bool control_queue = false;
   // Offer VIRTIO_F_ACCESS_PLATFORM: the transport brings an IOTLB.
   bool access_platform = false;
+  // Queue pair i's worker runs on cpus[i % n]; empty: wherever the kernel puts it.
+  std::vector<int> cpus;
 };
 
 // What the control queue set (§5.1.6.5); read by every RX worker.
