@@ -107,7 +107,10 @@ NetDevice::~NetDevice() {
 }
 
 uint64_t NetDevice::offered_features() const {
-  uint64_t f = kVersion1 | kNetMrgRxbuf | kNetStatus | kNetMtu | kRingEventIdx | kRingIndirectDesc;
+  // IN_ORDER: every queue hands buffers back in the order it took them
+  // (TX and the control queue push as they pop; RX pushes a packet's
+  // buffers in order and only ever undoes its latest pops).
+  uint64_t f = kVersion1 | kNetMrgRxbuf | kNetStatus | kNetMtu | kRingEventIdx | kRingIndirectDesc | kInOrder;
   if (config_.mac) f |= kNetMac;
   if (config_.access_platform) f |= kAccessPlatform;
   if (config_.packed) f |= kRingPacked;

@@ -10,6 +10,7 @@
 set -euo pipefail
 build=${1:?usage: dpdk_vhost_user.sh BUILD_DIR}
 sriovd=$build/src/sriovd
+sriovctl=$build/src/sriovctl
 
 if ! command -v dpdk-testpmd >/dev/null; then
   if [[ $EUID -eq 0 ]]; then
@@ -122,6 +123,13 @@ CONF
       ip netns exec "$ns" bash -c 'for i in $(seq 2 41); do echo x >/dev/udp/10.255.0.$i/9; done' 2>/dev/null || true
     fi
     sleep 1  # let the kernel's ARP requests and testpmd's last burst through
+    if [[ $round -eq 1 && $devargs == *in_order=1* ]]; then
+      # VIRTIO_F_IN_ORDER (bit 35) negotiated, as the device reports it.
+      local features
+      features=$("$sriovctl" --socket "$work/$name-control.sock" --json devices |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["virtio_devices"][0].get("features", 0))')
+      check "$name-negotiated-in-order" test $(((features >> 35) & 1)) -eq 1
+    fi
     kill -INT "$tpid" 2>/dev/null || true
     wait "$tpid" 2>/dev/null || true
     local tx rx
@@ -145,6 +153,8 @@ run_variant split 1 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant split-nomrg 1 off ",packed_vq=0,mrg_rxbuf=0"
 run_variant packed 1 auto ",packed_vq=1,mrg_rxbuf=1"
 run_variant packed-nomrg 1 auto ",packed_vq=1,mrg_rxbuf=0"
+run_variant split-inorder 1 off ",packed_vq=0,mrg_rxbuf=1,in_order=1"
+run_variant packed-inorder 1 auto ",packed_vq=1,mrg_rxbuf=1,in_order=1"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
 

@@ -52,6 +52,7 @@ inline constexpr uint64_t kRingEventIdx = 1ULL << 29U;
 inline constexpr uint64_t kVersion1 = 1ULL << 32U;
 inline constexpr uint64_t kAccessPlatform = 1ULL << 33U;  // VIRTIO_F_ACCESS_PLATFORM (IOMMU_PLATFORM)
 inline constexpr uint64_t kRingPacked = 1ULL << 34U;
+inline constexpr uint64_t kInOrder = 1ULL << 35U;  // VIRTIO_F_IN_ORDER
 
 // struct virtio_net_hdr_v1 (§5.1.6).
 struct NetHeader {
