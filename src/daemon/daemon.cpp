@@ -97,6 +97,13 @@ void Daemon::arm_housekeeping() {
   housekeeping_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
     irq_->housekeeping();
+    // Link status follows the backend's carrier (a VF whose link drops).
+    for (auto& e : virtio_) {
+      if (!e.device || !e.device->poll_link()) continue;
+      spdlog::info("virtio {}: link {}", e.name, e.device->link_up() ? "up" : "down");
+      if (e.pci) e.pci->config_changed();
+      if (e.backend) e.backend->config_changed();
+    }
     arm_housekeeping();
   });
 }

@@ -210,16 +210,11 @@ uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
   if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize) return common_read(offset - kCommonOffset, size);
   if (offset == kIsrOffset) return 0;  // MSI-X in use: the ISR status is not used (§4.1.4.5)
   if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
-    // struct virtio_net_config (§5.1.4).
-    std::array<uint8_t, kDeviceSize> cfg{};
-    const auto& nc = device_.config();
-    if (nc.mac || (device_.features() & virtio::kNetCtrlMacAddr)) std::memcpy(cfg.data(), device_.mac().octets, 6);
-    const uint16_t link = 1;  // VIRTIO_NET_S_LINK_UP
-    std::memcpy(cfg.data() + 6, &link, 2);
-    std::memcpy(cfg.data() + 8, &nc.queue_pairs, 2);
-    std::memcpy(cfg.data() + 10, &nc.mtu, 2);
+    // struct virtio_net_config (§5.1.4), as the device model keeps it.
+    uint8_t bytes[8] = {};
+    device_.read_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
     uint64_t v = 0;
-    std::memcpy(&v, cfg.data() + (offset - kDeviceOffset), size);
+    std::memcpy(&v, bytes, size);
     return v;
   }
   return 0;  // notify area and holes read as zero
@@ -254,7 +249,7 @@ uint64_t VirtioNetPci::common_read(uint64_t off, unsigned size) {
   put(0x10, config_msix_vector_, 2);
   put(0x12, num_queues_, 2);
   put(0x14, static_cast<uint8_t>(status_ | (device_.broken() ? kNeedsReset : 0)), 1);
-  put(0x15, 0, 1);  // config_generation: the device config never changes
+  put(0x15, config_generation_, 1);
   put(0x16, queue_select_, 2);
   put(0x18, q ? q->size : 0, 2);
   put(0x1a, q ? q->msix_vector : kNoVector, 2);
@@ -366,6 +361,11 @@ void VirtioNetPci::rebuild_memory() {
   memory_.clear();
   for (const auto& w : windows_) memory_.add_host_region(w.iova, w.size, w.iova, w.host);
   device_.set_memory(&memory_);
+}
+
+void VirtioNetPci::config_changed() {
+  ++config_generation_;
+  if (config_msix_vector_ != kNoVector && (status_ & kDriverOk)) engine_.trigger(routes_[config_msix_vector_]);
 }
 
 vfio::IrqInfo VirtioNetPci::irq(uint32_t index) {

@@ -58,7 +58,9 @@ const char* request_name(uint32_t r) {
 namespace {
 
 constexpr uint64_t kOfferedProtocol =
-    kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice | kProtoStatus;
+    kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice | kProtoStatus | kProtoConfig;
+constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
+constexpr uint32_t kConfigHeader = 12;          // offset, size, flags before the config bytes
 constexpr uint8_t kStatusDriverOk = 4;
 
 class ProtocolError : public std::runtime_error {
@@ -92,6 +94,8 @@ Shape shape_of(uint32_t request) {
       return {0, 1};
     case kIotlbMsg:
       return {sizeof(IotlbMsg), 0};
+    case kGetConfig: case kSetConfig:
+      return {-1, 0};
     default:
       return {-2, 0};  // not served
   }
@@ -435,6 +439,28 @@ void Backend::handle(Message& m) {
     case kIotlbMsg:
       iotlb_message(payload_as<IotlbMsg>(m.payload));
       break;
+    case kGetConfig:
+    case kSetConfig: {
+      // struct { u32 offset, size, flags; u8 payload[size]; } (the
+      // virtio-net config space, §5.1.4).
+      if (m.payload.size() < kConfigHeader) throw ProtocolError(what + " without offset and size");
+      uint32_t offset = 0, size = 0;
+      std::memcpy(&offset, m.payload.data(), 4);
+      std::memcpy(&size, m.payload.data() + 4, 4);
+      if (size > 256 || m.payload.size() != kConfigHeader + size)
+        throw ProtocolError(what + " of " + std::to_string(size) + " bytes in a payload of " + std::to_string(m.payload.size()));
+      if (r == kSetConfig) {
+        // virtio-net has no field the driver may write: refused, not fatal.
+        ack(m, 1);
+        replied = true;
+        break;
+      }
+      std::vector<uint8_t> out = m.payload;
+      device_.read_config(offset, out.data() + kConfigHeader, size);
+      reply(m, out.data(), static_cast<uint32_t>(out.size()));
+      replied = true;
+      break;
+    }
     case kNetSetMtu:
     case kSendRarp:
       break;
@@ -509,6 +535,13 @@ void Backend::iotlb_message(const IotlbMsg& msg) {
     default:
       throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
   }
+}
+
+void Backend::config_changed() {
+  if (!backend_req_ || !(protocol_features_ & kProtoConfig)) return;
+  const Header h{kBackendConfigChange, kVersion, 0};
+  if (::send(backend_req_.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof h))
+    spdlog::warn("vhost-user: {}: cannot send a config change: {}", device_.config().name, std::strerror(errno));
 }
 
 void Backend::watch_misses() {

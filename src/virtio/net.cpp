@@ -124,6 +124,24 @@ uint64_t NetDevice::offered_features() const {
   return f;
 }
 
+bool NetDevice::poll_link() {
+  const bool up = tap_->link_up();
+  if (up == link_up_) return false;
+  link_up_ = up;
+  return true;
+}
+
+void NetDevice::read_config(uint32_t offset, uint8_t* out, size_t size) const {
+  std::array<uint8_t, kConfigBytes> c{};
+  const MacAddress m = mac();
+  std::memcpy(c.data(), m.octets, 6);
+  const uint16_t status = link_up_ ? 1 : 0;  // VIRTIO_NET_S_LINK_UP
+  std::memcpy(c.data() + 6, &status, 2);
+  std::memcpy(c.data() + 8, &config_.queue_pairs, 2);
+  std::memcpy(c.data() + 10, &config_.mtu, 2);
+  for (size_t i = 0; i < size; ++i) out[i] = offset + i < c.size() ? c[offset + i] : 0;
+}
+
 MacAddress NetDevice::mac() const {
   MacAddress m;
   const uint64_t v = filter_.mac.load();

@@ -1,5 +1,8 @@
 #include "sriovd/virtio/packet_socket.hpp"
 
+#include <net/if.h>
+#include <sys/ioctl.h>
+
 #include <arpa/inet.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
@@ -66,6 +69,13 @@ ssize_t PacketSocket::recv(unsigned, uint8_t* buf, size_t size) {
   if (n <= static_cast<ssize_t>(kKernelHeader)) return n;
   std::memset(buf + kKernelHeader, 0, kDeviceHeader - kKernelHeader);  // num_buffers: the device's
   return n + static_cast<ssize_t>(kDeviceHeader - kKernelHeader);
+}
+
+bool PacketSocket::link_up() const {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name_.c_str(), IFNAMSIZ - 1);
+  if (::ioctl(fd_.get(), SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
+  return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
 }
 
 }  // namespace sriovd::virtio

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <linux/vfio.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,7 +47,9 @@ class PairPort : public virtio::PacketPort {
   }
   ssize_t recv(unsigned, uint8_t* buf, size_t size) override { return ::recv(ours_.get(), buf, size, MSG_DONTWAIT); }
   void set_offloads(unsigned) override {}
+  bool link_up() const override { return link.load(); }
   int peer() const { return peer_.get(); }
+  std::atomic<bool> link{true};
 
  private:
   std::string name_ = "pair0";
@@ -259,6 +262,40 @@ TEST_F(VirtioPciTest, WorkerRunsOnTheConfiguredCpu) {
     EXPECT_TRUE(CPU_ISSET(0, &set));
   }
   EXPECT_TRUE(found) << "no sriovd-q0 worker thread";
+}
+
+// The link follows the port's carrier: status in the device config, a new
+// config_generation, and the configuration vector fires (§4.1.5.3).
+TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
+  Client c(socket);
+  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  // The configuration change vector: the last one (after the three queues).
+  UniqueFd cfg_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  const int fds[1] = {cfg_irq.get()};
+  c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
+  c.write32(1, 3 * 16 + 12, 0);
+  c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
+  auto status = [&] { return c.read32(0, VirtioNetPci::kDeviceOffset + 4) >> 16U; };
+  auto generation = [&] {
+    uint8_t g = 0;
+    c.read(0, 0x15, {&g, 1});
+    return g;
+  };
+  EXPECT_EQ(status(), 1U);
+  const uint8_t before = generation();
+  port->link = false;
+  std::promise<bool> changed;
+  asio::post(io, [&] {
+    const bool ch = net->poll_link();
+    if (ch) pci->config_changed();
+    changed.set_value(ch);
+  });
+  ASSERT_TRUE(changed.get_future().get());
+  pollfd p{cfg_irq.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 2000), 1) << "no configuration change interrupt";
+  EXPECT_EQ(status(), 0U);
+  EXPECT_NE(generation(), before);
 }
 
 TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {

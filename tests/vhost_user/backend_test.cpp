@@ -75,6 +75,14 @@ class Frontend {
     if (h.size != sizeof v || ::recv(fd_.get(), &v, sizeof v, MSG_WAITALL) != sizeof v) return std::nullopt;
     return v;
   }
+  // Any reply's payload; nullopt when the back-end hung up instead.
+  std::optional<std::vector<uint8_t>> reply_bytes() {
+    Header h{};
+    if (::recv(fd_.get(), &h, sizeof h, MSG_WAITALL) != sizeof h) return std::nullopt;
+    std::vector<uint8_t> v(h.size);
+    if (h.size && ::recv(fd_.get(), v.data(), v.size(), MSG_WAITALL) != static_cast<ssize_t>(v.size())) return std::nullopt;
+    return v;
+  }
   // A header alone, claiming `size` payload bytes.
   void send_header(uint32_t request, uint32_t size) {
     Header h{request, kVersion, size};
@@ -143,6 +151,32 @@ TEST_F(BackendTest, AnswersFeatureQueries) {
   EXPECT_EQ(f.reply_u64(), 0U) << "REPLY_ACK: success";
   f.send(kGetQueueNum, nullptr, 0);
   EXPECT_EQ(f.reply_u64(), 1U);
+}
+
+// GET_CONFIG reads the virtio-net config space (§5.1.4) the device keeps;
+// SET_CONFIG is refused (nothing there is writable) without ending anything.
+TEST_F(BackendTest, GetConfigReadsTheNetConfigSpace) {
+  Frontend f(dir.file("vnet.sock"));
+  const uint64_t proto = kProtoReplyAck | kProtoConfig;
+  f.send(kSetProtocolFeatures, &proto, sizeof proto);
+  uint8_t req[12 + 12] = {};
+  const uint32_t size = 12;
+  std::memcpy(req + 4, &size, 4);
+  f.send(kGetConfig, req, sizeof req);
+  auto reply = f.reply_bytes();
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->size(), sizeof req);
+  uint16_t status = 0, pairs = 0, mtu = 0;
+  std::memcpy(&status, reply->data() + 12 + 6, 2);
+  std::memcpy(&pairs, reply->data() + 12 + 8, 2);
+  std::memcpy(&mtu, reply->data() + 12 + 10, 2);
+  EXPECT_EQ(status, 1);  // VIRTIO_NET_S_LINK_UP
+  EXPECT_EQ(pairs, 1);
+  EXPECT_EQ(mtu, 1500);
+  f.send(kSetConfig, req, sizeof req, {}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 1U);  // refused
+  f.send(kGetQueueNum, nullptr, 0);
+  EXPECT_EQ(f.reply_u64(), 1U);  // the connection goes on
 }
 
 struct Malformed {

@@ -62,6 +62,9 @@ class VirtioNetPci : public ExportedDevice {
   void client_gone() override;
 
   [[nodiscard]] uint8_t status() const { return status_; }
+  // The device configuration changed (the link): config_generation moves
+  // and the configuration vector fires (§4.1.4.3, §4.1.5.3).
+  void config_changed();
   [[nodiscard]] const msix::MsixState& msix() const { return *msix_; }
   [[nodiscard]] irq::RouteId vector_route(unsigned v) const { return routes_.at(v); }
 
@@ -100,6 +103,7 @@ class VirtioNetPci : public ExportedDevice {
   uint64_t driver_features_ = 0;
   uint16_t config_msix_vector_ = kNoVector;
   uint8_t status_ = 0;
+  uint8_t config_generation_ = 0;
   uint16_t queue_select_ = 0;
   std::vector<QueueRegs> queues_;
   // The PCI configuration access capability's window (§4.1.4.9).

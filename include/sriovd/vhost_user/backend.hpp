@@ -42,6 +42,9 @@ class Backend {
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.valid(); }
   [[nodiscard]] const BackendStats& stats() const { return stats_; }
+  // The device configuration changed (the link): tells the front-end on
+  // the back-end channel when CONFIG was negotiated.
+  void config_changed();
 
  private:
   struct Message;

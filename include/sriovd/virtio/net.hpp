@@ -125,6 +125,14 @@ class NetDevice {
   [[nodiscard]] MacAddress mac() const;
   [[nodiscard]] unsigned active_pairs() const { return active_pairs_.load(); }
   [[nodiscard]] const RxFilter& rx_filter() const { return filter_; }
+  // The link as the driver sees it (VIRTIO_NET_S_LINK_UP in the config).
+  [[nodiscard]] bool link_up() const { return link_up_; }
+  // Control plane, from a timer: reads the port's carrier; true when the
+  // link changed, and the transport then signals a configuration change.
+  bool poll_link();
+  // struct virtio_net_config (§5.1.4) as this device fills it.
+  static constexpr size_t kConfigBytes = 12;  // mac, status, max_virtqueue_pairs, mtu
+  void read_config(uint32_t offset, uint8_t* out, size_t size) const;
   [[nodiscard]] const NetConfig& config() const { return config_; }
 
   // --- queue setup by the transport (device stopped) ---
@@ -195,6 +203,7 @@ class NetDevice {
   bool waiting_rings_ = false;
   RxFilter filter_;
   std::atomic<unsigned> active_pairs_{1};
+  bool link_up_ = true;
   std::atomic<uint64_t> filtered_{0};
 };
 

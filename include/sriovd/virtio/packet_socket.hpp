@@ -22,6 +22,8 @@ class PacketSocket : public PacketPort {
   ssize_t send(unsigned q, const iovec* iov, int count) override;
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   void set_offloads(unsigned) override {}
+  // The netdev's IFF_RUNNING (carrier and up): a VF whose link goes down.
+  [[nodiscard]] bool link_up() const override;
 
  private:
   std::string name_;

@@ -27,6 +27,8 @@ class PacketPort {
   // Only queues [0, n) carry traffic (the driver's MQ setting); a port
   // that can steer (a multi-queue tap) stops giving packets to the rest.
   virtual void set_active_queues(unsigned /*n*/) {}
+  // Carrier of what the port is attached to (control plane; an ioctl).
+  [[nodiscard]] virtual bool link_up() const { return true; }
 };
 
 }  // namespace sriovd::virtio
