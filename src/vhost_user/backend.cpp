@@ -57,8 +57,8 @@ const char* request_name(uint32_t r) {
 
 namespace {
 
-constexpr uint64_t kOfferedProtocol =
-    kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice | kProtoStatus | kProtoConfig;
+constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice |
+                                      kProtoStatus | kProtoConfig | kProtoConfigureMemSlots;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
 constexpr uint32_t kConfigHeader = 12;          // offset, size, flags before the config bytes
 constexpr uint8_t kStatusDriverOk = 4;
@@ -96,6 +96,10 @@ Shape shape_of(uint32_t request) {
       return {sizeof(IotlbMsg), 0};
     case kGetConfig: case kSetConfig:
       return {-1, 0};
+    case kAddMemReg:
+      return {sizeof(SingleMemRegion), 1};
+    case kRemMemReg:
+      return {sizeof(SingleMemRegion), -1};  // QEMU before 7.1 sent an fd here; it is ignored
     default:
       return {-2, 0};  // not served
   }
@@ -439,6 +443,22 @@ void Backend::handle(Message& m) {
     case kIotlbMsg:
       iotlb_message(payload_as<IotlbMsg>(m.payload));
       break;
+    case kAddMemReg:
+    case kRemMemReg: {
+      // CONFIGURE_MEM_SLOTS: one region at a time instead of SET_MEM_TABLE.
+      const auto reg = payload_as<SingleMemRegion>(m.payload).region;
+      device_.stop();
+      device_.set_memory(nullptr);
+      if (r == kAddMemReg) {
+        if (memory_.regions().size() >= kMaxRegions)
+          throw ProtocolError("ADD_MEM_REG beyond " + std::to_string(kMaxRegions) + " memory slots");
+        memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[0].get(), reg.mmap_offset);
+      } else if (!memory_.remove_region(reg.guest_addr, reg.size)) {
+        throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
+      }
+      device_.set_memory(&memory_);
+      break;
+    }
     case kGetConfig:
     case kSetConfig: {
       // struct { u32 offset, size, flags; u8 payload[size]; } (the

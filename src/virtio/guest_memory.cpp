@@ -37,6 +37,26 @@ void GuestMemory::clear() {
   ++epoch_;
 }
 
+bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    if (it->guest_addr != guest_addr || it->size != size) continue;
+    uint8_t* host = it->host;
+    regions_.erase(it);
+    for (auto m = mappings_.begin(); m != mappings_.end(); ++m) {
+      auto* base = static_cast<uint8_t*>(m->base);
+      if (host >= base && host < base + m->length) {
+        ::munmap(m->base, m->length);
+        mappings_.erase(m);
+        break;
+      }
+    }
+    last_hit_ = 0;
+    ++epoch_;
+    return true;
+  }
+  return false;
+}
+
 void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host) {
   if (size == 0) throw std::invalid_argument("guest memory region of size 0");
   if (guest_addr + size < guest_addr) throw std::invalid_argument("guest memory region wraps around");

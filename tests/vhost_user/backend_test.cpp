@@ -3,6 +3,7 @@
 // counted and logged, and the next front-end is served.
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -177,6 +178,30 @@ TEST_F(BackendTest, GetConfigReadsTheNetConfigSpace) {
   EXPECT_EQ(f.reply_u64(), 1U);  // refused
   f.send(kGetQueueNum, nullptr, 0);
   EXPECT_EQ(f.reply_u64(), 1U);  // the connection goes on
+}
+
+// CONFIGURE_MEM_SLOTS: regions come and go one at a time.
+TEST_F(BackendTest, MemorySlotsAreAddedAndRemoved) {
+  Frontend f(dir.file("vnet.sock"));
+  const uint64_t proto = kProtoReplyAck | kProtoConfigureMemSlots;
+  f.send(kSetProtocolFeatures, &proto, sizeof proto);
+  f.send(kGetMaxMemSlots, nullptr, 0);
+  EXPECT_EQ(f.reply_u64(), kMaxRegions);
+  UniqueFd mem(::memfd_create("slot", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 2 << 20), 0);
+  SingleMemRegion a{0, {0x0, 1 << 20, 0x7f0000000000, 0}};
+  SingleMemRegion b{0, {0x100000, 1 << 20, 0x7f0000100000, 1 << 20}};
+  f.send(kAddMemReg, &a, sizeof a, {mem.get()}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 0U);
+  f.send(kAddMemReg, &b, sizeof b, {mem.get()}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 0U);
+  f.send(kRemMemReg, &a, sizeof a, {}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 0U);
+  // Removing it twice is a protocol error: that connection ends.
+  f.send(kRemMemReg, &a, sizeof a, {}, kVersion | kFlagNeedReply);
+  EXPECT_TRUE(f.closed_by_peer());
+  const std::string last = on_io([&] { return backend->stats().last_error; });
+  EXPECT_NE(last.find("REM_MEM_REG of a region that was not added"), std::string::npos) << last;
 }
 
 struct Malformed {

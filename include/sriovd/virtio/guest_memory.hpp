@@ -34,6 +34,9 @@ class GuestMemory {
   // Memory the caller owns (tests, the in-process front-end).
   void add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host);
   void clear();
+  // Unmaps the region at [guest_addr, guest_addr + size) that add_*_region
+  // made (vhost-user REM_MEM_REG); false if there is none.
+  bool remove_region(uint64_t guest_addr, uint64_t size);
 
   // Pointer to [gpa, gpa+len) if it lies inside one region; nullptr if not.
   // With an IOTLB (VIRTIO_F_ACCESS_PLATFORM) the address is an IOVA: the
