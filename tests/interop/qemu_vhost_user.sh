@@ -126,5 +126,9 @@ log4=$work/console-iommu.log
 GUEST_IPERF_SECONDS=2 vm_run "$here/vm/scenarios/virtio-net-guest.sh" "$log4" /usr/bin/iperf3 || rc=1
 unset VM_IOMMU_OPTS
 grep -E '^VMTEST (BENCH|FAIL)' "$log4" || true
+# The traffic went through the IOTLB, and QEMU used memory slots.
+grep -q "IOTLB type 2" "$work/sriovd-4.log" || { echo "no IOTLB update reached sriovd"; rc=1; }
+grep -q "ADD_MEM_REG" "$work/sriovd-4.log" || { echo "QEMU did not use CONFIGURE_MEM_SLOTS (ADD_MEM_REG)"; rc=1; }
+echo "IOTLB updates: $(grep -c 'IOTLB type 2' "$work/sriovd-4.log"), misses asked: $(grep -c 'IOTLB miss' "$work/sriovd-4.log")"
 [[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log4"; echo "--- sriovd (iommu) ---"; cat "$work/sriovd-4.log"; }
 exit $rc
