@@ -280,6 +280,7 @@ json Daemon::devices_json() const {
         const auto& st = e.pci_server->stats();
         j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
         j["features"] = e.device->features();
+        j["needs_reset"] = e.device->broken();
         j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
                           {"protocol_errors", st.protocol_errors}, {"last_error", st.last_error}};
         json queues = json::array();
@@ -296,6 +297,7 @@ json Daemon::devices_json() const {
                                                                   : "listening";
       j["socket_mode"] = config::to_string(dev.socket_mode);
       j["features"] = e.device->features();
+      j["needs_reset"] = e.device->broken();
       json queues = json::array();
       for (unsigned q = 0; q < e.device->num_queues(); ++q) {
         const auto& st = e.device->stats(q);

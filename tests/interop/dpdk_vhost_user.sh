@@ -158,5 +158,74 @@ run_variant packed-inorder 1 auto ",packed_vq=1,mrg_rxbuf=1,in_order=1"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
 
+# The daemon restarted under a running front-end, with packed rings:
+# testpmd's virtio_user listens (server=1) and keeps its rings; sriovd
+# (socket_mode: client) connects, is SIGKILLed mid-traffic, starts again,
+# connects again, and takes the rings up where testpmd says they stand.
+restart_packed() {
+  local name=packed-restart
+  local sock=$work/$name.sock
+  cat >"$work/$name.yaml" <<CONF
+version: 1
+host: simulated
+state_dir: $work/state-$name
+simulated:
+  physical_functions:
+    - {address: "0000:3b:00.0", netdev: sdrp$$}
+control:
+  socket: $work/$name-control.sock
+virtio_devices:
+  - name: $name
+    type: net
+    transport: vhost-user
+    socket: $sock
+    socket_mode: client
+    queue_size: 256
+    packed: auto
+    backend: {type: tap, name: $tap, netns: $ns, offloads: []}
+CONF
+  timeout 60 dpdk-testpmd -l 0-1 --no-huge -m 512 --no-pci --file-prefix "sdio$$-$name" \
+    --vdev "net_virtio_user0,path=$sock,server=1,queues=1,queue_size=256,packed_vq=1,mrg_rxbuf=1" -- \
+    --total-num-mbufs=16384 --forward-mode=txonly --txpkts=64 --stats-period 1 >"$work/$name-testpmd.log" 2>&1 &
+  local tpid=$!
+  pids+=("$tpid")
+  for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+  "$sriovd" --config "$work/$name.yaml" --foreground >"$work/$name-sriovd-1.log" 2>&1 &
+  local d1=$!
+  pids+=("$d1")
+  for _ in $(seq 100); do ip -n "$ns" link show "$tap" >/dev/null 2>&1 && break; sleep 0.1; done
+  ip -n "$ns" link set "$tap" up
+  sleep 2
+  local before_kill
+  before_kill=$(tap_rx)
+  check "$name-traffic-before-restart" test "$before_kill" -gt 1000
+  kill -KILL "$d1"
+  wait "$d1" 2>/dev/null || true
+  "$sriovd" --config "$work/$name.yaml" --foreground >"$work/$name-sriovd-2.log" 2>&1 &
+  local d2=$!
+  pids+=("$d2")
+  for _ in $(seq 100); do ip -n "$ns" link show "$tap" >/dev/null 2>&1 && break; sleep 0.1; done
+  ip -n "$ns" link set "$tap" up
+  local after=0
+  for _ in $(seq 50); do
+    after=$(tap_rx 2>/dev/null || echo 0)
+    [[ $after -gt 1000 ]] && break
+    sleep 0.2
+  done
+  echo "$name: tap received $before_kill before the SIGKILL, $after on the new tap after the restart"
+  check "$name-traffic-after-restart" test "$after" -gt 1000
+  check "$name-reconnected" grep -q "front-end connected" "$work/$name-sriovd-2.log"
+  local state
+  state=$("$sriovctl" --socket "$work/$name-control.sock" --json devices |
+    python3 -c 'import json, sys; v = json.load(sys.stdin)["virtio_devices"][0]; print(v["state"], v["needs_reset"])')
+  echo "$name: after the restart the device is $state (state, needs_reset)"
+  check "$name-running-not-broken" test "$state" = "running False"
+  kill -TERM "$d2"
+  wait "$d2" || true
+  kill -INT "$tpid" 2>/dev/null || true
+  wait "$tpid" 2>/dev/null || true
+}
+restart_packed
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
