@@ -178,6 +178,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 
 struct NetOptions {
   std::string socket;
+  std::string vhost_user;
   std::string tap = "sriovd-guest0";
   std::string netns;
   uint16_t queue_size = 256;
@@ -190,14 +191,23 @@ struct NetOptions {
 // would send goes out through the device, and what the device delivers
 // comes up on the tap. Runs until SIGINT/SIGTERM or --seconds.
 json virtio_net(const NetOptions& o) {
-  Client c(o.socket);
-  sriovd::vfio_user::VirtioNetDriver d(c, {o.queue_size, o.packed, !o.no_offloads});
+  if (o.socket.empty() && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
+  std::unique_ptr<Client> c;
+  std::unique_ptr<sriovd::vfio_user::VirtioNetDriver> drv;
+  if (!o.vhost_user.empty()) {
+    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(o.vhost_user, sriovd::vfio_user::VirtioNetDriverOptions{o.queue_size, o.packed, !o.no_offloads});
+  } else {
+    c = std::make_unique<Client>(o.socket);
+    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(*c, sriovd::vfio_user::VirtioNetDriverOptions{o.queue_size, o.packed, !o.no_offloads});
+  }
+  auto& d = *drv;
   d.bring_up();
   sriovd::virtio::Tap tap(o.tap, 1, o.netns);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  const std::string where = o.vhost_user.empty() ? o.socket : o.vhost_user + " (vhost-user)";
   std::fprintf(stderr, "sriovd-guest: %s up: virtio-net %s, %s ring, features 0x%llx, bridged to tap %s%s\n",
-               o.socket.c_str(), d.mac().c_str(), d.packed() ? "packed" : "split",
+               where.c_str(), d.mac().c_str(), d.packed() ? "packed" : "split",
                static_cast<unsigned long long>(d.features()), o.tap.c_str(),
                o.netns.empty() ? "" : (" in netns " + o.netns).c_str());
   std::thread timer;
@@ -210,7 +220,7 @@ json virtio_net(const NetOptions& o) {
   d.bridge(tap, g_stop);
   if (timer.joinable()) timer.join();
   const auto& st = d.stats();
-  return {{"socket", o.socket}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"features", d.features()},
+  return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"features", d.features()},
           {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
           {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()}};
 }
@@ -247,8 +257,11 @@ int main(int argc, char** argv) {
   storm_cmd->add_flag("--no-mask", no_mask, "a guest that does not mask per interrupt");
 
   NetOptions no;
-  auto* net_cmd = app.add_subcommand("virtio-net", "drive a virtio-net-pci export as a guest would and bridge it to a tap");
-  net_cmd->add_option("--socket", no.socket, "the export's vfio-user socket")->required();
+  auto* net_cmd = app.add_subcommand(
+      "virtio-net", "drive a virtio-net device as a guest would (virtio-net-pci over vfio-user, or as a vhost-user front-end) and bridge it to a tap");
+  auto* net_sock = net_cmd->add_option("--socket", no.socket, "the export's vfio-user socket");
+  auto* net_vu = net_cmd->add_option("--vhost-user", no.vhost_user, "a vhost-user back-end's socket (be its front-end instead)");
+  net_sock->excludes(net_vu);
   net_cmd->add_option("--tap", no.tap, "the tap to bridge to (created)")->capture_default_str();
   net_cmd->add_option("--netns", no.netns, "network namespace to put the tap in");
   net_cmd->add_option("--queue-size", no.queue_size, "descriptors per queue")->capture_default_str();

@@ -3,6 +3,8 @@
 #include <linux/if_tun.h>
 #include <linux/vfio.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/net.hpp"
 
 namespace sriovd::vfio_user {
@@ -66,19 +69,40 @@ class VirtioNetDriver::Ring {
   std::vector<uint16_t> slot_of_;
 };
 
-VirtioNetDriver::VirtioNetDriver(Client& client, VirtioNetDriverOptions options) : client_(client), options_(options) {}
+VirtioNetDriver::VirtioNetDriver(Client& client, VirtioNetDriverOptions options) : client_(&client), options_(options) {}
+
+VirtioNetDriver::VirtioNetDriver(std::string vhost_user_socket, VirtioNetDriverOptions options)
+    : vhost_socket_(std::move(vhost_user_socket)), options_(options) {}
 
 VirtioNetDriver::~VirtioNetDriver() {
   try {
-    set_status(0);
+    if (client_) set_status(0);
   } catch (...) {
   }
   if (ram_) ::munmap(ram_, ram_size_);
 }
 
+void VirtioNetDriver::bring_up() {
+  if (client_)
+    bring_up_pci();
+  else
+    bring_up_vhost_user();
+}
+
+// Guest RAM: both rings, the control ring, TX and RX buffers, a command page.
+void VirtioNetDriver::map_ram(uint64_t ring) {
+  const uint16_t n = options_.queue_size;
+  ram_size_ = align_up(3 * ring + 2ULL * n * kBufSize + 4096, 2 << 20);
+  ram_fd_.reset(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
+  if (!ram_fd_ || ::ftruncate(ram_fd_.get(), static_cast<off_t>(ram_size_)) != 0) throw_errno("guest RAM memfd");
+  void* m = ::mmap(nullptr, ram_size_, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd_.get(), 0);
+  if (m == MAP_FAILED) throw_errno("mapping guest RAM");
+  ram_ = static_cast<uint8_t*>(m);
+}
+
 void VirtioNetDriver::find_caps() {
   std::vector<uint8_t> cfg(256);
-  client_.read(kConfigRegion, 0, cfg);
+  client_->read(kConfigRegion, 0, cfg);
   uint16_t vendor = 0;
   std::memcpy(&vendor, cfg.data(), 2);
   if (vendor != 0x1af4) throw std::runtime_error("not a virtio device (vendor " + std::to_string(vendor) + ")");
@@ -105,29 +129,30 @@ void VirtioNetDriver::find_caps() {
     throw std::runtime_error("the device lacks the common, notify or device configuration capability");
 }
 
-uint32_t VirtioNetDriver::common32(uint32_t off) { return client_.read32(common_.bar, common_.offset + off); }
+uint32_t VirtioNetDriver::common32(uint32_t off) { return client_->read32(common_.bar, common_.offset + off); }
 
 void VirtioNetDriver::common_write(uint32_t off, uint64_t value, unsigned size) {
-  client_.write(common_.bar, common_.offset + off, {reinterpret_cast<const uint8_t*>(&value), size});
+  client_->write(common_.bar, common_.offset + off, {reinterpret_cast<const uint8_t*>(&value), size});
 }
 
 uint8_t VirtioNetDriver::status() {
   uint8_t s = 0;
-  client_.read(common_.bar, common_.offset + 0x14, {&s, 1});
+  client_->read(common_.bar, common_.offset + 0x14, {&s, 1});
   return s;
 }
 
 void VirtioNetDriver::set_status(uint8_t s) { common_write(0x14, s, 1); }
 
 std::string VirtioNetDriver::mac() const {
+  if (!client_) return "(vhost-user: the VMM's)";
   uint8_t m[6];
-  client_.read(device_.bar, device_.offset, {m, 6});
+  client_->read(device_.bar, device_.offset, {m, 6});
   char out[18];
   std::snprintf(out, sizeof out, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
   return out;
 }
 
-void VirtioNetDriver::bring_up() {
+void VirtioNetDriver::bring_up_pci() {
   find_caps();
   // §3.1.1: reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK, queues, DRIVER_OK.
   set_status(0);
@@ -155,13 +180,8 @@ void VirtioNetDriver::bring_up() {
   // Guest RAM: both rings, then RX and TX buffers.
   const uint16_t n = options_.queue_size;
   const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
-  ram_size_ = align_up(3 * ring + 2ULL * n * kBufSize + 4096, 2 << 20);
-  ram_fd_.reset(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
-  if (!ram_fd_ || ::ftruncate(ram_fd_.get(), static_cast<off_t>(ram_size_)) != 0) throw_errno("guest RAM memfd");
-  void* m = ::mmap(nullptr, ram_size_, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd_.get(), 0);
-  if (m == MAP_FAILED) throw_errno("mapping guest RAM");
-  ram_ = static_cast<uint8_t*>(m);
-  client_.dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
+  map_ram(ring);
+  client_->dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
   rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
   tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
   const bool with_ctrl = features_ & virtio::kNetCtrlVq;
@@ -173,7 +193,7 @@ void VirtioNetDriver::bring_up() {
 
   // MSI-X: vector 0 for RX, 1 for TX, enabled and unmasked.
   std::vector<uint8_t> cfg(256);
-  client_.read(kConfigRegion, 0, cfg);
+  client_->read(kConfigRegion, 0, cfg);
   const auto msix = pci::find_msix(cfg);
   const unsigned nvec = with_ctrl ? 3 : 2;
   if (!msix || msix->vectors < nvec) throw std::runtime_error("the device has too few MSI-X vectors");
@@ -181,13 +201,13 @@ void VirtioNetDriver::bring_up() {
   for (unsigned v = 0; v < nvec; ++v) {
     irq_fds_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     fds[v] = irq_fds_.back().get();
-    client_.write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
-    client_.write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
+    client_->write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
+    client_->write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
   }
-  client_.set_irq_eventfds(kMsixIrq, 0, std::span<const int>(fds, nvec));
-  const uint32_t dw0 = client_.read32(kConfigRegion, msix->cap_offset);
-  client_.write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
-  for (unsigned v = 0; v < nvec; ++v) client_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
+  client_->set_irq_eventfds(kMsixIrq, 0, std::span<const int>(fds, nvec));
+  const uint32_t dw0 = client_->read32(kConfigRegion, msix->cap_offset);
+  client_->write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
+  for (unsigned v = 0; v < nvec; ++v) client_->write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
 
   for (unsigned i = 0; i < nvec; ++i) {
     Ring& r = i == 0 ? *rx_ : i == 1 ? *tx_ : *ctrl_;
@@ -196,7 +216,7 @@ void VirtioNetDriver::bring_up() {
     common_write(0x18, n, 2);
     common_write(0x1a, i, 2);
     uint16_t vector = 0;
-    client_.read(common_.bar, common_.offset + 0x1a, {reinterpret_cast<uint8_t*>(&vector), 2});
+    client_->read(common_.bar, common_.offset + 0x1a, {reinterpret_cast<uint8_t*>(&vector), 2});
     if (vector != i) throw std::runtime_error("queue " + std::to_string(q) + " refused MSI-X vector " + std::to_string(i));
     const auto a = r.addresses();
     common_write(0x20, a.desc, 8);
@@ -206,7 +226,7 @@ void VirtioNetDriver::bring_up() {
   }
   // Doorbells: one eventfd per queue; fall back to REGION_WRITE without them.
   try {
-    auto io = client_.region_io_fds(notify_.bar);
+    auto io = client_->region_io_fds(notify_.bar);
     doorbells_.resize(2);
     for (size_t i = 0; i < io.entries.size(); ++i) {
       const uint64_t q = (io.entries[i].offset - notify_.offset) / std::max<uint32_t>(notify_multiplier_, 1);
@@ -223,6 +243,107 @@ void VirtioNetDriver::bring_up() {
   post_rx();
 }
 
+// One vhost-user request (the front-end's side of the protocol); with
+// `reply`, waits for the u64 reply (or the REPLY_ACK status) and returns it.
+uint64_t VirtioNetDriver::vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds,
+                                        bool reply) {
+  namespace vu = vhost_user;
+  vu::Header h{request, vu::kVersion, size};
+  std::vector<uint8_t> bytes(sizeof h + size);
+  std::memcpy(bytes.data(), &h, sizeof h);
+  if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  if (::sendmsg(vhost_.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+    throw SystemError(errno, "vhost-user request " + std::to_string(request));
+  if (!reply) return 0;
+  vu::Header rh{};
+  uint64_t v = 0;
+  if (::recv(vhost_.get(), &rh, sizeof rh, MSG_WAITALL) != sizeof rh || rh.size != sizeof v ||
+      ::recv(vhost_.get(), &v, sizeof v, MSG_WAITALL) != sizeof v)
+    throw std::runtime_error("vhost-user: no reply to request " + std::to_string(request) + " (the back-end hung up?)");
+  return v;
+}
+
+// The VMM's part of vhost-user (§ "Starting the device" of the spec):
+// features, memory table, then per vring its size, addresses (this
+// process's virtual addresses), base, kick and call eventfds, enable.
+void VirtioNetDriver::bring_up_vhost_user() {
+  namespace vu = vhost_user;
+  vhost_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (vhost_socket_.size() >= sizeof a.sun_path) throw std::invalid_argument("socket path too long: " + vhost_socket_);
+  std::memcpy(a.sun_path, vhost_socket_.c_str(), vhost_socket_.size() + 1);
+  if (::connect(vhost_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw SystemError(errno, "connecting to " + vhost_socket_);
+  timeval tv{5, 0};
+  ::setsockopt(vhost_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const uint64_t offered = vhost_request(vu::kGetFeatures, nullptr, 0, {}, true);
+  uint64_t want = virtio::kVersion1 | virtio::kNetMrgRxbuf;
+  if (options_.offloads)
+    want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 | virtio::kNetGuestTso4 |
+            virtio::kNetGuestTso6;
+  if (options_.packed) want |= virtio::kRingPacked;
+  features_ = offered & want;
+  if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the back-end does not offer VIRTIO_F_VERSION_1");
+  packed_ = features_ & virtio::kRingPacked;
+  const bool protocol = offered & vu::kFeatureProtocolFeatures;
+  vhost_request(vu::kSetOwner, nullptr, 0, {}, false);
+  if (protocol) {
+    (void)vhost_request(vu::kGetProtocolFeatures, nullptr, 0, {}, true);
+    const uint64_t none = 0;  // no protocol extension is needed here
+    vhost_request(vu::kSetProtocolFeatures, &none, 8, {}, false);
+  }
+  const uint64_t set = features_ | (protocol ? vu::kFeatureProtocolFeatures : 0);
+  vhost_request(vu::kSetFeatures, &set, 8, {}, false);
+
+  const uint16_t n = options_.queue_size;
+  const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
+  map_ram(ring);
+  vu::MemTable t{};
+  t.nregions = 1;
+  t.regions[0] = {kRamBase, ram_size_, reinterpret_cast<uint64_t>(ram_), 0};
+  vhost_request(vu::kSetMemTable, &t, 8 + sizeof(vu::MemRegion), {ram_fd_.get()}, false);
+  rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
+  tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
+  doorbells_.resize(2);
+  for (uint32_t q = 0; q < 2; ++q) {
+    const auto addr = (q == 0 ? rx_ : tx_)->addresses();
+    auto uva = [&](uint64_t gpa) { return reinterpret_cast<uint64_t>(ram_) + (gpa - kRamBase); };
+    vu::VringState num{q, n};
+    vhost_request(vu::kSetVringNum, &num, sizeof num, {}, false);
+    vu::VringAddr va{q, 0, uva(addr.desc), uva(addr.device), uva(addr.driver), 0};
+    vhost_request(vu::kSetVringAddr, &va, sizeof va, {}, false);
+    vu::VringState base{q, 0};
+    vhost_request(vu::kSetVringBase, &base, sizeof base, {}, false);
+    doorbells_[q].reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    irq_fds_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    const uint64_t idx = q;
+    vhost_request(vu::kSetVringCall, &idx, 8, {irq_fds_.back().get()}, false);
+    vhost_request(vu::kSetVringKick, &idx, 8, {doorbells_[q].get()}, false);
+    if (protocol) {
+      vu::VringState on{q, 1};
+      vhost_request(vu::kSetVringEnable, &on, sizeof on, {}, false);
+    }
+  }
+  // A round trip: every request before it has been taken.
+  (void)vhost_request(vu::kGetFeatures, nullptr, 0, {}, true);
+  for (uint16_t slot = 0; slot < n; ++slot) tx_free_.push_back(slot);
+  post_rx();
+}
+
 void VirtioNetDriver::kick(unsigned q) {
   stats_.kicks.fetch_add(1, std::memory_order_relaxed);
   if (q < doorbells_.size() && doorbells_[q]) {
@@ -230,7 +351,7 @@ void VirtioNetDriver::kick(unsigned q) {
     (void)::write(doorbells_[q].get(), &one, sizeof one);
     return;
   }
-  client_.write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
+  if (client_) client_->write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
 }
 
 // Guest RAM: the RX ring, the TX ring, TX buffers, RX buffers.

@@ -36,11 +36,15 @@ struct VirtioNetDriverStats {
 
 class VirtioNetDriver {
  public:
+  // virtio-net-pci over vfio-user (bring_up()).
   VirtioNetDriver(Client& client, VirtioNetDriverOptions options);
+  // The same driver as a vhost-user front-end (the VMM's side of vhost-user:
+  // memory table, vring addresses, kick and call eventfds) on `socket`.
+  VirtioNetDriver(std::string vhost_user_socket, VirtioNetDriverOptions options);
   ~VirtioNetDriver();
 
-  // Reset, negotiate, set up queue pair 0, DRIVER_OK. Throws with the step
-  // that failed.
+  // Reset, negotiate, set up queue pair 0, DRIVER_OK (vhost-user: the
+  // vrings enabled). Throws with the step that failed.
   void bring_up();
   // Moves frames between the device and `tap` until `stop` is set.
   void bridge(virtio::Tap& tap, const std::atomic<bool>& stop);
@@ -77,7 +81,14 @@ class VirtioNetDriver {
   size_t take_rx(uint8_t* out, size_t size, virtio::Tap* tap);
   void kick(unsigned q);
 
-  Client& client_;
+  void bring_up_pci();
+  void bring_up_vhost_user();
+  void map_ram(uint64_t ring_bytes);
+  uint64_t vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds, bool reply);
+
+  Client* client_ = nullptr;
+  std::string vhost_socket_;
+  UniqueFd vhost_;  // the vhost-user connection
   VirtioNetDriverOptions options_;
   Cap common_, notify_, device_;
   uint32_t notify_multiplier_ = 0;
