@@ -379,7 +379,8 @@ void Daemon::sync_vf_exports() {
       if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
       e.vf = vf->to_string();
       e.proxy = std::make_unique<vfio_user::VfProxy>(host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf);
-      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy);
+      // The control API's allow-list admits VMMs too (empty: the socket's 0660).
+      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, config_.control.allowed_uids);
       spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(), w.index,
                    w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
     } catch (const std::exception& ex) {
@@ -458,7 +459,7 @@ void Daemon::start_virtio() {
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {
           e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
-          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci);
+          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, config_.control.allowed_uids);
         } else {
           e.backend = std::make_unique<vhost_user::Backend>(
               io_, dev.socket, *e.device,
