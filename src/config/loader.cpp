@@ -697,6 +697,13 @@ class Loader {
       dev.iommu_platform = *iommu;
     }
     ok &= read_backend(m.get("backend", true), m.path_of("backend"), dev);
+    if (ok && dev.backend_kind == BackendKind::vf && dev.queue_pairs > 1 && dev.transport != Transport::vhost_user) {
+      // The driver's MQ setting (control queue) would have to move flows
+      // between AF_PACKET fanout members, which cannot leave their group.
+      ctx_.error(m.where("queues"), m.path_of("queues"),
+                 "a VF backend with more than one queue pair needs transport vhost-user (over vfio-user it serves one)");
+      ok = false;
+    }
     if (!ok) return;
     dev.name = *name;
     dev.socket = *socket;

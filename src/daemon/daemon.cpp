@@ -452,9 +452,8 @@ void Daemon::start_virtio() {
           port = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
         } else {
           // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
-          if (dev.queue_pairs != 1) throw std::runtime_error("a VF netdev backend serves one queue pair");
           nc.offloads = false;  // AF_PACKET gives full frames only when nothing is offloaded
-          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf));
+          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf), dev.queue_pairs);
         }
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {

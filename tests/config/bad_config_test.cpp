@@ -196,6 +196,8 @@ const BadCase kCases[] = {
   {"MtuTooSmall", kSystem + kVirtio + "    mtu: 10\n    backend: {type: tap, name: t0}\n", 8, 10,
    "virtio_devices[0].mtu: expected an integer from 68 to 65535, got '10'"},
   {"VirtioWithoutBackend", kSystem + kVirtio, 4, 5, "virtio_devices[0]: missing required key 'backend'"},
+  {"MultiQueueVfOverVfioUser", kSimulated + "physical_functions:\n  - {address: \"0000:3b:00.0\", num_vfs: 2}\nvirtio_devices:\n  - {name: n0, type: net, transport: vfio-user, socket: /run/n0.sock, queues: 2, backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1}}\n",
+   12, 79, "virtio_devices[0].queues: a VF backend with more than one queue pair needs transport vhost-user (over vfio-user it serves one)"},
   {"VirtioCpuTwice", kSystem + kVirtio + "    cpus: [1, 1]\n    backend: {type: tap, name: t0}\n", 8, 15,
    "virtio_devices[0].cpus[1]: CPU 1 is listed twice"},
   {"IommuPlatformOverVfioUser", kSystem + "virtio_devices:\n  - {name: n0, type: net, transport: vfio-user, socket: /run/n0.sock, iommu_platform: true, backend: {type: tap, name: t0}}\n",

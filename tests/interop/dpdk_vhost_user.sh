@@ -130,6 +130,13 @@ CONF
         python3 -c 'import json, sys; print(json.load(sys.stdin)["virtio_devices"][0].get("features", 0))')
       check "$name-negotiated-in-order" test $(((features >> 35) & 1)) -eq 1
     fi
+    if [[ $round -eq 1 && $queues -eq 2 ]]; then
+      # Both queue pairs carried TX (queues 1 and 3 of the device).
+      local per_queue
+      per_queue=$("$sriovctl" --socket "$work/$name-control.sock" --json devices |
+        python3 -c 'import json, sys; q = json.load(sys.stdin)["virtio_devices"][0]["queues"]; print(min(q[1]["packets"], q[3]["packets"]))')
+      check "$name-both-pairs-carry-tx" test "$per_queue" -gt 100
+    fi
     kill -INT "$tpid" 2>/dev/null || true
     wait "$tpid" 2>/dev/null || true
     local tx rx
@@ -157,6 +164,7 @@ run_variant split-inorder 1 off ",packed_vq=0,mrg_rxbuf=1,in_order=1"
 run_variant packed-inorder 1 auto ",packed_vq=1,mrg_rxbuf=1,in_order=1"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
+run_variant vf-bridge-2q 2 off ",packed_vq=0,mrg_rxbuf=1" vf
 
 # The daemon restarted under a running front-end, with packed rings:
 # testpmd's virtio_user listens (server=1) and keeps its rings; sriovd

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/port.hpp"
@@ -14,11 +15,13 @@ namespace sriovd::virtio {
 // to fill on the way in.
 class PacketSocket : public PacketPort {
  public:
-  explicit PacketSocket(const std::string& ifname);
+  // `queues` sockets; with more than one they form a PACKET_FANOUT_HASH
+  // group, so the kernel spreads received flows over the queue pairs.
+  explicit PacketSocket(const std::string& ifname, unsigned queues = 1);
 
   [[nodiscard]] const std::string& name() const override { return name_; }
-  [[nodiscard]] unsigned queues() const override { return 1; }
-  [[nodiscard]] int fd(unsigned) const override { return fd_.get(); }
+  [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(fds_.size()); }
+  [[nodiscard]] int fd(unsigned q) const override { return fds_.at(q).get(); }
   ssize_t send(unsigned q, const iovec* iov, int count) override;
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   void set_offloads(unsigned) override {}
@@ -27,7 +30,7 @@ class PacketSocket : public PacketPort {
 
  private:
   std::string name_;
-  UniqueFd fd_;
+  std::vector<UniqueFd> fds_;
 };
 
 }  // namespace sriovd::virtio
