@@ -1,5 +1,7 @@
 #include "sriovd/util/unix_socket.hpp"
 
+#include <algorithm>
+
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -49,6 +51,48 @@ void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::st
   ::umask(old_mask);
   if (ec) throw std::runtime_error("cannot bind " + what + " " + path + ": " + ec.message());
   acceptor.listen(asio::socket_base::max_listen_connections);
+}
+
+ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int> fds, int flags) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov.data());
+  msg.msg_iovlen = iov.size();
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do n = ::sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n;
+}
+
+ssize_t recv_with_fds(int sock, void* data, size_t size, std::vector<UniqueFd>& fds, int flags, bool& truncated,
+                      size_t max_fds) {
+  iovec iov{data, size};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  const ssize_t n = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        fds.emplace_back(fd);
+      }
+  truncated = msg.msg_flags & MSG_CTRUNC;
+  return n;
 }
 
 }  // namespace sriovd

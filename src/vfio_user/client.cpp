@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -56,23 +57,8 @@ Client::Client(const std::string& socket_path, nlohmann::json capabilities) {
 }
 
 void Client::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
-  iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = payload.empty() ? 1 : 2;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ssize_t n;
-  do n = ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
+  const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  const ssize_t n = send_with_fds(sock_.get(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
   if (n != static_cast<ssize_t>(sizeof h + payload.size())) throw SystemError(n < 0 ? errno : EPIPE, "vfio-user send");
 }
 
@@ -81,23 +67,10 @@ Client::Reply Client::receive() {
   auto read_exact = [&](uint8_t* to, size_t size) {
     size_t got = 0;
     while (got < size) {
-      iovec iov{to + got, size - got};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      const ssize_t n = ::recvmsg(sock_.get(), &msg, MSG_CMSG_CLOEXEC);
+      bool truncated = false;
+      const ssize_t n = recv_with_fds(sock_.get(), to + got, size - got, r.fds, 0, truncated, kMaxMsgFds);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) throw SystemError(n == 0 ? ECONNRESET : errno, "vfio-user server connection");
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-          for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
-            int fd;
-            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            r.fds.emplace_back(fd);
-          }
       got += static_cast<size_t>(n);
     }
   };

@@ -160,14 +160,8 @@ void Server::on_readable() {
 void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds) {
   size_t got = 0;
   while (got < size) {
-    iovec iov{to + got, size - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(conn_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    bool truncated = false;
+    const ssize_t n = recv_with_fds(conn_.get(), to + got, size - got, fds, MSG_DONTWAIT, truncated, kMaxMsgFds);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
       pollfd p{conn_.get(), POLLIN, 0};
@@ -177,16 +171,7 @@ void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds) {
     }
     if (n == 0) throw std::runtime_error(kClientClosed);
     if (n < 0) throw std::runtime_error(std::string("read error: ") + std::strerror(errno));
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-          fds.emplace_back(fd);
-        }
-      }
-    if (msg.msg_flags & MSG_CTRUNC) throw ProtocolError("more than " + std::to_string(kMaxMsgFds) + " fds with one message");
+    if (truncated) throw ProtocolError("more than " + std::to_string(kMaxMsgFds) + " fds with one message");
     got += static_cast<size_t>(n);
   }
 }
@@ -211,24 +196,9 @@ bool Server::receive(Message& m, bool block) {
 
 void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
   if (!conn_) throw std::runtime_error("the connection ended");
-  iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = payload.empty() ? 1 : 2;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMsgFds)]{};
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
+  const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
   const size_t total = sizeof h + payload.size();
-  ssize_t n;
-  do n = ::sendmsg(conn_.get(), &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
+  const ssize_t n = send_with_fds(conn_.get(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
   if (n != static_cast<ssize_t>(total))
     throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " +
                              (n < 0 ? std::strerror(errno) : "short write"));

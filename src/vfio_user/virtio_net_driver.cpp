@@ -14,6 +14,7 @@
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/net.hpp"
 
@@ -252,21 +253,8 @@ uint64_t VirtioNetDriver::vhost_request(uint32_t request, const void* payload, u
   std::vector<uint8_t> bytes(sizeof h + size);
   std::memcpy(bytes.data(), &h, sizeof h);
   if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
-  iovec iov{bytes.data(), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  if (::sendmsg(vhost_.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+  const iovec iov{bytes.data(), bytes.size()};
+  if (send_with_fds(vhost_.get(), {&iov, 1}, fds) != static_cast<ssize_t>(bytes.size()))
     throw SystemError(errno, "vhost-user request " + std::to_string(request));
   if (!reply) return 0;
   vu::Header rh{};

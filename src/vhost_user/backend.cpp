@@ -206,29 +206,14 @@ void Backend::on_readable() {
                               ? sizeof(Header)
                               : sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size;
       uint8_t buf[kMaxPayload + sizeof(Header)];
-      iovec iov{buf, want - inbuf_.size()};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      const ssize_t n = ::recvmsg(conn_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      bool truncated = false;
+      const ssize_t n = recv_with_fds(conn_.get(), buf, want - inbuf_.size(), infds_, MSG_DONTWAIT, truncated, kMaxFds);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
       if (n <= 0) {
         disconnect(n == 0 ? "front-end closed the connection" : std::string("read error: ") + std::strerror(errno));
         return;
       }
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-          const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-          for (size_t i = 0; i < count; ++i) {
-            int fd;
-            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            infds_.emplace_back(fd);
-          }
-        }
-      if (msg.msg_flags & MSG_CTRUNC) throw ProtocolError("more than 8 fds with one message");
+      if (truncated) throw ProtocolError("more than 8 fds with one message");
       inbuf_.insert(inbuf_.end(), buf, buf + n);
       if (inbuf_.size() == sizeof(Header)) {
         Header h;

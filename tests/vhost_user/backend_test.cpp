@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "support/temp_dir.hpp"
@@ -52,21 +53,8 @@ class Frontend {
     std::vector<uint8_t> bytes(sizeof h + size);
     std::memcpy(bytes.data(), &h, sizeof h);
     if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
-    iovec iov{bytes.data(), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-    if (!fds.empty()) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    ASSERT_EQ(::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    const iovec iov{bytes.data(), bytes.size()};
+    ASSERT_EQ(send_with_fds(fd_.get(), {&iov, 1}, fds), static_cast<ssize_t>(bytes.size()));
   }
   // The u64 reply to `request`; nullopt when the back-end hung up instead.
   std::optional<uint64_t> reply_u64() {

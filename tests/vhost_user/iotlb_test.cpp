@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/driver.hpp"
@@ -152,21 +153,8 @@ class IotlbTest : public ::testing::Test {
     std::vector<uint8_t> bytes(sizeof h + size);
     std::memcpy(bytes.data(), &h, sizeof h);
     if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
-    iovec iov{bytes.data(), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    if (!fds.empty()) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    ASSERT_EQ(::sendmsg(sock.get(), &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    const iovec iov{bytes.data(), bytes.size()};
+    ASSERT_EQ(send_with_fds(sock.get(), {&iov, 1}, fds), static_cast<ssize_t>(bytes.size()));
     if (request == kSetProtocolFeatures) return;  // REPLY_ACK not negotiated yet
     Header rh{};
     uint64_t status = 1;
