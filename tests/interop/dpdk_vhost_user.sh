@@ -8,6 +8,7 @@
 # queue pairs, and a second front-end after the first disconnected.
 #   tests/interop/dpdk_vhost_user.sh BUILD_DIR
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/lib/kill-tree.sh"
 build=${1:?usage: dpdk_vhost_user.sh BUILD_DIR}
 sriovd=$build/src/sriovd
 sriovctl=$build/src/sriovctl
@@ -30,8 +31,7 @@ ns=sriovd-io$$
 tap=sdio$$
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  kill_tree "${pids[@]}"
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
 }

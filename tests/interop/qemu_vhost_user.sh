@@ -5,6 +5,7 @@
 # creates, with an iperf3 server. The guest pings it and runs iperf3.
 #   tests/interop/qemu_vhost_user.sh BUILD_DIR
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/lib/kill-tree.sh"
 build=${1:?usage: qemu_vhost_user.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/vm/vm-lib.sh"
@@ -16,7 +17,7 @@ ns=sriovd-qm$$
 tap=sdqm$$
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  kill_tree "${pids[@]}"
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
 }
