@@ -57,9 +57,13 @@ ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int>
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(iov.data());
   msg.msg_iovlen = iov.size();
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
+  if (fds.size() > kMaxPassedFds) {
+    errno = E2BIG;
+    return -1;
+  }
   if (!fds.empty()) {
-    msg.msg_control = control.data();
+    msg.msg_control = control;
     msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
@@ -76,12 +80,12 @@ ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int>
 ssize_t recv_with_fds(int sock, void* data, size_t size, std::vector<UniqueFd>& fds, int flags, bool& truncated,
                       size_t max_fds) {
   iovec iov{data, size};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * std::min(max_fds, kMaxPassedFds));
   const ssize_t n = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
   if (n < 0) return n;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))

@@ -205,28 +205,30 @@ void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<c
 }
 
 void Server::dispatch(Message& m) {
-  const std::string what = std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")";
+  // Built only when something is refused: a MSI-X mask write is a message,
+  // and a guest may send one per interrupt.
+  const auto what = [&] { return std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")"; };
   if ((m.hdr.flags & kTypeMask) != kTypeCommand)
     throw ProtocolError("a " + std::string((m.hdr.flags & kTypeMask) == kTypeReply ? "reply" : "message of unknown type") +
-                        " to nothing, command " + what);
-  if (!negotiated_ && m.hdr.command != kVersion) throw ProtocolError(what + " before VERSION");
+                        " to nothing, command " + what());
+  if (!negotiated_ && m.hdr.command != kVersion) throw ProtocolError(what() + " before VERSION");
   if (negotiated_ && m.hdr.command == kVersion) throw ProtocolError("a second VERSION");
   Header reply{m.hdr.id, m.hdr.command, sizeof(Header), kTypeReply, 0};
   Reply r;
   try {
     Shape shape{};
-    if (!shape_of(m.hdr.command, shape)) throw Error(ENOSYS, what + " is not served");
+    if (!shape_of(m.hdr.command, shape)) throw Error(ENOSYS, what() + " is not served");
     if (shape.exact ? m.payload.size() != shape.payload : m.payload.size() < shape.payload)
-      throw Error(EINVAL, what + " with a payload of " + std::to_string(m.payload.size()) + " bytes, " +
+      throw Error(EINVAL, what() + " with a payload of " + std::to_string(m.payload.size()) + " bytes, " +
                               (shape.exact ? "" : "at least ") + std::to_string(shape.payload) + " expected");
     if (m.fds.size() > shape.max_fds)
-      throw Error(EINVAL, what + " with " + std::to_string(m.fds.size()) + " fds, at most " +
+      throw Error(EINVAL, what() + " with " + std::to_string(m.fds.size()) + " fds, at most " +
                               std::to_string(shape.max_fds) + " expected");
     r = handle(m);
   } catch (const Error& e) {
     ++stats_.error_replies;
     stats_.last_error = e.what();
-    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what, e.what());
+    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what(), e.what());
     reply.flags |= kError;
     reply.error = static_cast<uint32_t>(e.code());
     if (m.hdr.command == kVersion) {  // no version, no session
@@ -242,7 +244,7 @@ void Server::dispatch(Message& m) {
     // the daemon goes on.
     ++stats_.error_replies;
     stats_.last_error = e.what();
-    spdlog::warn("vfio-user: {}: {} failed: {}", device_.name(), what, e.what());
+    spdlog::warn("vfio-user: {}: {} failed: {}", device_.name(), what(), e.what());
     reply.flags |= kError;
     reply.error = EIO;
     if (!(m.hdr.flags & kNoReply)) send(reply, {}, {});

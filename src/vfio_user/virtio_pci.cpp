@@ -126,8 +126,8 @@ void VirtioNetPci::read(uint32_t region, uint64_t offset, std::span<uint8_t> dat
 }
 
 void VirtioNetPci::write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) {
-  std::vector<uint8_t> copy(data.begin(), data.end());
-  access(region, offset, copy.data(), copy.size(), true);
+  // A write only reads `data` (the same walk serves reads, hence non-const).
+  access(region, offset, const_cast<uint8_t*>(data.data()), data.size(), true);
 }
 
 // Splits an access into naturally aligned pieces of up to 8 bytes (4 in

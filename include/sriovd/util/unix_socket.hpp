@@ -22,6 +22,10 @@ namespace sriovd {
 void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path, mode_t mode,
                  const std::string& what);
 
+// The most fds one message may carry through these two (no allocation:
+// the control buffers are on the stack).
+inline constexpr size_t kMaxPassedFds = 16;
+
 // sendmsg of `iov` with `fds` as SCM_RIGHTS (none: a plain message);
 // MSG_NOSIGNAL, retried on EINTR. Returns what sendmsg returned.
 ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int> fds, int flags = 0);
