@@ -273,13 +273,12 @@ void NetDevice::stop() {
     (void)::write(w->stop.get(), &one, sizeof one);
   }
   for (auto& w : workers_) w->thread.join();
-  for (auto& w : workers_)
-    for (unsigned q : {2 * w->pair, 2 * w->pair + 1, w->pair == 0 && config_.control_queue ? control_queue_index() : 2 * w->pair}) {
-      Queue& queue = queues_[q];
-      if (queue.ring) queue.base = queue.ring->base();
-      queue.ring.reset();
-    }
   workers_.clear();
+  // Only queues a worker served have a ring: each keeps where it stood.
+  for (Queue& queue : queues_) {
+    if (queue.ring) queue.base = queue.ring->base();
+    queue.ring.reset();
+  }
 }
 
 void NetDevice::reset() {

@@ -14,6 +14,7 @@
 #include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "vm/vm_test_support.hpp"
 #include "sriovd/vfio/kernel.hpp"
 
 namespace sriovd::vfio {
@@ -21,19 +22,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-PciAddress device_address() {
-  const char* env = std::getenv("SRIOVD_VM_DEVICE");
-  auto a = env ? PciAddress::parse(env) : std::nullopt;
-  if (!a) throw std::runtime_error("set SRIOVD_VM_DEVICE to a vfio-pci device address");
-  return *a;
-}
-
-uint64_t take(int fd, std::chrono::milliseconds wait = 2s) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return 0;
-  uint64_t v = 0;
-  return ::read(fd, &v, sizeof v) == sizeof v ? v : 0;
-}
+using vmtest::device_address;
+using vmtest::take;
 
 bool wait_for(const std::function<bool()>& cond) {
   for (int i = 0; i < 2000; ++i) {
