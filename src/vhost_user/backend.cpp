@@ -1,6 +1,8 @@
 #include "sriovd/vhost_user/backend.hpp"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -58,7 +60,7 @@ const char* request_name(uint32_t r) {
 namespace {
 
 constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice |
-                                      kProtoStatus | kProtoConfig | kProtoConfigureMemSlots;
+                                      kProtoStatus | kProtoConfig | kProtoConfigureMemSlots | kProtoInflightShmfd;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
 constexpr uint32_t kConfigHeader = 12;          // offset, size, flags before the config bytes
 constexpr uint8_t kStatusDriverOk = 4;
@@ -100,6 +102,10 @@ Shape shape_of(uint32_t request) {
       return {sizeof(SingleMemRegion), 1};
     case kRemMemReg:
       return {sizeof(SingleMemRegion), -1};  // QEMU before 7.1 sent an fd here; it is ignored
+    case kGetInflightFd:
+      return {sizeof(InflightDesc), 0};
+    case kSetInflightFd:
+      return {sizeof(InflightDesc), 1};
     default:
       return {-2, 0};  // not served
   }
@@ -172,6 +178,7 @@ Backend::~Backend() {
     watch_->cancel(ignored);
     (void)watch_->release();
   }
+  drop_inflight();
   device_.reset();
   if (mode_ == Mode::server) ::unlink(path_.c_str());
 }
@@ -242,12 +249,11 @@ void Backend::on_readable() {
   if (conn_) wait_readable();
 }
 
-void Backend::reply(const Message& m, const void* payload, uint32_t size) {
+void Backend::reply(const Message& m, const void* payload, uint32_t size, int fd) {
   Header h{m.hdr.request, kVersion | kFlagReply, size};
-  std::vector<uint8_t> out(sizeof h + size);
-  std::memcpy(out.data(), &h, sizeof h);
-  std::memcpy(out.data() + sizeof h, payload, size);
-  if (::send(conn_.get(), out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size()))
+  const iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), size}};
+  const std::span<const int> fds(&fd, fd >= 0 ? 1 : 0);
+  if (send_with_fds(conn_.get(), iov, fds) != static_cast<ssize_t>(sizeof h + size))
     throw ProtocolError(std::string("cannot reply: ") + std::strerror(errno));
 }
 
@@ -306,6 +312,7 @@ void Backend::handle(Message& m) {
       break;
     case kResetOwner:
     case kResetDevice:
+      drop_inflight();
       device_.reset();
       memory_.clear();
       memory_.set_iotlb(nullptr);
@@ -466,6 +473,13 @@ void Backend::handle(Message& m) {
       replied = true;
       break;
     }
+    case kGetInflightFd:
+      get_inflight(m);
+      replied = true;
+      break;
+    case kSetInflightFd:
+      set_inflight(m);
+      break;
     case kNetSetMtu:
     case kSendRarp:
       break;
@@ -474,9 +488,62 @@ void Backend::handle(Message& m) {
   try_start();
 }
 
+namespace {
+InflightDesc checked_inflight(const std::vector<uint8_t>& payload, unsigned device_queues, const char* what) {
+  const auto d = payload_as<InflightDesc>(payload);
+  if (d.num_queues == 0 || d.num_queues > device_queues)
+    throw ProtocolError(std::string(what) + " for " + std::to_string(d.num_queues) + " queues (the device has " +
+                        std::to_string(device_queues) + ")");
+  if (d.queue_size == 0 || d.queue_size > virtio::kMaxQueueSize)
+    throw ProtocolError(std::string(what) + " for queues of " + std::to_string(d.queue_size) + " entries");
+  return d;
+}
+}  // namespace
+
+// GET_INFLIGHT_FD: a zeroed buffer (a memfd) with a region per queue; the
+// front-end keeps it and hands it back with SET_INFLIGHT_FD whenever a
+// back-end starts, this one or the one after a crash.
+void Backend::get_inflight(const Message& m) {
+  const InflightDesc want = checked_inflight(m.payload, device_.num_queues(), "GET_INFLIGHT_FD");
+  const uint64_t bytes = want.num_queues * virtio::inflight_queue_bytes(want.queue_size);
+  UniqueFd fd(::memfd_create("sriovd-inflight", MFD_CLOEXEC));
+  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
+    throw SystemError(errno, device_.config().name + ": inflight buffer of " + std::to_string(bytes) + " bytes");
+  const InflightDesc out{bytes, 0, want.num_queues, want.queue_size, 0};
+  reply(m, &out, sizeof out, fd.get());
+}
+
+void Backend::set_inflight(Message& m) {
+  const InflightDesc d = checked_inflight(m.payload, device_.num_queues(), "SET_INFLIGHT_FD");
+  const uint64_t need = d.num_queues * virtio::inflight_queue_bytes(d.queue_size);
+  struct stat st{};
+  if (d.mmap_size < need || d.mmap_offset > UINT64_MAX - d.mmap_size || ::fstat(m.fds[0].get(), &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < d.mmap_offset + d.mmap_size)
+    throw ProtocolError("SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " +
+                        std::to_string(d.mmap_offset) + ": " + std::to_string(d.num_queues) + " queues of " +
+                        std::to_string(d.queue_size) + " need " + std::to_string(need) + " in the file");
+  drop_inflight();
+  const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
+  if (p == MAP_FAILED) throw SystemError(errno, device_.config().name + ": mapping the inflight buffer");
+  inflight_map_ = static_cast<uint8_t*>(p);
+  inflight_map_len_ = len;
+  device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
+  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.config().name, d.num_queues, d.queue_size);
+}
+
+void Backend::drop_inflight() {
+  device_.stop();
+  device_.set_inflight(nullptr, 0, 0);
+  if (inflight_map_) ::munmap(inflight_map_, inflight_map_len_);
+  inflight_map_ = nullptr;
+  inflight_map_len_ = 0;
+}
+
 void Backend::disconnect(const std::string& why) {
   spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
   stats_.last_error = why;
+  drop_inflight();
   device_.reset();
   memory_.clear();
   protocol_features_ = 0;

@@ -198,10 +198,33 @@ uint32_t NetDevice::stop_queue(unsigned q) {
   return queue.base;
 }
 
+void NetDevice::set_inflight(uint8_t* base, uint16_t queues, uint16_t queue_size) {
+  if (running()) throw std::logic_error(config_.name + ": inflight buffer changed while running");
+  inflight_ = base;
+  inflight_queues_ = base ? queues : 0;
+  inflight_queue_size_ = base ? queue_size : 0;
+}
+
+std::unique_ptr<Virtqueue> NetDevice::make_ring(unsigned index) {
+  Queue& q = queues_[index];
+  uint8_t* region = nullptr;
+  if (index < inflight_queues_) {
+    if (q.size > inflight_queue_size_)
+      throw std::invalid_argument(config_.name + ": queue " + std::to_string(index) + " has " + std::to_string(q.size) +
+                                  " entries, the inflight buffer room for " + std::to_string(inflight_queue_size_));
+    region = inflight_ + index * inflight_queue_bytes(inflight_queue_size_);
+  }
+  const bool event_idx = features_ & kRingEventIdx;
+  auto ring = (features_ & kRingPacked)
+                  ? make_packed_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region)
+                  : make_split_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region);
+  q.stats->resubmitted.fetch_add(ring->recovered(), std::memory_order_relaxed);
+  return ring;
+}
+
 void NetDevice::start() {
   if (running() || broken_) return;
   const bool packed = features_ & kRingPacked;
-  const bool event_idx = features_ & kRingEventIdx;
   waiting_rings_ = false;
   // With an IOTLB the ring parts may not be translated yet: the misses are
   // reported and the pair starts when they are answered.
@@ -222,9 +245,8 @@ void NetDevice::start() {
       waiting_rings_ = true;
       continue;
     }
-    for (Queue* q : {&rx, &tx})
-      q->ring = packed ? make_packed_queue(*memory_, q->size, q->rings, event_idx, Barriers::one_way, q->base)
-                       : make_split_queue(*memory_, q->size, q->rings, event_idx, Barriers::one_way, q->base);
+    rx.ring = make_ring(2 * p);
+    tx.ring = make_ring(2 * p + 1);
     auto w = std::make_unique<Worker>();
     w->pair = p;
     w->tap_fd = tap_->fd(p);
@@ -244,8 +266,7 @@ void NetDevice::start() {
     if (p == 0 && (features_ & kNetCtrlVq)) {
       Queue& ctrl = queues_[control_queue_index()];
       if (queue_ready(ctrl)) {
-        ctrl.ring = packed ? make_packed_queue(*memory_, ctrl.size, ctrl.rings, event_idx, Barriers::one_way, ctrl.base)
-                           : make_split_queue(*memory_, ctrl.size, ctrl.rings, event_idx, Barriers::one_way, ctrl.base);
+        ctrl.ring = make_ring(control_queue_index());
         watch(ctrl.kick.get(), kEvCtrlKick);
       }
     }
@@ -296,6 +317,8 @@ void NetDevice::reset() {
   }
   features_ = 0;
   memory_ = nullptr;
+  inflight_ = nullptr;
+  inflight_queues_ = inflight_queue_size_ = 0;
   broken_ = false;
   filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
   if (active_pairs_.exchange(1) != 1 && config_.control_queue) {

@@ -1,8 +1,10 @@
 #include "sriovd/virtio/ring.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace sriovd::virtio {
 
@@ -54,6 +56,62 @@ void store_release(uint16_t& v, uint16_t x) {
 // vring_need_event (§2.7.10): did [old, new) pass the driver's event index?
 bool need_event(uint16_t event, uint16_t new_idx, uint16_t old_idx) {
   return static_cast<uint16_t>(new_idx - event - 1) < static_cast<uint16_t>(new_idx - old_idx);
+}
+
+// The inflight regions, as the vhost-user spec lays them out.
+struct InflightSplitHeader {
+  uint64_t features;
+  uint16_t version;  // 1; 0: a fresh buffer
+  uint16_t desc_num;
+  uint16_t last_batch_head;
+  uint16_t used_idx;
+};
+static_assert(sizeof(InflightSplitHeader) == 16);
+struct InflightSplitDesc {
+  uint8_t inflight;
+  uint8_t padding[5];
+  uint16_t next;
+  uint64_t counter;
+};
+static_assert(sizeof(InflightSplitDesc) == 16);
+struct InflightPackedHeader {
+  uint64_t features;
+  uint16_t version;
+  uint16_t desc_num;
+  uint16_t free_head;
+  uint16_t old_free_head;
+  uint16_t used_idx;
+  uint16_t old_used_idx;
+  uint8_t used_wrap_counter;
+  uint8_t old_used_wrap_counter;
+  uint8_t padding[10];
+};
+static_assert(sizeof(InflightPackedHeader) == 32);
+struct InflightPackedDesc {
+  uint8_t inflight;
+  uint8_t padding;
+  uint16_t next;
+  uint16_t last;
+  uint16_t num;
+  uint64_t counter;
+  uint16_t id;
+  uint16_t flags;
+  uint32_t len;
+  uint64_t addr;
+};
+static_assert(sizeof(InflightPackedDesc) == 32);
+constexpr uint16_t kInflightVersion = 1;
+
+// Stores into the inflight region stay in program order (release): after
+// a crash the front-end's copy must show them in the order the spec's
+// steps make them.
+template <typename T>
+void publish(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_release);
+}
+
+[[noreturn]] void bad_inflight(const std::string& why) {
+  throw std::invalid_argument("inflight region left by the previous back-end is inconsistent: " + why);
 }
 
 // Adds one buffer segment, checking its address and the read-then-write order.
@@ -127,7 +185,8 @@ bool add_indirect(const GuestMemory& mem, uint64_t addr, uint32_t len, Chain& c,
 template <Barriers B>
 class SplitQueue final : public Virtqueue {
  public:
-  SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base)
+  SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base,
+             uint8_t* inflight)
       : mem_(mem), size_(size), event_idx_(event_idx) {
     const RingLayout l = split_layout(size);
     desc_ = reinterpret_cast<SplitDesc*>(mem.translate(rings.desc, l.desc_bytes));
@@ -139,9 +198,17 @@ class SplitQueue final : public Virtqueue {
     last_avail_ = cached_avail_ = static_cast<uint16_t>(base);
     // The used index continues from what the ring holds (a reconnect).
     used_idx_ = signalled_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
+    if (inflight) recover(inflight);
   }
 
-  void rewind(const Chain&) override { --last_avail_; }
+  void rewind(const Chain& c) override {
+    if (c.resubmitted) {
+      --resubmit_pos_;
+      return;
+    }
+    --last_avail_;
+    if (track_) publish<uint8_t>(track_[c.id].inflight, 0);
+  }
   uint32_t base() const override { return last_avail_; }
 
   uint16_t size() const override { return size_; }
@@ -149,41 +216,43 @@ class SplitQueue final : public Virtqueue {
   bool pop(Chain& c, std::span<Segment> segs) override {
     if (broken()) return false;
     stalled_ = false;
+    if (resubmit_pos_ < resubmit_.size()) {
+      // What the previous back-end took and never returned comes first.
+      if (!walk(resubmit_[resubmit_pos_], c, segs)) return false;
+      c.resubmitted = true;
+      ++resubmit_pos_;
+      return true;
+    }
     if (last_avail_ == cached_avail_) {
       cached_avail_ = load_acquire<B>(avail_[1]);
       if (last_avail_ == cached_avail_) return false;
       if (static_cast<uint16_t>(cached_avail_ - last_avail_) > size_) return fail(RingError::bad_avail_index);
     }
     const uint16_t head = avail_[2 + last_avail_ % size_];
-    if (head >= size_) return fail(RingError::bad_head);
-    c = Chain{};
-    c.id = head;
-    c.slots = 1;
-    RingError err = RingError::none;
-    uint16_t i = head;
-    for (uint32_t hops = 0;; ++hops) {
-      if (hops >= size_) return fail(RingError::chain_too_long);
-      SplitDesc d;
-      std::memcpy(&d, &desc_[i], sizeof d);
-      if (d.flags & kDescIndirect) {
-        if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
-        if (!add_indirect<SplitDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
-        break;
-      }
-      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail_or_stall(err);
-      if (!(d.flags & kDescNext)) break;
-      if (d.next >= size_) return fail(RingError::bad_head);
-      i = d.next;
-    }
+    if (!walk(head, c, segs)) return false;
     ++last_avail_;
+    if (track_) {
+      // Taken: counter first, then the inflight mark.
+      track_[head].counter = counter_++;
+      publish<uint8_t>(track_[head].inflight, 1);
+    }
     return true;
   }
 
   void push(const Chain& c, uint32_t written) override {
+    if (track_) {
+      // A batch of one: the list of the last batch is this head.
+      track_[c.id].next = header_->last_batch_head;
+      publish(header_->last_batch_head, c.id);
+    }
     const UsedElem e{c.id, written};
     std::memcpy(used_ + 4 + (used_idx_ % size_) * sizeof(UsedElem), &e, sizeof e);
     ++used_idx_;
     store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+    if (track_) {
+      publish<uint8_t>(track_[c.id].inflight, 0);
+      publish(header_->used_idx, used_idx_);
+    }
   }
 
   bool enable_kicks() override {
@@ -209,6 +278,68 @@ class SplitQueue final : public Virtqueue {
   }
 
  private:
+  // The chain whose head is `head`, into `c`/`segs`.
+  bool walk(uint16_t head, Chain& c, std::span<Segment> segs) {
+    if (head >= size_) return fail(RingError::bad_head);
+    c = Chain{};
+    c.id = head;
+    c.slots = 1;
+    RingError err = RingError::none;
+    uint16_t i = head;
+    for (uint32_t hops = 0;; ++hops) {
+      if (hops >= size_) return fail(RingError::chain_too_long);
+      SplitDesc d;
+      std::memcpy(&d, &desc_[i], sizeof d);
+      if (d.flags & kDescIndirect) {
+        if ((d.flags & kDescNext) || c.count > 0) return fail(RingError::bad_indirect);
+        if (!add_indirect<SplitDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
+        return true;
+      }
+      if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) return fail_or_stall(err);
+      if (!(d.flags & kDescNext)) return true;
+      if (d.next >= size_) return fail(RingError::bad_head);
+      i = d.next;
+    }
+  }
+
+  // A fresh region is initialised; one a previous back-end left is read
+  // as the spec's reconnect steps say: a last batch half published is
+  // finished, and every head still in flight is handed out again in the
+  // order it was taken. The avail ring was consumed up to the used index
+  // plus what is still in flight.
+  void recover(uint8_t* region) {
+    header_ = reinterpret_cast<InflightSplitHeader*>(region);
+    track_ = reinterpret_cast<InflightSplitDesc*>(region + sizeof(InflightSplitHeader));
+    if (header_->version != kInflightVersion || header_->desc_num != size_) {
+      std::memset(region, 0, sizeof(InflightSplitHeader) + sizeof(InflightSplitDesc) * size_);
+      header_->desc_num = size_;
+      header_->used_idx = used_idx_;
+      publish(header_->version, kInflightVersion);
+      return;
+    }
+    if (header_->used_idx != used_idx_) {
+      const uint16_t batch = static_cast<uint16_t>(used_idx_ - header_->used_idx);
+      if (batch > size_) bad_inflight("its used index is " + std::to_string(batch) + " behind the ring's");
+      uint16_t i = header_->last_batch_head;
+      for (uint16_t k = 0; k < batch; ++k) {
+        if (i >= size_) bad_inflight("its last batch list leaves the ring");
+        track_[i].inflight = 0;
+        i = track_[i].next;
+      }
+      header_->used_idx = used_idx_;
+    }
+    resubmit_.reserve(size_);
+    for (uint16_t i = 0; i < size_; ++i) {
+      if (track_[i].inflight == 0) continue;
+      resubmit_.push_back(i);
+      counter_ = std::max(counter_, track_[i].counter + 1);
+    }
+    std::sort(resubmit_.begin(), resubmit_.end(),
+              [this](uint16_t a, uint16_t b) { return track_[a].counter < track_[b].counter; });
+    recovered_ = resubmit_.size();
+    last_avail_ = cached_avail_ = static_cast<uint16_t>(used_idx_ + resubmit_.size());
+  }
+
   const GuestMemory& mem_;
   uint16_t size_;
   bool event_idx_;
@@ -219,12 +350,19 @@ class SplitQueue final : public Virtqueue {
   uint16_t cached_avail_ = 0;
   uint16_t used_idx_ = 0;
   uint16_t signalled_ = 0;
+  // Inflight tracking, when the queue has a region.
+  InflightSplitHeader* header_ = nullptr;
+  InflightSplitDesc* track_ = nullptr;
+  uint64_t counter_ = 1;
+  std::vector<uint16_t> resubmit_;
+  size_t resubmit_pos_ = 0;
 };
 
 template <Barriers B>
 class PackedQueue final : public Virtqueue {
  public:
-  PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base)
+  PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base,
+              uint8_t* inflight)
       : mem_(mem), size_(size), event_idx_(event_idx) {
     desc_ = reinterpret_cast<PackedDesc*>(mem.translate(rings.desc, 16ULL * size));
     driver_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.driver, 4));
@@ -242,9 +380,20 @@ class PackedQueue final : public Virtqueue {
       used_wrap_ = (used >> 15U) & 1U;
       if (next_avail_ >= size_ || next_used_ >= size_) throw std::invalid_argument("packed ring base out of range");
     }
+    if (inflight) recover(inflight);
   }
 
   void rewind(const Chain& c) override {
+    if (c.resubmitted) {
+      --resubmit_pos_;
+      return;
+    }
+    if (track_) {
+      // The chain's entries go back to the front of the free list.
+      header_->free_head = c.inflight_entry;
+      publish(header_->old_free_head, c.inflight_entry);
+      publish<uint8_t>(track_[c.inflight_entry].inflight, 0);
+    }
     if (next_avail_ < c.slots) {
       next_avail_ = static_cast<uint16_t>(next_avail_ + size_ - c.slots);
       avail_wrap_ = !avail_wrap_;
@@ -262,6 +411,7 @@ class PackedQueue final : public Virtqueue {
   bool pop(Chain& c, std::span<Segment> segs) override {
     if (broken()) return false;
     stalled_ = false;
+    if (resubmit_pos_ < resubmit_.size()) return pop_resubmitted(c, segs);
     const uint16_t flags = load_acquire<B>(desc_[next_avail_].flags);
     if (!available(flags, avail_wrap_)) return false;
     c = Chain{};
@@ -292,18 +442,15 @@ class PackedQueue final : public Virtqueue {
         break;
       }
     }
+    if (track_ && !track_taken(c)) return false;
     next_avail_ = idx;
     avail_wrap_ = wrap;
     return true;
   }
 
   void push(const Chain& c, uint32_t written) override {
-    PackedDesc& d = desc_[next_used_];
-    d.id = c.id;
-    d.len = written;
-    uint16_t flags = used_wrap_ ? (kPackedAvail | kPackedUsed) : 0;
-    if (written > 0) flags |= kDescWrite;
-    store_release<B>(d.flags, flags);
+    const uint16_t at = next_used_;
+    const bool at_wrap = used_wrap_;
     // One used descriptor per buffer; the chain's other slots are skipped.
     uint32_t next = next_used_ + c.slots;
     if (next >= size_) {
@@ -311,6 +458,27 @@ class PackedQueue final : public Virtqueue {
       used_wrap_ = !used_wrap_;
     }
     next_used_ = static_cast<uint16_t>(next);
+    if (track_) {
+      // The spec's order: the chain's entries back on the free list and
+      // the new used position, then the used descriptor, then the commit.
+      const InflightPackedDesc& head = track_[c.inflight_entry];
+      if (head.last < size_) track_[head.last].next = header_->free_head;
+      header_->free_head = c.inflight_entry;
+      header_->used_wrap_counter = used_wrap_;
+      publish(header_->used_idx, next_used_);
+    }
+    PackedDesc& d = desc_[at];
+    d.id = c.id;
+    d.len = written;
+    uint16_t flags = at_wrap ? (kPackedAvail | kPackedUsed) : 0;
+    if (written > 0) flags |= kDescWrite;
+    store_release<B>(d.flags, flags);
+    if (track_) {
+      publish<uint8_t>(track_[c.inflight_entry].inflight, 0);
+      header_->old_free_head = header_->free_head;
+      header_->old_used_wrap_counter = used_wrap_;
+      publish(header_->old_used_idx, next_used_);
+    }
   }
 
   bool enable_kicks() override {
@@ -345,6 +513,121 @@ class PackedQueue final : public Virtqueue {
     return static_cast<bool>(flags & kPackedAvail) == wrap && static_cast<bool>(flags & kPackedUsed) != wrap;
   }
 
+  // Records a chain just walked (its c.slots ring descriptors from
+  // next_avail_) in the region: a head entry with counter, inflight, its
+  // length and last entry; a copy of each descriptor, since the driver
+  // may reuse ring slots once other buffers come back before this one.
+  bool track_taken(Chain& c) {
+    const uint16_t head = header_->old_free_head;
+    if (head >= size_) return fail(RingError::chain_too_long);
+    track_[head].num = 0;
+    track_[head].counter = counter_++;
+    publish<uint8_t>(track_[head].inflight, 1);
+    uint16_t slot = next_avail_;
+    for (uint16_t k = 0; k < c.slots; ++k) {
+      const uint16_t free = header_->free_head;
+      // More descriptors in flight than entries: the driver reused slots
+      // still in flight.
+      if (free >= size_) return fail(RingError::chain_too_long);
+      PackedDesc d;
+      std::memcpy(&d, &desc_[slot], sizeof d);
+      if (k + 1 == c.slots) track_[head].last = free;
+      ++track_[head].num;
+      track_[free].addr = d.addr;
+      track_[free].len = d.len;
+      track_[free].flags = d.flags;
+      track_[free].id = d.id;
+      header_->free_head = track_[free].next;
+      if (++slot == size_) slot = 0;
+    }
+    publish(header_->old_free_head, header_->free_head);
+    c.inflight_entry = head;
+    return true;
+  }
+
+  // A chain the previous back-end left in flight, from the region's copies.
+  bool pop_resubmitted(Chain& c, std::span<Segment> segs) {
+    const uint16_t head = resubmit_[resubmit_pos_];
+    c = Chain{};
+    RingError err = RingError::none;
+    uint16_t e = head;
+    for (uint16_t k = 0; k < track_[head].num; ++k) {
+      if (e >= size_) return fail(RingError::bad_head);
+      const InflightPackedDesc& d = track_[e];
+      if (d.flags & kDescIndirect) {
+        if (c.count > 0) return fail(RingError::bad_indirect);
+        if (!add_indirect<PackedDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
+      } else if (!add_segment(mem_, d.addr, d.len, d.flags & kDescWrite, c, segs, err)) {
+        return fail_or_stall(err);
+      }
+      c.id = d.id;
+      e = d.next;
+    }
+    c.slots = track_[head].num;
+    c.inflight_entry = head;
+    c.resubmitted = true;
+    ++resubmit_pos_;
+    return true;
+  }
+
+  // The spec's reconnect steps for packed rings: a push half done is
+  // either committed (its used descriptor reached the ring) or rolled
+  // back; entries on the free list are not in flight; the rest are handed
+  // out again by counter. The ring positions come from the region: used
+  // where the last commit left it, avail that far ahead of it plus every
+  // slot still in flight.
+  void recover(uint8_t* region) {
+    header_ = reinterpret_cast<InflightPackedHeader*>(region);
+    track_ = reinterpret_cast<InflightPackedDesc*>(region + sizeof(InflightPackedHeader));
+    if (header_->version != kInflightVersion || header_->desc_num != size_) {
+      std::memset(region, 0, sizeof(InflightPackedHeader) + sizeof(InflightPackedDesc) * size_);
+      for (uint16_t i = 0; i < size_; ++i) track_[i].next = static_cast<uint16_t>(i + 1);  // size_: the end
+      header_->desc_num = size_;
+      header_->used_idx = header_->old_used_idx = next_used_;
+      header_->used_wrap_counter = header_->old_used_wrap_counter = used_wrap_;
+      publish(header_->version, kInflightVersion);
+      return;
+    }
+    if (header_->used_idx != header_->old_used_idx || header_->used_wrap_counter != header_->old_used_wrap_counter) {
+      if (header_->old_used_idx >= size_) bad_inflight("its used index is outside the ring");
+      const bool wrap = header_->old_used_wrap_counter != 0;
+      const uint16_t flags = std::atomic_ref<uint16_t>(desc_[header_->old_used_idx].flags).load();
+      if (!available(flags, wrap)) {  // the used descriptor was written: commit
+        header_->old_free_head = header_->free_head;
+        header_->old_used_idx = header_->used_idx;
+        header_->old_used_wrap_counter = header_->used_wrap_counter;
+      }
+    }
+    header_->free_head = header_->old_free_head;
+    header_->used_idx = header_->old_used_idx;
+    header_->used_wrap_counter = header_->old_used_wrap_counter;
+    if (header_->used_idx >= size_) bad_inflight("its used index is outside the ring");
+    uint16_t e = header_->free_head;
+    for (uint32_t k = 0; e < size_; ++k) {
+      if (k > size_) bad_inflight("its free list loops");
+      track_[e].inflight = 0;
+      e = track_[e].next;
+    }
+    uint32_t slots = 0;
+    resubmit_.reserve(size_);
+    for (uint16_t i = 0; i < size_; ++i) {
+      if (track_[i].inflight == 0) continue;
+      if (track_[i].num == 0 || track_[i].num > size_) bad_inflight("an entry in flight has " + std::to_string(track_[i].num) + " descriptors");
+      slots += track_[i].num;
+      resubmit_.push_back(i);
+      counter_ = std::max(counter_, track_[i].counter + 1);
+    }
+    if (slots > size_) bad_inflight(std::to_string(slots) + " descriptors in flight in a ring of " + std::to_string(size_));
+    std::sort(resubmit_.begin(), resubmit_.end(),
+              [this](uint16_t a, uint16_t b) { return track_[a].counter < track_[b].counter; });
+    recovered_ = resubmit_.size();
+    next_used_ = signalled_ = header_->used_idx;
+    used_wrap_ = header_->used_wrap_counter != 0;
+    const uint32_t avail = next_used_ + slots;
+    next_avail_ = static_cast<uint16_t>(avail >= size_ ? avail - size_ : avail);
+    avail_wrap_ = avail >= size_ ? !used_wrap_ : used_wrap_;
+  }
+
   const GuestMemory& mem_;
   uint16_t size_;
   bool event_idx_;
@@ -356,6 +639,12 @@ class PackedQueue final : public Virtqueue {
   uint16_t next_used_ = 0;
   bool used_wrap_ = true;
   uint16_t signalled_ = 0;
+  // Inflight tracking, when the queue has a region.
+  InflightPackedHeader* header_ = nullptr;
+  InflightPackedDesc* track_ = nullptr;
+  uint64_t counter_ = 1;
+  std::vector<uint16_t> resubmit_;
+  size_t resubmit_pos_ = 0;
 };
 
 void check_size(uint16_t size, bool split) {
@@ -367,19 +656,19 @@ void check_size(uint16_t size, bool split) {
 }  // namespace
 
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                            bool event_idx, Barriers barriers, uint32_t base) {
+                                            bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight) {
   check_size(size, true);
   if (barriers == Barriers::one_way)
-    return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx, base);
-  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base);
+    return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight);
+  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight);
 }
 
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                             bool event_idx, Barriers barriers, uint32_t base) {
+                                             bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight) {
   check_size(size, false);
   if (barriers == Barriers::one_way)
-    return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx, base);
-  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base);
+    return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight);
+  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight);
 }
 
 }  // namespace sriovd::virtio

@@ -218,6 +218,20 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
          t.regions[0] = {0, 4096, 0, 0};
          f.send(kSetMemTable, &t, 8 + sizeof(MemRegion));
        }, "SET_MEM_TABLE with 0 fds for 1 regions"},
+      {"inflight buffer for no queue", [&](Frontend& f) {
+         InflightDesc d{0, 0, 0, 256, 0};
+         f.send(kGetInflightFd, &d, sizeof d);
+       }, "GET_INFLIGHT_FD for 0 queues"},
+      {"inflight buffer too small", [&](Frontend& f) {
+         UniqueFd m(::memfd_create("inflight", MFD_CLOEXEC));
+         ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
+         InflightDesc d{4096, 0, 2, 256, 0};
+         f.send(kSetInflightFd, &d, sizeof d, {m.get()});
+       }, "SET_INFLIGHT_FD of 4096 bytes at offset 0: 2 queues of 256 need"},
+      {"inflight buffer without its fd", [&](Frontend& f) {
+         InflightDesc d{1 << 20, 0, 2, 256, 0};
+         f.send(kSetInflightFd, &d, sizeof d);
+       }, "SET_INFLIGHT_FD (32) with 0 fds, expected 1"},
       {"ring outside memory", [&](Frontend& f) {
          VringAddr a{0, 0, 0x1000, 0x2000, 0x3000, 0};
          f.send(kSetVringAddr, &a, sizeof a);

@@ -56,7 +56,10 @@ class Backend {
   void wait_readable();
   void on_readable();
   void handle(Message& m);
-  void reply(const Message& m, const void* payload, uint32_t size);
+  void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
+  void get_inflight(const Message& m);
+  void set_inflight(Message& m);
+  void drop_inflight();
   void ack(const Message& m, uint64_t status);
   void disconnect(const std::string& why);
   void try_start();
@@ -83,6 +86,9 @@ class Backend {
   virtio::Iotlb iotlb_;             // VIRTIO_F_ACCESS_PLATFORM translations
   asio::posix::stream_descriptor miss_watch_;
   bool access_platform_ = false;
+  // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
+  uint8_t* inflight_map_ = nullptr;
+  size_t inflight_map_len_ = 0;
   BackendStats stats_;
 };
 

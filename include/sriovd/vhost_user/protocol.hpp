@@ -53,6 +53,7 @@ inline constexpr uint64_t kProtoReplyAck = 1ULL << 3U;
 inline constexpr uint64_t kProtoMtu = 1ULL << 4U;
 inline constexpr uint64_t kProtoBackendReq = 1ULL << 5U;
 inline constexpr uint64_t kProtoConfig = 1ULL << 9U;
+inline constexpr uint64_t kProtoInflightShmfd = 1ULL << 12U;
 inline constexpr uint64_t kProtoResetDevice = 1ULL << 13U;
 inline constexpr uint64_t kProtoConfigureMemSlots = 1ULL << 15U;
 inline constexpr uint64_t kProtoStatus = 1ULL << 16U;
@@ -123,6 +124,16 @@ static_assert(sizeof(IotlbMsg) == 32);
 inline constexpr uint8_t kIotlbMiss = 1, kIotlbUpdate = 2, kIotlbInvalidate = 3, kIotlbAccessFail = 4;
 // Back-end channel requests (back-end -> front-end).
 inline constexpr uint32_t kBackendIotlbMsg = 1;
+
+// GET/SET_INFLIGHT_FD's payload (the inflight description).
+struct InflightDesc {
+  uint64_t mmap_size;
+  uint64_t mmap_offset;
+  uint16_t num_queues;
+  uint16_t queue_size;
+  uint32_t padding;
+};
+static_assert(sizeof(InflightDesc) == 24);
 
 struct ConfigSpace {
   uint32_t offset;

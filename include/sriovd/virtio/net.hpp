@@ -105,6 +105,7 @@ struct QueueStats {
   std::atomic<uint64_t> dropped{0};   // no room, truncated, or a tap error
   std::atomic<uint64_t> kicks{0};
   std::atomic<uint64_t> notifies{0};
+  std::atomic<uint64_t> resubmitted{0};  // buffers a previous back-end left in flight, handed out again
 };
 
 class NetDevice {
@@ -148,6 +149,10 @@ class NetDevice {
   // for the queue; nullopt: VIRTIO_MSI_NO_VECTOR, no interrupt). By
   // default a queue triggers its own route, whose sink is set_queue_call's.
   void set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route);
+  // vhost-user INFLIGHT_SHMFD: the shared buffer holding one region per
+  // queue (inflight_queue_bytes(queue_size) each) for queues [0, queues);
+  // null: no tracking. Rings larger than queue_size cannot start.
+  void set_inflight(uint8_t* base, uint16_t queues, uint16_t queue_size);
   // Stops the queue and returns where it stood (GET_VRING_BASE).
   uint32_t stop_queue(unsigned q);
 
@@ -185,6 +190,7 @@ class NetDevice {
   struct Worker;
 
   [[nodiscard]] bool queue_ready(const Queue& q) const;
+  std::unique_ptr<Virtqueue> make_ring(unsigned index);
   void run_pair(Worker& w);
   bool do_tx(Worker& w);
   bool do_rx(Worker& w);
@@ -205,6 +211,9 @@ class NetDevice {
   std::atomic<unsigned> active_pairs_{1};
   bool link_up_ = true;
   std::atomic<uint64_t> filtered_{0};
+  uint8_t* inflight_ = nullptr;
+  uint16_t inflight_queues_ = 0;
+  uint16_t inflight_queue_size_ = 0;
 };
 
 }  // namespace sriovd::virtio

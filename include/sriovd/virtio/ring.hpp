@@ -82,6 +82,11 @@ struct Chain {
   uint16_t count = 0;        // segments [readable, count) are device-writable
   uint32_t readable_bytes = 0;
   uint32_t writable_bytes = 0;
+  // Inflight tracking (vhost-user INFLIGHT_SHMFD): the chain came from the
+  // inflight region (a back-end restart), and which region entry is its
+  // head (packed rings keep their own entries).
+  bool resubmitted = false;
+  uint16_t inflight_entry = 0;
 };
 
 // Where the three parts of a ring are, in guest physical addresses.
@@ -92,6 +97,18 @@ struct RingAddresses {
 };
 
 enum class Barriers { one_way, full_fence };
+
+// vhost-user inflight I/O tracking (INFLIGHT_SHMFD, "Inflight I/O
+// tracking" in the vhost-user spec): one region per queue in a buffer the
+// front-end keeps across back-end restarts. A queue given a region records
+// every buffer it takes and hands back there; a queue started on a region
+// a previous back-end left behind first hands out again, in the order they
+// were taken, the buffers that back-end took and never returned. Each region
+// has room for the packed layout (the larger one), so where a queue's
+// region lies does not depend on the ring format negotiated later.
+inline constexpr uint64_t inflight_queue_bytes(uint16_t queue_size) {
+  return (32ULL + 32ULL * queue_size + 63ULL) & ~63ULL;
+}
 
 class Virtqueue {
  public:
@@ -122,6 +139,9 @@ class Virtqueue {
   // The last pop found an IOVA the IOTLB does not translate yet: the
   // buffer stays available and the miss has been reported.
   [[nodiscard]] bool stalled() const { return stalled_; }
+  // Buffers found in flight in the inflight region at setup, handed out
+  // again before anything new.
+  [[nodiscard]] size_t recovered() const { return recovered_; }
 
  protected:
   bool fail(RingError e) {
@@ -139,14 +159,19 @@ class Virtqueue {
   }
   RingError error_ = RingError::none;
   bool stalled_ = false;
+  size_t recovered_ = 0;
 };
 
 // Throws std::invalid_argument when the size is bad or a ring part is not in
-// guest memory (checked once here: the O(1) ring-metadata translation).
+// guest memory (checked once here: the O(1) ring-metadata translation), or
+// when an inflight region left behind is inconsistent. `inflight`: the
+// queue's region (inflight_queue_bytes(size) bytes at least), or null.
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                            bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0);
+                                            bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0,
+                                            uint8_t* inflight = nullptr);
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                             bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0);
+                                             bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0,
+                                             uint8_t* inflight = nullptr);
 
 // Bytes of each ring part (for drivers laying rings out).
 struct RingLayout {

@@ -1,0 +1,418 @@
+// Inflight I/O tracking (INFLIGHT_SHMFD): the front-end keeps the buffer
+// GET_INFLIGHT_FD gave it and hands it to whichever back-end starts next.
+// A crash is made exactly: while the device is inside a transmit (a
+// buffer taken, not returned), the test copies guest RAM and the inflight
+// buffer - what a SIGKILL at that instant would leave - lets the device
+// finish, then puts the copies back and connects again. The buffer that
+// was in flight must be handed out again first, and nothing twice.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "sriovd/util/unix_socket.hpp"
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/vhost_user/protocol.hpp"
+#include "sriovd/virtio/driver.hpp"
+#include "support/temp_dir.hpp"
+
+namespace sriovd::vhost_user {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Records what the device transmits; while held, a transmit waits inside
+// send() (the device has the buffer and has not returned it).
+class HoldingPort : public virtio::PacketPort {
+ public:
+  HoldingPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
+  const std::string& name() const override { return name_; }
+  unsigned queues() const override { return 1; }
+  int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned, const iovec* iov, int count) override {
+    std::unique_lock lock(mutex_);
+    ++entered_;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return !hold_; });
+    // The first payload byte (after the 12-byte header) names the packet.
+    size_t skip = 12;
+    for (int i = 0; i < count; ++i) {
+      if (iov[i].iov_len > skip) {
+        sent_.push_back(static_cast<const uint8_t*>(iov[i].iov_base)[skip]);
+        break;
+      }
+      skip -= iov[i].iov_len;
+    }
+    changed_.notify_all();
+    return 72;
+  }
+  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
+  void set_offloads(unsigned) override {}
+
+  void hold(bool on) {
+    std::lock_guard lock(mutex_);
+    hold_ = on;
+    changed_.notify_all();
+  }
+  bool wait_entered(unsigned n) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, 3s, [&] { return entered_ >= n; });
+  }
+  bool wait_sent(size_t n) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, 3s, [&] { return sent_.size() >= n; });
+  }
+  std::vector<uint8_t> sent() {
+    std::lock_guard lock(mutex_);
+    return sent_;
+  }
+
+ private:
+  std::string name_ = "hold0";
+  UniqueFd fd_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool hold_ = false;
+  unsigned entered_ = 0;
+  std::vector<uint8_t> sent_;
+};
+
+bool eventually(const std::function<bool()>& f) {
+  for (int i = 0; i < 600; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+constexpr uint64_t kRam = 1 << 20;
+constexpr uint16_t kQueue = 64;
+constexpr uint64_t kBufs = 0x40000;  // packet buffers, one 4 KiB page each
+
+class InflightTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    irq::EngineOptions o;
+    o.relay_threads = 0;
+    engine = std::make_unique<irq::Engine>(o);
+    virtio::NetConfig nc;
+    nc.name = "vnet-inflight";
+    nc.offloads = false;
+    auto p = std::make_unique<HoldingPort>();
+    port = p.get();
+    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::move(p));
+    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
+    runner = std::thread([this] {
+      auto guard = asio::make_work_guard(io);
+      io.run();
+    });
+    ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
+    ASSERT_EQ(::ftruncate(ram_fd.get(), kRam), 0);
+    ram = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
+    if (packed()) {
+      rx_packed = std::make_unique<virtio::PackedDriver>(ram, 0, kQueue);
+      tx_packed = std::make_unique<virtio::PackedDriver>(ram + 0x8000, 0x8000, kQueue);
+    } else {
+      rx_split = std::make_unique<virtio::SplitDriver>(ram, 0, kQueue);
+      tx_split = std::make_unique<virtio::SplitDriver>(ram + 0x8000, 0x8000, kQueue);
+    }
+  }
+  void TearDown() override {
+    port->hold(false);
+    sock.reset();
+    io.stop();
+    runner.join();
+    ::munmap(ram, kRam);
+    if (inflight) ::munmap(inflight, inflight_size);
+  }
+  bool packed() const { return GetParam(); }
+
+  // A back-end that ends the connection (hangup_ok) makes the rest of
+  // the sequence no-ops instead of failures.
+  void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}) {
+    if (hung_up) return;
+    Header h{request, request == kSetProtocolFeatures ? kVersion : kVersion | kFlagNeedReply, size};
+    std::vector<uint8_t> bytes(sizeof h + size);
+    std::memcpy(bytes.data(), &h, sizeof h);
+    if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
+    const iovec iov{bytes.data(), bytes.size()};
+    ASSERT_EQ(send_with_fds(sock.get(), {&iov, 1}, fds), static_cast<ssize_t>(bytes.size()));
+    if (request == kSetProtocolFeatures) return;
+    Header rh{};
+    uint64_t status = 1;
+    const bool got = ::recv(sock.get(), &rh, sizeof rh, MSG_WAITALL) == static_cast<ssize_t>(sizeof rh);
+    if (!got && hangup_ok) {
+      hung_up = true;
+      return;
+    }
+    ASSERT_TRUE(got) << request_name(request);
+    ASSERT_EQ(::recv(sock.get(), &status, 8, MSG_WAITALL), 8);
+    EXPECT_EQ(status, 0U) << request_name(request);
+  }
+
+  // What QEMU does when a vhost-user back-end (re)starts: the inflight
+  // buffer first (asked for once, then always handed back), then the
+  // features, memory and rings. `base` is what the front-end believes.
+  void connect(uint32_t base) {
+    sock.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, dir.file("vnet.sock").c_str());
+    ASSERT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{3, 0};
+    ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const uint64_t proto = kProtoReplyAck | kProtoInflightShmfd;
+    send(kSetProtocolFeatures, &proto, 8);
+    if (!inflight_fd) {
+      InflightDesc want{0, 0, 2, kQueue, 0};
+      const Header h{kGetInflightFd, kVersion, sizeof want};
+      const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {&want, sizeof want}};
+      ASSERT_EQ(send_with_fds(sock.get(), iov, {}), static_cast<ssize_t>(sizeof h + sizeof want));
+      struct {
+        Header h;
+        InflightDesc d;
+      } __attribute__((packed)) got{};
+      std::vector<UniqueFd> fds;
+      bool truncated = false;
+      ASSERT_EQ(recv_with_fds(sock.get(), &got, sizeof got, fds, MSG_WAITALL, truncated), static_cast<ssize_t>(sizeof got));
+      ASSERT_EQ(fds.size(), 1U);
+      EXPECT_EQ(got.h.flags & kFlagReply, kFlagReply);
+      EXPECT_EQ(got.d.num_queues, 2);
+      EXPECT_EQ(got.d.queue_size, kQueue);
+      EXPECT_GE(got.d.mmap_size, 2 * virtio::inflight_queue_bytes(kQueue));
+      inflight_fd = std::move(fds[0]);
+      inflight_desc = got.d;
+      inflight_size = got.d.mmap_size;
+      inflight = static_cast<uint8_t*>(::mmap(nullptr, inflight_size, PROT_READ | PROT_WRITE, MAP_SHARED, inflight_fd.get(), 0));
+      ASSERT_NE(inflight, MAP_FAILED);
+    }
+    send(kSetInflightFd, &inflight_desc, sizeof inflight_desc, {inflight_fd.get()});
+    const uint64_t features =
+        virtio::kVersion1 | kFeatureProtocolFeatures | (packed() ? virtio::kRingPacked : 0);
+    send(kSetFeatures, &features, 8);
+    MemTable t{};
+    t.nregions = 1;
+    t.regions[0] = {0, kRam, 0x7f0000000000ULL, 0};
+    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
+    for (unsigned q = 0; q < 2; ++q) {
+      const auto r = packed() ? (q == 0 ? rx_packed : tx_packed)->addresses() : (q == 0 ? rx_split : tx_split)->addresses();
+      VringState num{q, kQueue};
+      send(kSetVringNum, &num, sizeof num);
+      const uint64_t u = 0x7f0000000000ULL;
+      VringAddr addr{q, 0, u + r.desc, u + r.device, u + r.driver, 0};
+      send(kSetVringAddr, &addr, sizeof addr);
+      VringState b{q, base};
+      send(kSetVringBase, &b, sizeof b);
+      kicks[q].reset(::eventfd(0, EFD_NONBLOCK));
+      calls[q].reset(::eventfd(0, EFD_NONBLOCK));
+      uint64_t idx = q;
+      send(kSetVringKick, &idx, 8, {kicks[q].get()});
+      send(kSetVringCall, &idx, 8, {calls[q].get()});
+      VringState on{q, 1};
+      send(kSetVringEnable, &on, sizeof on);
+    }
+    if (!hangup_ok) {
+      ASSERT_TRUE(eventually([&] { return device->running(); }));
+    }
+  }
+
+  // Packet `n`: a TX buffer whose first payload byte is n. Records the
+  // descriptor head (split) in heads[n].
+  void transmit(uint8_t n) {
+    const uint64_t gpa = kBufs + 0x1000ULL * n;
+    std::memset(ram + gpa, 0, 12);
+    std::memset(ram + gpa + 12, n, 60);
+    const virtio::Buffer b{gpa, 72, false};
+    if (packed()) {
+      ASSERT_GE(tx_packed->add({&b, 1}), 0);
+    } else {
+      const int head = tx_split->add({&b, 1});
+      ASSERT_GE(head, 0);
+      heads[n] = static_cast<uint16_t>(head);
+      tx_split->publish();
+    }
+    const uint64_t one = 1;
+    ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
+  }
+  // Waits until the driver has taken back exactly n more used TX buffers.
+  bool take_used(unsigned n) {
+    unsigned got = 0;
+    uint32_t id = 0, len = 0;
+    eventually([&] {
+      while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) ++got;
+      return got >= n;
+    });
+    std::this_thread::sleep_for(20ms);  // and nothing more comes
+    while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) ++got;
+    return got == n;
+  }
+  std::vector<uint8_t> sent() { return port->sent(); }
+  // The spec's split layout: a 16-byte header, then 16 bytes per descriptor
+  // whose first byte is the inflight mark.
+  // Queue 1 (TX) has the second region.
+  static uint8_t* tx_region(uint8_t* buffer) { return buffer + virtio::inflight_queue_bytes(kQueue); }
+  static uint8_t& split_mark(uint8_t* buffer, uint16_t head) { return tx_region(buffer)[16 + 16 * head]; }
+  static unsigned split_marked(uint8_t* buffer) {
+    unsigned n = 0;
+    for (uint16_t i = 0; i < kQueue; ++i) n += split_mark(buffer, i) != 0;
+    return n;
+  }
+
+  sriovd::test::TempDir dir;
+  asio::io_context io;
+  std::unique_ptr<irq::Engine> engine;
+  HoldingPort* port = nullptr;
+  std::unique_ptr<virtio::NetDevice> device;
+  std::unique_ptr<Backend> backend;
+  std::thread runner;
+  UniqueFd ram_fd, sock, inflight_fd;
+  uint8_t* ram = nullptr;
+  uint8_t* inflight = nullptr;
+  size_t inflight_size = 0;
+  InflightDesc inflight_desc{};
+  std::unique_ptr<virtio::SplitDriver> rx_split, tx_split;
+  std::unique_ptr<virtio::PackedDriver> rx_packed, tx_packed;
+  UniqueFd kicks[2], calls[2];
+  bool hangup_ok = false, hung_up = false;
+  uint16_t heads[256] = {};
+};
+
+TEST_P(InflightTest, BufferInFlightAtACrashIsHandedOutAgainFirst) {
+  connect(0);
+  port->hold(true);
+  transmit(1);
+  transmit(2);
+  transmit(3);
+  ASSERT_TRUE(port->wait_entered(1));
+  // The instant of the crash: packet 1 taken and inside the port, 2 and 3
+  // still in the ring. This is what the process would leave behind.
+  std::vector<uint8_t> ram_copy(ram, ram + kRam);
+  std::vector<uint8_t> inflight_copy(inflight, inflight + inflight_size);
+  if (!packed()) {
+    EXPECT_EQ(split_mark(inflight_copy.data(), heads[1]), 1) << "packet 1's head marked in flight";
+    EXPECT_EQ(split_marked(inflight_copy.data()), 1U) << "and nothing else";
+  }
+  port->hold(false);
+  ASSERT_TRUE(port->wait_sent(3));
+  EXPECT_EQ(sent(), (std::vector<uint8_t>{1, 2, 3}));
+  if (!packed()) {
+    ASSERT_TRUE(eventually([&] { return split_marked(inflight) == 0; })) << "returned buffers leave the region";
+  }
+
+  // The back-end dies there; the front-end still has its RAM and the
+  // inflight buffer as they were, and connects to the next back-end with
+  // the base it last knew (nothing, as GET_VRING_BASE never answered).
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  std::memcpy(ram, ram_copy.data(), kRam);
+  std::memcpy(inflight, inflight_copy.data(), inflight_size);
+  connect(0);
+  // Packet 1 again (it never completed), then 2 and 3 once each.
+  ASSERT_TRUE(port->wait_sent(6));
+  EXPECT_EQ(sent(), (std::vector<uint8_t>{1, 2, 3, 1, 2, 3}));
+  EXPECT_EQ(device->stats(1).resubmitted.load(), 1U);
+  ASSERT_TRUE(take_used(3));
+  // And the ring goes on from there.
+  transmit(4);
+  ASSERT_TRUE(port->wait_sent(7));
+  EXPECT_EQ(sent().back(), 4);
+  ASSERT_TRUE(take_used(1));
+  EXPECT_FALSE(device->broken());
+}
+
+// A clean restart (nothing in flight) resubmits nothing and carries on at
+// the ring's position, whatever base the front-end sends.
+TEST_P(InflightTest, NothingInFlightMeansNothingTwice) {
+  connect(0);
+  transmit(1);
+  transmit(2);
+  ASSERT_TRUE(port->wait_sent(2));
+  ASSERT_TRUE(take_used(2));
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  connect(0);
+  transmit(3);
+  ASSERT_TRUE(port->wait_sent(3));
+  EXPECT_EQ(sent(), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(device->stats(1).resubmitted.load(), 0U);
+  ASSERT_TRUE(take_used(1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, InflightTest, ::testing::Values(false, true),
+                         [](const auto& param_info) { return param_info.param ? "packed" : "split"; });
+
+// Split rings: a crash between publishing the used index and clearing the
+// batch's inflight marks must not send the packet again (the spec's "last
+// batch" step), and a region that contradicts the ring ends the connection.
+class InflightSplitTest : public InflightTest {};
+
+TEST_P(InflightSplitTest, HalfPublishedBatchIsFinishedNotResent) {
+  connect(0);
+  transmit(1);
+  transmit(2);
+  ASSERT_TRUE(port->wait_sent(2));
+  ASSERT_TRUE(eventually([&] { return split_marked(inflight) == 0; }));
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  // As if the back-end died right after the used index went to 2: packet
+  // 2's head still marked, the region's used index one behind, that head
+  // the last batch.
+  split_mark(inflight, heads[2]) = 1;
+  const uint16_t one = 1;
+  std::memcpy(tx_region(inflight) + 14, &one, 2);       // used_idx
+  std::memcpy(tx_region(inflight) + 12, &heads[2], 2);  // last_batch_head
+  connect(2);
+  transmit(3);
+  ASSERT_TRUE(port->wait_sent(3));
+  EXPECT_EQ(sent(), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(device->stats(1).resubmitted.load(), 0U);
+  // The region was read, not started afresh: the batch was finished and
+  // the counters of what went before are still there.
+  EXPECT_TRUE(eventually([&] {
+    uint16_t used_idx = 0;
+    std::memcpy(&used_idx, tx_region(inflight) + 14, 2);
+    return used_idx == 3;
+  }));
+  uint64_t counter = 0;
+  std::memcpy(&counter, tx_region(inflight) + 16 + 16 * heads[1] + 8, 8);
+  EXPECT_NE(counter, 0U);
+}
+
+TEST_P(InflightSplitTest, RegionThatContradictsTheRingEndsTheConnection) {
+  connect(0);
+  transmit(1);
+  ASSERT_TRUE(port->wait_sent(1));
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  const uint16_t far = 200;  // the ring's used index is 1: 201 "behind"
+  std::memcpy(tx_region(inflight) + 14, &far, 2);  // used_idx
+  // Start the queues: the device refuses the region, the connection ends
+  // with the reason, and the daemon goes on.
+  hangup_ok = true;
+  connect(0);
+  char c;
+  EXPECT_LE(::recv(sock.get(), &c, 1, 0), 0) << "the back-end hangs up";
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  EXPECT_FALSE(device->running());
+  const std::string last = [&] {
+    std::promise<std::string> p;
+    asio::post(io, [&] { p.set_value(backend->stats().last_error); });
+    return p.get_future().get();
+  }();
+  EXPECT_NE(last.find("inflight region left by the previous back-end is inconsistent"), std::string::npos) << last;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, InflightSplitTest, ::testing::Values(false),
+                         [](const auto&) { return "split"; });
+
+}  // namespace
+}  // namespace sriovd::vhost_user
