@@ -46,6 +46,14 @@ const char* to_string(PackedRing v) {
   return "?";
 }
 const char* to_string(BackendKind v) { return v == BackendKind::tap ? "tap" : "vf"; }
+const char* to_string(PacketRingMode v) {
+  switch (v) {
+    case PacketRingMode::v3: return "v3";
+    case PacketRingMode::v2: return "v2";
+    case PacketRingMode::off: return "off";
+  }
+  return "?";
+}
 const char* to_string(SocketMode v) { return v == SocketMode::server ? "server" : "client"; }
 
 std::string Diagnostic::to_string() const {
@@ -714,7 +722,7 @@ class Loader {
   bool read_backend(const YAML::Node& node, const std::string& path, VirtioDevice& dev) {
     if (!node.IsDefined()) return false;
     dev.backend_where = location_of(node);
-    Mapping m(ctx_, node, path, {"type", "name", "netns", "offloads", "pf", "vf"});
+    Mapping m(ctx_, node, path, {"type", "name", "netns", "offloads", "pf", "vf", "ring"});
     if (!m.valid()) return false;
     auto kind = m.choice<BackendKind>("type", {{"tap", BackendKind::tap}, {"vf", BackendKind::vf}}, true);
     if (!kind) return false;
@@ -727,6 +735,7 @@ class Loader {
     if (*kind == BackendKind::tap) {
       only_for("pf", "vf");
       only_for("vf", "vf");
+      only_for("ring", "vf");
       auto name = m.string("name", true);
       if (!name) return false;
       if (!valid_ifname(*name)) {
@@ -777,6 +786,12 @@ class Loader {
     auto pf_name = m.string("pf", true);
     auto vf_index = m.unsigned_in("vf", 0, 255, true);
     if (!pf_name || !vf_index) return false;
+    if (m.has("ring")) {
+      auto ring = m.choice<PacketRingMode>(
+          "ring", {{"v3", PacketRingMode::v3}, {"v2", PacketRingMode::v2}, {"off", PacketRingMode::off}}, true);
+      if (!ring) return false;
+      dev.vf.ring = *ring;
+    }
     PfRef ref;
     if (auto addr = PciAddress::parse(*pf_name))
       ref.address = addr;

@@ -453,7 +453,11 @@ void Daemon::start_virtio() {
         } else {
           // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
           nc.offloads = false;  // AF_PACKET gives full frames only when nothing is offloaded
-          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf), dev.queue_pairs);
+          const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
+                            : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
+                                                                        : virtio::PacketRing::off;
+          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf), dev.queue_pairs, ring,
+                                                        dev.mtu);
         }
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {

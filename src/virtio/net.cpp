@@ -76,7 +76,8 @@ struct NetDevice::Worker {
   UniqueFd epoll;
   UniqueFd stop;
   int tap_fd = -1;
-  bool tap_armed = true;
+  bool tap_armed = true;   // watching the port for received packets
+  bool tx_blocked = false;  // the port had no room: watching it for room
   std::thread thread;
   // Preallocated: nothing on the data path allocates.
   std::vector<uint8_t> bounce = std::vector<uint8_t>(kMaxPacket);
@@ -366,7 +367,12 @@ void NetDevice::run_pair(Worker& w) {
           do_rx(w);
           break;
         case kEvTap:
-          do_rx(w);
+          if ((events[i].events & EPOLLOUT) && w.tx_blocked) {
+            w.tx_blocked = false;
+            watch_port(w);
+            do_tx(w);
+          }
+          if (events[i].events & EPOLLIN) do_rx(w);
           break;
         case kEvCtrlKick:
           (void)::read(queues_[control_queue_index()].kick.get(), &count, sizeof count);
@@ -400,6 +406,13 @@ bool NetDevice::do_tx(Worker& w) {
       for (unsigned i = 0; i < c.readable; ++i) iov[i] = {segs[i].data, segs[i].len};
       // The virtio-net header goes to the tap as it is (IFF_VNET_HDR, 12 bytes).
       if (tap_->send(pair, iov.data(), c.readable) < 0) {
+        if (errno == EAGAIN) {
+          // The port is full: the buffer stays with us until it has room.
+          q.ring->rewind(c);
+          w.tx_blocked = true;
+          watch_port(w);
+          break;
+        }
         q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
       } else {
         q.stats->packets.fetch_add(1, std::memory_order_relaxed);
@@ -408,9 +421,19 @@ bool NetDevice::do_tx(Worker& w) {
     }
     q.ring->push(c, 0);
   }
+  tap_->flush(pair);
   if (q.ring->broken()) broken_ = true;
   if (any) notify(q);
   return any;
+}
+
+// What the worker waits for on the port: received packets unless the
+// guest has no buffers for them, room when a transmit found none.
+void NetDevice::watch_port(Worker& w) {
+  epoll_event ev{};
+  ev.events = (w.tap_armed ? EPOLLIN : 0U) | (w.tx_blocked ? EPOLLOUT : 0U);
+  ev.data.u64 = kEvTap;
+  ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
 }
 
 bool NetDevice::do_rx(Worker& w) {
@@ -461,10 +484,8 @@ bool NetDevice::do_rx(Worker& w) {
       if (!stalled && q.ring->enable_kicks()) continue;
       // Out of buffers: stop watching the tap until the guest kicks.
       if (w.tap_armed) {
-        epoll_event ev{};
-        ev.data.u64 = kEvTap;
-        ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
         w.tap_armed = false;
+        watch_port(w);
       }
       break;
     }
@@ -490,11 +511,8 @@ bool NetDevice::do_rx(Worker& w) {
   }
   if (delivered) notify(q);
   if (!w.tap_armed && w.pending == 0) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = kEvTap;
-    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
     w.tap_armed = true;
+    watch_port(w);
   }
   return delivered;
 }

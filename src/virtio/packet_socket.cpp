@@ -1,19 +1,19 @@
 #include "sriovd/virtio/packet_socket.hpp"
 
-#include <net/if.h>
-#include <sys/ioctl.h>
-
 #include <arpa/inet.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
-
 #include <unistd.h>
 
 #include <algorithm>
-#include <stdexcept>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include "sriovd/util/error.hpp"
 
@@ -23,39 +23,125 @@ namespace {
 constexpr size_t kKernelHeader = 10;  // struct virtio_net_hdr
 constexpr size_t kDeviceHeader = 12;  // struct virtio_net_hdr_v1
 constexpr int kMaxIov = 66;
+// Ring geometry: 64 KiB blocks, 4 MiB of receive ring and 512 transmit
+// slots per queue.
+constexpr uint32_t kBlock = 1U << 16U;
+constexpr uint32_t kRxBytes = 4U << 20U;
+constexpr uint32_t kTxSlots = 512;
+constexpr unsigned kRetireMs = 1;  // v3 block timeout
+
+uint32_t status_of(const uint32_t& s) { return std::atomic_ref<const uint32_t>(s).load(std::memory_order_acquire); }
+void give_back(uint32_t& s, uint32_t v) { std::atomic_ref<uint32_t>(s).store(v, std::memory_order_release); }
+
+// The smallest power of two >= n (n > 0).
+uint32_t pow2_at_least(uint32_t n) {
+  uint32_t p = 1;
+  while (p < n) p <<= 1U;
+  return p;
+}
 }  // namespace
 
-PacketSocket::PacketSocket(const std::string& ifname, unsigned queues) : name_(ifname) {
+const char* to_string(PacketRing r) {
+  switch (r) {
+    case PacketRing::v3: return "v3";
+    case PacketRing::v2: return "v2";
+    case PacketRing::off: return "off";
+  }
+  return "?";
+}
+
+PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRing ring, unsigned mtu)
+    : name_(ifname), ring_(ring) {
   if (queues == 0) throw std::invalid_argument("AF_PACKET port for " + ifname + " with no queue");
   const unsigned index = ::if_nametoindex(ifname.c_str());
   if (index == 0) throw_errno("netdev " + ifname);
   // One fanout group per port: the id only has to be unique among groups.
   const int group = static_cast<int>((static_cast<unsigned>(::getpid()) ^ (index << 8U)) & 0xffffU);
-  for (unsigned q = 0; q < queues; ++q) {
-    UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL)));
-    if (!fd) throw_errno("AF_PACKET socket for " + ifname);
+  queues_.resize(queues);
+  for (unsigned qi = 0; qi < queues; ++qi) {
+    Queue& q = queues_[qi];
+    q.fd.reset(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL)));
+    if (!q.fd) throw_errno("AF_PACKET socket for " + ifname);
+    const int fd = q.fd.get();
     int one = 1;
-    if (::setsockopt(fd.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0) throw_errno("PACKET_VNET_HDR on " + ifname);
-    (void)::setsockopt(fd.get(), SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
+    if (::setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0) throw_errno("PACKET_VNET_HDR on " + ifname);
+    (void)::setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
     // What the host itself (or another queue) transmits on the VF goes to
     // the wire, not back to the guest.
-    if (::setsockopt(fd.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one) != 0)
+    if (::setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one) != 0)
       throw_errno("PACKET_IGNORE_OUTGOING on " + ifname);
+    if (ring_ != PacketRing::off) {
+      setup_rings(q, mtu);
+    } else {
+      // As much buffered as a ring would hold (CAP_NET_ADMIN may exceed
+      // rmem_max; without it the kernel's limit stands).
+      const int bytes = static_cast<int>(kRxBytes);
+      if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) != 0)
+        (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+    }
     sockaddr_ll addr{};
     addr.sll_family = AF_PACKET;
     addr.sll_protocol = htons(ETH_P_ALL);
     addr.sll_ifindex = static_cast<int>(index);
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw_errno("binding AF_PACKET to " + ifname);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw_errno("binding AF_PACKET to " + ifname);
     if (queues > 1) {
       const int fanout = group | ((PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_DEFRAG) << 16);
-      if (::setsockopt(fd.get(), SOL_PACKET, PACKET_FANOUT, &fanout, sizeof fanout) != 0)
-        throw_errno("PACKET_FANOUT for queue " + std::to_string(q) + " of " + ifname);
+      if (::setsockopt(fd, SOL_PACKET, PACKET_FANOUT, &fanout, sizeof fanout) != 0)
+        throw_errno("PACKET_FANOUT for queue " + std::to_string(qi) + " of " + ifname);
     }
-    fds_.push_back(std::move(fd));
   }
 }
 
-ssize_t PacketSocket::send(unsigned q, const iovec* iov, int count) {
+PacketSocket::~PacketSocket() {
+  for (Queue& q : queues_)
+    if (q.map) ::munmap(q.map, q.map_len);
+}
+
+// Both rings on one mapping, RX first (the kernel's order).
+void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
+  const int fd = q.fd.get();
+  const int version = ring_ == PacketRing::v3 ? TPACKET_V3 : TPACKET_V2;
+  if (::setsockopt(fd, SOL_PACKET, PACKET_VERSION, &version, sizeof version) != 0)
+    throw_errno("PACKET_VERSION " + std::string(to_string(ring_)) + " on " + name_);
+  int one = 1;
+  // A malformed frame in the TX ring is skipped, not a stop of the ring.
+  (void)::setsockopt(fd, SOL_PACKET, PACKET_LOSS, &one, sizeof one);
+  const uint32_t hdr = ring_ == PacketRing::v3 ? TPACKET3_HDRLEN : TPACKET2_HDRLEN;
+  // A slot holds the ring header, the kernel's alignment slack, the
+  // virtio-net header and a VLAN-tagged frame of the MTU.
+  const uint32_t slot = std::max<uint32_t>(2048, pow2_at_least(hdr + 16 + kKernelHeader + 18 + mtu));
+  const uint32_t block = std::max(kBlock, slot);
+  tpacket_req3 rx{};
+  rx.tp_block_size = block;
+  rx.tp_block_nr = std::max<uint32_t>(4, kRxBytes / block);
+  rx.tp_frame_size = slot;
+  rx.tp_frame_nr = rx.tp_block_size / slot * rx.tp_block_nr;
+  if (ring_ == PacketRing::v3) rx.tp_retire_blk_tov = kRetireMs;
+  tpacket_req3 tx{};
+  tx.tp_block_size = block;
+  tx.tp_block_nr = std::max<uint32_t>(1, kTxSlots * slot / block);
+  tx.tp_frame_size = slot;
+  tx.tp_frame_nr = tx.tp_block_size / slot * tx.tp_block_nr;
+  const socklen_t len = ring_ == PacketRing::v3 ? sizeof(tpacket_req3) : sizeof(tpacket_req);
+  if (::setsockopt(fd, SOL_PACKET, PACKET_RX_RING, &rx, len) != 0) throw_errno("PACKET_RX_RING on " + name_);
+  if (::setsockopt(fd, SOL_PACKET, PACKET_TX_RING, &tx, len) != 0) throw_errno("PACKET_TX_RING on " + name_);
+  const size_t rx_bytes = static_cast<size_t>(rx.tp_block_size) * rx.tp_block_nr;
+  const size_t tx_bytes = static_cast<size_t>(tx.tp_block_size) * tx.tp_block_nr;
+  void* p = ::mmap(nullptr, rx_bytes + tx_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) throw_errno("mapping the AF_PACKET rings of " + name_);
+  q.map = static_cast<uint8_t*>(p);
+  q.map_len = rx_bytes + tx_bytes;
+  q.rx = q.map;
+  q.rx_unit = ring_ == PacketRing::v3 ? rx.tp_block_size : rx.tp_frame_size;
+  q.rx_count = ring_ == PacketRing::v3 ? rx.tp_block_nr : rx.tp_frame_nr;
+  q.tx = q.map + rx_bytes;
+  q.tx_frame = tx.tp_frame_size;
+  q.tx_count = tx.tp_frame_nr;
+}
+
+ssize_t PacketSocket::send(unsigned qi, const iovec* iov, int count) {
+  Queue& q = queues_[qi];
+  if (q.tx) return send_ring(q, iov, count);
   // The first 10 of the guest's 12 header bytes, then everything after 12.
   uint8_t header[kDeviceHeader];
   iovec out[kMaxIov];
@@ -76,22 +162,156 @@ ssize_t PacketSocket::send(unsigned q, const iovec* iov, int count) {
   }
   if (copied < kDeviceHeader) return -1;
   out[0] = {header, kKernelHeader};
-  return ::writev(fds_[q].get(), out, n);
+  const ssize_t sent = ::writev(q.fd.get(), out, n);
+  return sent < static_cast<ssize_t>(kKernelHeader) ? -1 : sent - static_cast<ssize_t>(kKernelHeader);
 }
 
-ssize_t PacketSocket::recv(unsigned q, uint8_t* buf, size_t size) {
+// Into the next TX slot: ring header, the kernel's virtio-net header, the
+// frame; handed to the kernel (SEND_REQUEST) for the next flush.
+ssize_t PacketSocket::send_ring(Queue& q, const iovec* iov, int count) {
+  uint8_t* slot = q.tx + static_cast<size_t>(q.tx_next) * q.tx_frame;
+  const bool v3 = ring_ == PacketRing::v3;
+  uint32_t& status = v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
+  if (status_of(status) != TP_STATUS_AVAILABLE) {
+    flush(static_cast<unsigned>(&q - queues_.data()));
+    if (status_of(status) != TP_STATUS_AVAILABLE) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+  const size_t data_off = (v3 ? TPACKET3_HDRLEN : TPACKET2_HDRLEN) - sizeof(sockaddr_ll);
+  uint8_t* out = slot + data_off;
+  const size_t room = q.tx_frame - data_off;
+  size_t skip = kDeviceHeader - kKernelHeader;  // num_buffers: not the kernel's
+  size_t at = 0, header = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto* src = static_cast<const uint8_t*>(iov[i].iov_base);
+    size_t len = iov[i].iov_len;
+    while (len > 0) {
+      if (header < kKernelHeader) {  // the first 10 bytes go as they are
+        const size_t take = std::min(len, kKernelHeader - header);
+        std::memcpy(out + at, src, take);
+        at += take;
+        header += take;
+        src += take;
+        len -= take;
+        continue;
+      }
+      if (skip > 0) {
+        const size_t take = std::min(len, skip);
+        skip -= take;
+        src += take;
+        len -= take;
+        continue;
+      }
+      if (at + len > room) {
+        errno = EMSGSIZE;
+        return -1;
+      }
+      std::memcpy(out + at, src, len);
+      at += len;
+      len = 0;
+    }
+  }
+  if (header < kKernelHeader || skip > 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (v3)
+    reinterpret_cast<tpacket3_hdr*>(slot)->tp_len = static_cast<uint32_t>(at);
+  else
+    reinterpret_cast<tpacket2_hdr*>(slot)->tp_len = static_cast<uint32_t>(at);
+  give_back(status, TP_STATUS_SEND_REQUEST);
+  if (++q.tx_next == q.tx_count) q.tx_next = 0;
+  q.tx_pending = true;
+  return static_cast<ssize_t>(at - kKernelHeader);
+}
+
+void PacketSocket::flush(unsigned qi) {
+  Queue& q = queues_[qi];
+  if (!q.tx_pending) return;
+  q.tx_pending = false;
+  // Sends every SEND_REQUEST slot; frames the kernel refuses are skipped
+  // (PACKET_LOSS) and their slots come back.
+  (void)::send(q.fd.get(), nullptr, 0, MSG_DONTWAIT);
+}
+
+ssize_t PacketSocket::recv(unsigned qi, uint8_t* buf, size_t size) {
+  Queue& q = queues_[qi];
   if (size <= kDeviceHeader) return -1;
+  if (ring_ == PacketRing::v3) return recv_v3(q, buf, size);
+  if (ring_ == PacketRing::v2) return recv_v2(q, buf, size);
   iovec in[2] = {{buf, kKernelHeader}, {buf + kDeviceHeader, size - kDeviceHeader}};
-  const ssize_t n = ::readv(fds_[q].get(), in, 2);
+  const ssize_t n = ::readv(q.fd.get(), in, 2);
   if (n <= static_cast<ssize_t>(kKernelHeader)) return n;
   std::memset(buf + kKernelHeader, 0, kDeviceHeader - kKernelHeader);  // num_buffers: the device's
   return n + static_cast<ssize_t>(kDeviceHeader - kKernelHeader);
 }
 
+namespace {
+// A received frame at `frame` (the kernel's virtio-net header just before
+// it) into buf as the device's header and the frame; -1: it did not fit
+// the ring slot or buf, and is dropped.
+ssize_t take_frame(const uint8_t* frame, uint32_t snaplen, uint32_t len, uint8_t* buf, size_t size) {
+  if (snaplen < len || kDeviceHeader + snaplen > size) return -1;
+  std::memcpy(buf, frame - kKernelHeader, kKernelHeader);
+  std::memset(buf + kKernelHeader, 0, kDeviceHeader - kKernelHeader);
+  std::memcpy(buf + kDeviceHeader, frame, snaplen);
+  return static_cast<ssize_t>(kDeviceHeader + snaplen);
+}
+}  // namespace
+
+// TPACKET_V3: blocks the kernel fills with frames and hands over whole;
+// each goes back once its last frame is read.
+ssize_t PacketSocket::recv_v3(Queue& q, uint8_t* buf, size_t size) {
+  for (;;) {
+    auto* block = reinterpret_cast<tpacket_block_desc*>(q.rx + static_cast<size_t>(q.rx_next) * q.rx_unit);
+    if (!q.pkt) {
+      if (!(status_of(block->hdr.bh1.block_status) & TP_STATUS_USER)) {
+        errno = EAGAIN;
+        return -1;
+      }
+      q.pkts_left = block->hdr.bh1.num_pkts;
+      q.pkt = reinterpret_cast<uint8_t*>(block) + block->hdr.bh1.offset_to_first_pkt;
+    }
+    ssize_t n = -1;
+    if (q.pkts_left > 0) {
+      const auto* h = reinterpret_cast<const tpacket3_hdr*>(q.pkt);
+      n = take_frame(q.pkt + h->tp_mac, h->tp_snaplen, h->tp_len, buf, size);
+      q.pkt += h->tp_next_offset;
+      --q.pkts_left;
+    }
+    if (q.pkts_left == 0) {
+      give_back(block->hdr.bh1.block_status, TP_STATUS_KERNEL);
+      if (++q.rx_next == q.rx_count) q.rx_next = 0;
+      q.pkt = nullptr;
+    }
+    if (n >= 0) return n;
+  }
+}
+
+// TPACKET_V2: one slot per frame, handed over as soon as it is written.
+ssize_t PacketSocket::recv_v2(Queue& q, uint8_t* buf, size_t size) {
+  for (;;) {
+    auto* h = reinterpret_cast<tpacket2_hdr*>(q.rx + static_cast<size_t>(q.rx_next) * q.rx_unit);
+    const uint32_t status = status_of(h->tp_status);
+    if (!(status & TP_STATUS_USER)) {
+      errno = EAGAIN;
+      return -1;
+    }
+    const ssize_t n = (status & TP_STATUS_COPY) ? -1
+                                                : take_frame(reinterpret_cast<uint8_t*>(h) + h->tp_mac, h->tp_snaplen,
+                                                             h->tp_len, buf, size);
+    give_back(h->tp_status, TP_STATUS_KERNEL);
+    if (++q.rx_next == q.rx_count) q.rx_next = 0;
+    if (n >= 0) return n;
+  }
+}
+
 bool PacketSocket::link_up() const {
   ifreq ifr{};
   std::strncpy(ifr.ifr_name, name_.c_str(), IFNAMSIZ - 1);
-  if (::ioctl(fds_[0].get(), SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
+  if (::ioctl(queues_[0].fd.get(), SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
   return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
 }
 

@@ -113,10 +113,17 @@ struct TapBackend {
   bool operator==(const TapBackend&) const = default;
 };
 
+// How the VF-to-virtio bridge moves frames through AF_PACKET: TPACKET_V3
+// block rings, TPACKET_V2 frame rings (each frame handed over at once: the
+// lowest latency on a quiet link), or a system call per frame.
+enum class PacketRingMode { v3, v2, off };
+const char* to_string(PacketRingMode);
+
 // A VF's kernel netdev as the backend: the VF-to-virtio bridge.
 struct VfBackend {
   PfRef pf;
   uint16_t vf = 0;
+  PacketRingMode ring = PacketRingMode::v3;
   bool operator==(const VfBackend&) const = default;
 };
 

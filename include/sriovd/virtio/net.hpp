@@ -193,6 +193,7 @@ class NetDevice {
   std::unique_ptr<Virtqueue> make_ring(unsigned index);
   void run_pair(Worker& w);
   bool do_tx(Worker& w);
+  void watch_port(Worker& w);
   bool do_rx(Worker& w);
   void do_ctrl(Worker& w);
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);

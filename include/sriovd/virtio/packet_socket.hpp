@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,17 @@
 #include "sriovd/virtio/port.hpp"
 
 namespace sriovd::virtio {
+
+// How a PacketSocket moves frames: memory-mapped rings shared with the
+// kernel (no system call per received frame; transmitted frames queued in
+// the TX ring and handed over with one send() per batch), or one
+// readv/writev per frame.
+//   v3: TPACKET_V3 - received frames packed into blocks; the kernel hands
+//       a block over when it is full or after the block timeout (1 ms, up to
+//       one timer tick: a frame on a quiet link can wait that long).
+//   v2: TPACKET_V2 - one slot per frame, each handed over at once.
+enum class PacketRing : uint8_t { v3, v2, off };
+const char* to_string(PacketRing);
 
 // A netdev (a VF's, for the VF-to-virtio bridge) through an AF_PACKET
 // socket with PACKET_VNET_HDR. The kernel's header there is the 10-byte
@@ -17,20 +29,52 @@ class PacketSocket : public PacketPort {
  public:
   // `queues` sockets; with more than one they form a PACKET_FANOUT_HASH
   // group, so the kernel spreads received flows over the queue pairs.
-  explicit PacketSocket(const std::string& ifname, unsigned queues = 1);
+  // `mtu` sizes the ring slots (frames larger than it are dropped).
+  explicit PacketSocket(const std::string& ifname, unsigned queues = 1, PacketRing ring = PacketRing::v3,
+                        unsigned mtu = 1500);
+  ~PacketSocket() override;
+  PacketSocket(const PacketSocket&) = delete;
+  PacketSocket& operator=(const PacketSocket&) = delete;
 
   [[nodiscard]] const std::string& name() const override { return name_; }
-  [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(fds_.size()); }
-  [[nodiscard]] int fd(unsigned q) const override { return fds_.at(q).get(); }
+  [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(queues_.size()); }
+  [[nodiscard]] int fd(unsigned q) const override { return queues_.at(q).fd.get(); }
   ssize_t send(unsigned q, const iovec* iov, int count) override;
+  void flush(unsigned q) override;
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   void set_offloads(unsigned) override {}
   // The netdev's IFF_RUNNING (carrier and up): a VF whose link goes down.
   [[nodiscard]] bool link_up() const override;
+  [[nodiscard]] PacketRing ring() const { return ring_; }
 
  private:
+  struct Queue {
+    UniqueFd fd;
+    uint8_t* map = nullptr;  // RX ring, then TX ring
+    size_t map_len = 0;
+    // RX: v3 blocks, or v2 frame slots.
+    uint8_t* rx = nullptr;
+    uint32_t rx_unit = 0;   // block (v3) or frame (v2) size
+    uint32_t rx_count = 0;  // blocks or frames
+    uint32_t rx_next = 0;
+    // v3: the block being read.
+    uint8_t* pkt = nullptr;
+    uint32_t pkts_left = 0;
+    // TX frame slots.
+    uint8_t* tx = nullptr;
+    uint32_t tx_frame = 0;
+    uint32_t tx_count = 0;
+    uint32_t tx_next = 0;
+    bool tx_pending = false;
+  };
+  void setup_rings(Queue& q, unsigned mtu);
+  ssize_t recv_v3(Queue& q, uint8_t* buf, size_t size);
+  ssize_t recv_v2(Queue& q, uint8_t* buf, size_t size);
+  ssize_t send_ring(Queue& q, const iovec* iov, int count);
+
   std::string name_;
-  std::vector<UniqueFd> fds_;
+  PacketRing ring_;
+  std::vector<Queue> queues_;
 };
 
 }  // namespace sriovd::virtio

@@ -18,8 +18,12 @@ class PacketPort {
   [[nodiscard]] virtual unsigned queues() const = 0;
   // The fd to wait on for queue q (non-blocking).
   [[nodiscard]] virtual int fd(unsigned q) const = 0;
-  // One packet, virtio-net header first, from the guest's segments.
+  // One packet, virtio-net header first, from the guest's segments. -1
+  // with errno EAGAIN: no room now; the fd turns writable when there is.
   virtual ssize_t send(unsigned q, const iovec* iov, int count) = 0;
+  // Hands over what send() queued (a port that batches: one system call
+  // per batch). The device calls it after each round of transmits.
+  virtual void flush(unsigned /*q*/) {}
   // One packet into buf, virtio-net header first; <= 0 when none.
   virtual ssize_t recv(unsigned q, uint8_t* buf, size_t size) = 0;
   // TUN_F_* offloads the guest can take from us.
