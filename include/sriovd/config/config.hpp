@@ -113,9 +113,11 @@ struct TapBackend {
   bool operator==(const TapBackend&) const = default;
 };
 
-// How the VF-to-virtio bridge moves frames through AF_PACKET: TPACKET_V3
-// block rings, TPACKET_V2 frame rings (each frame handed over at once: the
-// lowest latency on a quiet link), or a system call per frame.
+// How the VF-to-virtio bridge moves frames through AF_PACKET: TPACKET_V2
+// frame rings (the default: each frame handed over at once), TPACKET_V3
+// block rings (a block handed over when full or after a timer tick: fewer
+// wakeups, but a frame on a quiet link waits for the tick - TCP sees
+// late ACKs), or a system call per frame.
 enum class PacketRingMode { v3, v2, off };
 const char* to_string(PacketRingMode);
 
@@ -123,7 +125,7 @@ const char* to_string(PacketRingMode);
 struct VfBackend {
   PfRef pf;
   uint16_t vf = 0;
-  PacketRingMode ring = PacketRingMode::v3;
+  PacketRingMode ring = PacketRingMode::v2;
   bool operator==(const VfBackend&) const = default;
 };
 

@@ -30,7 +30,7 @@ class PacketSocket : public PacketPort {
   // `queues` sockets; with more than one they form a PACKET_FANOUT_HASH
   // group, so the kernel spreads received flows over the queue pairs.
   // `mtu` sizes the ring slots (frames larger than it are dropped).
-  explicit PacketSocket(const std::string& ifname, unsigned queues = 1, PacketRing ring = PacketRing::v3,
+  explicit PacketSocket(const std::string& ifname, unsigned queues = 1, PacketRing ring = PacketRing::v2,
                         unsigned mtu = 1500);
   ~PacketSocket() override;
   PacketSocket(const PacketSocket&) = delete;
