@@ -184,6 +184,8 @@ struct NetOptions {
   uint16_t queue_size = 256;
   bool packed = false;
   bool no_offloads = false;
+  bool iommu = false;
+  uint32_t iommu_page = 4096;
   double seconds = 0;
 };
 
@@ -194,11 +196,18 @@ json virtio_net(const NetOptions& o) {
   if (o.socket.empty() && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
   std::unique_ptr<Client> c;
   std::unique_ptr<sriovd::vfio_user::VirtioNetDriver> drv;
+  sriovd::vfio_user::VirtioNetDriverOptions opts;
+  opts.queue_size = o.queue_size;
+  opts.packed = o.packed;
+  opts.offloads = !o.no_offloads;
+  opts.iommu = o.iommu;
+  opts.iommu_page = o.iommu_page;
+  if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
   if (!o.vhost_user.empty()) {
-    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(o.vhost_user, sriovd::vfio_user::VirtioNetDriverOptions{o.queue_size, o.packed, !o.no_offloads});
+    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(o.vhost_user, opts);
   } else {
     c = std::make_unique<Client>(o.socket);
-    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(*c, sriovd::vfio_user::VirtioNetDriverOptions{o.queue_size, o.packed, !o.no_offloads});
+    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(*c, opts);
   }
   auto& d = *drv;
   d.bring_up();
@@ -222,7 +231,9 @@ json virtio_net(const NetOptions& o) {
   const auto& st = d.stats();
   return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"features", d.features()},
           {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
-          {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()}};
+          {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()},
+          {"iommu", o.iommu}, {"iotlb_misses", st.iotlb_misses.load()}, {"iotlb_updates", st.iotlb_updates.load()},
+          {"iotlb_faults", st.iotlb_faults.load()}};
 }
 
 }  // namespace
@@ -267,6 +278,9 @@ int main(int argc, char** argv) {
   net_cmd->add_option("--queue-size", no.queue_size, "descriptors per queue")->capture_default_str();
   net_cmd->add_flag("--packed", no.packed, "use the packed ring layout (when the device offers it)");
   net_cmd->add_flag("--no-offloads", no.no_offloads, "negotiate no checksum or TSO offloads");
+  net_cmd->add_flag("--iommu", no.iommu,
+                    "vhost-user: a guest behind an IOMMU (ACCESS_PLATFORM; IOVAs, IOTLB misses answered with updates)");
+  net_cmd->add_option("--iommu-page", no.iommu_page, "bytes each IOTLB update maps")->capture_default_str();
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
@@ -283,10 +297,11 @@ int main(int argc, char** argv) {
       if (as_json)
         std::cout << j.dump() << "\n";
       else
-        std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts\n",
+        std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu IOTLB updates\n",
                     static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
                     static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),
-                    static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()));
+                    static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()),
+                    static_cast<unsigned long long>(j["iotlb_updates"].get<uint64_t>()));
     } else if (*storm_cmd) {
       so.mask_every = !no_mask;
       const json j = storm(so);

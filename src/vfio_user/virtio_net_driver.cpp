@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -25,6 +26,7 @@ namespace {
 constexpr uint32_t kConfigRegion = VFIO_PCI_CONFIG_REGION_INDEX;
 constexpr uint32_t kMsixIrq = VFIO_PCI_MSIX_IRQ_INDEX;
 constexpr uint64_t kRamBase = 0x100000;  // guest physical address of the shared RAM
+constexpr uint64_t kIovaBase = 0x7c0000000ULL;  // where the emulated IOMMU maps it (anything but kRamBase)
 constexpr size_t kBufSize = 65536 + 4096;  // a 64 KB TSO segment, its headers and the virtio-net header
 constexpr uint8_t kAcknowledge = 1, kDriver = 2, kDriverOk = 4, kFeaturesOk = 8;
 
@@ -183,6 +185,7 @@ void VirtioNetDriver::bring_up_pci() {
   const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
   map_ram(ring);
   client_->dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
+  dma_base_ = kRamBase;
   rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
   tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
   const bool with_ctrl = features_ & virtio::kNetCtrlVq;
@@ -247,9 +250,9 @@ void VirtioNetDriver::bring_up_pci() {
 // One vhost-user request (the front-end's side of the protocol); with
 // `reply`, waits for the u64 reply (or the REPLY_ACK status) and returns it.
 uint64_t VirtioNetDriver::vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds,
-                                        bool reply) {
+                                        bool reply, uint32_t flags) {
   namespace vu = vhost_user;
-  vu::Header h{request, vu::kVersion, size};
+  vu::Header h{request, vu::kVersion | flags, size};
   std::vector<uint8_t> bytes(sizeof h + size);
   std::memcpy(bytes.data(), &h, sizeof h);
   if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
@@ -263,6 +266,58 @@ uint64_t VirtioNetDriver::vhost_request(uint32_t request, const void* payload, u
       ::recv(vhost_.get(), &v, sizeof v, MSG_WAITALL) != sizeof v)
     throw std::runtime_error("vhost-user: no reply to request " + std::to_string(request) + " (the back-end hung up?)");
   return v;
+}
+
+// The emulated IOMMU maps guest RAM at kIovaBase. A miss inside that
+// window is answered with an UPDATE of the page around it (REPLY_ACK: in
+// place when acknowledged); one outside it gets no answer, as the spec
+// says of an invalid miss, and is counted.
+unsigned VirtioNetDriver::serve_iotlb() {
+  namespace vu = vhost_user;
+  if (!backend_channel_) return 0;
+  unsigned answered = 0;
+  for (;;) {
+    struct {
+      vu::Header h;
+      vu::IotlbMsg m;
+    } __attribute__((packed)) in{};
+    const ssize_t n = ::recv(backend_channel_.get(), &in, sizeof in.h, MSG_DONTWAIT | MSG_PEEK);
+    if (n < static_cast<ssize_t>(sizeof in.h)) {
+      if (n == 0) throw std::runtime_error("vhost-user: the back-end closed its channel");
+      return answered;
+    }
+    if (in.h.size > vu::kMaxPayload) throw std::runtime_error("vhost-user: back-end message of " + std::to_string(in.h.size) + " bytes");
+    std::vector<uint8_t> whole(sizeof in.h + in.h.size);
+    if (::recv(backend_channel_.get(), whole.data(), whole.size(), MSG_WAITALL) != static_cast<ssize_t>(whole.size()))
+      throw std::runtime_error("vhost-user: a short message on the back-end channel");
+    if (in.h.request != vu::kBackendIotlbMsg || in.h.size != sizeof(vu::IotlbMsg)) continue;  // config change etc.
+    std::memcpy(&in.m, whole.data() + sizeof in.h, sizeof in.m);
+    if (in.m.type != vu::kIotlbMiss) continue;
+    stats_.iotlb_misses.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t page = in.m.iova & ~(static_cast<uint64_t>(options_.iommu_page) - 1);
+    if (page < dma_base_ || page + options_.iommu_page > dma_base_ + ram_size_) {
+      stats_.iotlb_faults.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const vu::IotlbMsg update{page, options_.iommu_page, reinterpret_cast<uint64_t>(ram_) + (page - dma_base_),
+                              virtio::kIotlbRead | virtio::kIotlbWrite, vu::kIotlbUpdate, {}};
+    if (vhost_request(vu::kIotlbMsg, &update, sizeof update, {}, true, vu::kFlagNeedReply) != 0)
+      throw std::runtime_error("vhost-user: the back-end refused an IOTLB update");
+    stats_.iotlb_updates.fetch_add(1, std::memory_order_relaxed);
+    ++answered;
+  }
+}
+
+int VirtioNetDriver::wait(pollfd* fds, nfds_t count, int timeout_ms) {
+  constexpr nfds_t kMax = 8;
+  if (!backend_channel_ || count >= kMax) return ::poll(fds, count, timeout_ms);
+  pollfd all[kMax];
+  std::copy(fds, fds + count, all);
+  all[count] = {backend_channel_.get(), POLLIN, 0};
+  const int n = ::poll(all, count + 1, timeout_ms);
+  if (n > 0 && (all[count].revents & (POLLIN | POLLHUP))) serve_iotlb();
+  for (nfds_t i = 0; i < count; ++i) fds[i].revents = all[i].revents;
+  return n;
 }
 
 // The VMM's part of vhost-user (§ "Starting the device" of the spec):
@@ -284,18 +339,38 @@ void VirtioNetDriver::bring_up_vhost_user() {
     want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 | virtio::kNetGuestTso4 |
             virtio::kNetGuestTso6;
   if (options_.packed) want |= virtio::kRingPacked;
+  if (options_.iommu) want |= virtio::kAccessPlatform;
   features_ = offered & want;
   if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the back-end does not offer VIRTIO_F_VERSION_1");
+  if (options_.iommu && !(features_ & virtio::kAccessPlatform))
+    throw std::runtime_error("the back-end does not offer VIRTIO_F_ACCESS_PLATFORM (iommu_platform: true in its config)");
+  if (options_.iommu_page < 4096 || (options_.iommu_page & (options_.iommu_page - 1)) != 0)
+    throw std::invalid_argument("IOMMU page size " + std::to_string(options_.iommu_page) + " is not a power of two >= 4096");
   packed_ = features_ & virtio::kRingPacked;
   const bool protocol = offered & vu::kFeatureProtocolFeatures;
   vhost_request(vu::kSetOwner, nullptr, 0, {}, false);
   if (protocol) {
-    (void)vhost_request(vu::kGetProtocolFeatures, nullptr, 0, {}, true);
-    const uint64_t none = 0;  // no protocol extension is needed here
-    vhost_request(vu::kSetProtocolFeatures, &none, 8, {}, false);
+    const uint64_t proto_offered = vhost_request(vu::kGetProtocolFeatures, nullptr, 0, {}, true);
+    // Only an IOMMU needs an extension: the back-end channel for misses,
+    // and REPLY_ACK so that an update is in place before the guest goes on.
+    const uint64_t need = options_.iommu ? vu::kProtoBackendReq | vu::kProtoReplyAck : 0;
+    if ((proto_offered & need) != need)
+      throw std::runtime_error("the back-end does not offer BACKEND_REQ and REPLY_ACK, which an IOMMU needs");
+    vhost_request(vu::kSetProtocolFeatures, &need, 8, {}, false);
+  } else if (options_.iommu) {
+    throw std::runtime_error("the back-end has no protocol features, which an IOMMU needs");
   }
   const uint64_t set = features_ | (protocol ? vu::kFeatureProtocolFeatures : 0);
   vhost_request(vu::kSetFeatures, &set, 8, {}, false);
+  if (options_.iommu) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) throw_errno("back-end channel");
+    backend_channel_.reset(sv[0]);
+    UniqueFd theirs(sv[1]);
+    vhost_request(vu::kSetBackendReqFd, nullptr, 0, {theirs.get()}, false);
+  }
+  // Behind an IOMMU the device sees IOVAs; else guest-physical addresses.
+  dma_base_ = options_.iommu ? kIovaBase : kRamBase;
 
   const uint16_t n = options_.queue_size;
   const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
@@ -304,12 +379,15 @@ void VirtioNetDriver::bring_up_vhost_user() {
   t.nregions = 1;
   t.regions[0] = {kRamBase, ram_size_, reinterpret_cast<uint64_t>(ram_), 0};
   vhost_request(vu::kSetMemTable, &t, 8 + sizeof(vu::MemRegion), {ram_fd_.get()}, false);
-  rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
-  tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
+  rx_ = std::make_unique<Ring>(ram_, dma_base_, n, packed_);
+  tx_ = std::make_unique<Ring>(ram_ + ring, dma_base_ + ring, n, packed_);
   doorbells_.resize(2);
   for (uint32_t q = 0; q < 2; ++q) {
     const auto addr = (q == 0 ? rx_ : tx_)->addresses();
-    auto uva = [&](uint64_t gpa) { return reinterpret_cast<uint64_t>(ram_) + (gpa - kRamBase); };
+    // Vring addresses: IOVAs behind an IOMMU, else this process's own.
+    auto uva = [&](uint64_t dma) {
+      return options_.iommu ? dma : reinterpret_cast<uint64_t>(ram_) + (dma - dma_base_);
+    };
     vu::VringState num{q, n};
     vhost_request(vu::kSetVringNum, &num, sizeof num, {}, false);
     vu::VringAddr va{q, 0, uva(addr.desc), uva(addr.device), uva(addr.driver), 0};
@@ -351,7 +429,7 @@ uint64_t VirtioNetDriver::rx_offset(uint16_t slot) const { return tx_offset(opti
 
 void VirtioNetDriver::post_rx() {
   for (uint16_t slot = 0; slot < options_.queue_size; ++slot)
-    if (!rx_->add({kRamBase + rx_offset(slot), static_cast<uint32_t>(kBufSize), true}, slot)) break;
+    if (!rx_->add({dma_base_ + rx_offset(slot), static_cast<uint32_t>(kBufSize), true}, slot)) break;
   rx_->publish();
   kick(0);
 }
@@ -401,7 +479,7 @@ size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
   stats_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   stats_.rx_bytes.fetch_add(total, std::memory_order_relaxed);
   for (int i = 0; i < parts; ++i)
-    rx_->add({kRamBase + rx_offset(slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
+    rx_->add({dma_base_ + rx_offset(slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
   return total;
 }
 
@@ -415,8 +493,8 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
   p[1] = cmd;
   std::memcpy(p + 2, data.data(), data.size());
   p[2 + data.size()] = 0xff;
-  const virtio::Buffer chain[2] = {{kRamBase + page, static_cast<uint32_t>(2 + data.size()), false},
-                                   {kRamBase + page + 2 + data.size(), 1, true}};
+  const virtio::Buffer chain[2] = {{dma_base_ + page, static_cast<uint32_t>(2 + data.size()), false},
+                                   {dma_base_ + page + 2 + data.size(), 1, true}};
   uint16_t slot = 0;
   uint32_t len = 0;
   if (!ctrl_->add_chain(chain, 0)) throw std::runtime_error("the control queue is full");
@@ -425,7 +503,7 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
   for (int i = 0; i < 2000; ++i) {
     if (ctrl_->take(slot, len)) return p[2 + data.size()];
     pollfd pf{irq_fds_[2].get(), POLLIN, 0};
-    if (::poll(&pf, 1, 1) == 1) {
+    if (wait(&pf, 1, 1) > 0 && (pf.revents & POLLIN)) {
       uint64_t v;
       (void)::read(irq_fds_[2].get(), &v, sizeof v);
     }
@@ -439,7 +517,7 @@ bool VirtioNetDriver::send(const uint8_t* frame, size_t size) {
   const uint16_t slot = tx_free_.back();
   const uint64_t off = tx_offset(slot);
   std::memcpy(ram_ + off, frame, size);
-  if (!tx_->add({kRamBase + off, static_cast<uint32_t>(size), false}, slot)) return false;
+  if (!tx_->add({dma_base_ + off, static_cast<uint32_t>(size), false}, slot)) return false;
   tx_free_.pop_back();
   tx_->publish();
   kick(1);
@@ -459,7 +537,7 @@ size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return 0;
     pollfd p{irq_fds_[0].get(), POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) == 1) {
+    if (wait(&p, 1, static_cast<int>(left.count())) > 0 && (p.revents & POLLIN)) {
       uint64_t v;
       (void)::read(irq_fds_[0].get(), &v, sizeof v);
       stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
@@ -480,7 +558,7 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
     reclaim_tx();
     pollfd p[3] = {{irq_fds_[0].get(), POLLIN, 0}, {irq_fds_[1].get(), POLLIN, 0}, {tap.fd(0), POLLIN, 0}};
     const nfds_t count = tx_free_.empty() ? 2 : 3;
-    if (::poll(p, count, 100) < 0 && errno != EINTR) throw_errno("poll");
+    if (wait(p, count, 100) < 0 && errno != EINTR) throw_errno("poll");
     for (int i = 0; i < 2; ++i)
       if (p[i].revents & POLLIN) {
         uint64_t v;
@@ -502,7 +580,7 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
       const uint64_t off = tx_offset(slot);
       const ssize_t got = tap.recv(0, ram_ + off, kBufSize);
       if (got <= 0) break;
-      if (!tx_->add({kRamBase + off, static_cast<uint32_t>(got), false}, slot)) break;
+      if (!tx_->add({dma_base_ + off, static_cast<uint32_t>(got), false}, slot)) break;
       tx_free_.pop_back();
       added = true;
       stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);

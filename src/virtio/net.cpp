@@ -71,6 +71,14 @@ bool RxFilter::accepts(const uint8_t* dest) const {
   return false;
 }
 
+// A packet taken from the port that found no guest buffers yet. It
+// belongs to the pair, not to a worker: a restart of the workers (memory
+// or IOTLB changes) must not drop it.
+struct NetDevice::RxHold {
+  std::vector<uint8_t> bounce = std::vector<uint8_t>(kMaxPacket);
+  size_t pending = 0;  // its bytes; 0: none
+};
+
 struct NetDevice::Worker {
   unsigned pair = 0;
   UniqueFd epoll;
@@ -79,9 +87,8 @@ struct NetDevice::Worker {
   bool tap_armed = true;   // watching the port for received packets
   bool tx_blocked = false;  // the port had no room: watching it for room
   std::thread thread;
+  RxHold* rx = nullptr;  // the pair's received packet waiting for buffers (outlives the worker)
   // Preallocated: nothing on the data path allocates.
-  std::vector<uint8_t> bounce = std::vector<uint8_t>(kMaxPacket);
-  size_t pending = 0;  // bytes of a received packet still waiting for buffers
   std::array<Chain, kMaxChains> chains{};
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
   std::array<Segment, kTxSegs> tx_segs{};
@@ -100,6 +107,7 @@ NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Pack
     queues_[q].route = engine_.add({config_.name, q, irq::Policy::relay, nullptr});
     queues_[q].interrupt = queues_[q].route;
   }
+  for (unsigned p = 0; p < config_.queue_pairs; ++p) rx_hold_.push_back(std::make_unique<RxHold>());
 }
 
 NetDevice::~NetDevice() {
@@ -250,6 +258,7 @@ void NetDevice::start() {
     tx.ring = make_ring(2 * p + 1);
     auto w = std::make_unique<Worker>();
     w->pair = p;
+    w->rx = rx_hold_[p].get();
     w->tap_fd = tap_->fd(p);
     w->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
     w->stop.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -316,6 +325,7 @@ void NetDevice::reset() {
     engine_.set_sink(queue.route, UniqueFd());
     engine_.mask(queue.route);
   }
+  for (auto& hold : rx_hold_) hold->pending = 0;  // a reset device has no packet in hand
   features_ = 0;
   memory_ = nullptr;
   inflight_ = nullptr;
@@ -444,20 +454,20 @@ bool NetDevice::do_rx(Worker& w) {
   if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
   for (;;) {
-    if (w.pending == 0) {
-      const ssize_t n = tap_->recv(w.pair, w.bounce.data(), w.bounce.size());
+    if (w.rx->pending == 0) {
+      const ssize_t n = tap_->recv(w.pair, w.rx->bounce.data(), w.rx->bounce.size());
       if (n <= static_cast<ssize_t>(kHeader)) break;  // EAGAIN, or nothing usable
-      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(w.bounce.data() + kHeader)) {
+      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(w.rx->bounce.data() + kHeader)) {
         filtered_.fetch_add(1, std::memory_order_relaxed);
         continue;  // not for this driver's addresses (§5.1.6.5.1)
       }
-      w.pending = static_cast<size_t>(n);
+      w.rx->pending = static_cast<size_t>(n);
     }
     // Take as many buffers as the packet needs before publishing any, so
     // num_buffers is right when the driver looks.
     unsigned used = 0;
     size_t room = 0;
-    while (room < w.pending && used < kMaxChains) {
+    while (room < w.rx->pending && used < kMaxChains) {
       std::span<Segment> segs(&w.segs[used * kSegsPerChain], kSegsPerChain);
       if (!q.ring->pop(w.chains[used], segs)) break;
       room += w.chains[used].writable_bytes;
@@ -468,12 +478,12 @@ bool NetDevice::do_rx(Worker& w) {
       broken_ = true;
       return delivered;
     }
-    if (room < w.pending) {
+    if (room < w.rx->pending) {
       if (!mergeable && used == 1) {
         // The guest's buffer cannot hold this packet: it is dropped.
         q.ring->push(w.chains[0], 0);
         q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
-        w.pending = 0;
+        w.rx->pending = 0;
         delivered = true;
         continue;
       }
@@ -490,27 +500,27 @@ bool NetDevice::do_rx(Worker& w) {
       break;
     }
     const uint16_t num_buffers = static_cast<uint16_t>(used);
-    std::memcpy(w.bounce.data() + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
+    std::memcpy(w.rx->bounce.data() + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
     size_t off = 0;
     for (unsigned c = 0; c < used; ++c) {
       Chain& chain = w.chains[c];
       uint32_t written = 0;
-      for (unsigned s = chain.readable; s < chain.count && off < w.pending; ++s) {
+      for (unsigned s = chain.readable; s < chain.count && off < w.rx->pending; ++s) {
         Segment& seg = w.segs[c * kSegsPerChain + s];
-        const size_t n = std::min<size_t>(seg.len, w.pending - off);
-        std::memcpy(seg.data, w.bounce.data() + off, n);
+        const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
+        std::memcpy(seg.data, w.rx->bounce.data() + off, n);
         off += n;
         written += static_cast<uint32_t>(n);
       }
       q.ring->push(chain, written);
     }
     q.stats->packets.fetch_add(1, std::memory_order_relaxed);
-    q.stats->bytes.fetch_add(w.pending - kHeader, std::memory_order_relaxed);
-    w.pending = 0;
+    q.stats->bytes.fetch_add(w.rx->pending - kHeader, std::memory_order_relaxed);
+    w.rx->pending = 0;
     delivered = true;
   }
   if (delivered) notify(q);
-  if (!w.tap_armed && w.pending == 0) {
+  if (!w.tap_armed && w.rx->pending == 0) {
     w.tap_armed = true;
     watch_port(w);
   }

@@ -20,6 +20,8 @@
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/driver.hpp"
 #include "sriovd/virtio/iotlb.hpp"
+#include "sriovd/vfio_user/virtio_net_driver.hpp"
+#include <deque>
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vhost_user {
@@ -272,6 +274,101 @@ TEST_F(IotlbTest, MalformedIotlbMessageEndsTheConnection) {
   char c;
   EXPECT_LE(::recv(sock.get(), &c, 1, 0), 0);
   EXPECT_FALSE(device->running());
+}
+
+// Hands every transmitted packet back as received: the front-end sees
+// its own frames come back through RX.
+class LoopPort : public virtio::PacketPort {
+ public:
+  LoopPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
+  const std::string& name() const override { return name_; }
+  unsigned queues() const override { return 1; }
+  int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned, const iovec* iov, int count) override {
+    std::vector<uint8_t> p;
+    for (int i = 0; i < count; ++i) {
+      const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
+      p.insert(p.end(), b, b + iov[i].iov_len);
+    }
+    std::lock_guard lock(mutex_);
+    const auto n = static_cast<ssize_t>(p.size());
+    packets_.push_back(std::move(p));
+    const uint64_t one = 1;
+    (void)::write(fd_.get(), &one, sizeof one);
+    return n;
+  }
+  ssize_t recv(unsigned, uint8_t* buf, size_t size) override {
+    std::lock_guard lock(mutex_);
+    if (packets_.empty()) {
+      uint64_t v;
+      (void)::read(fd_.get(), &v, sizeof v);
+      return -1;
+    }
+    auto p = std::move(packets_.front());
+    packets_.pop_front();
+    const size_t n = std::min(size, p.size());
+    std::memcpy(buf, p.data(), n);
+    return static_cast<ssize_t>(n);
+  }
+  void set_offloads(unsigned) override {}
+
+ private:
+  std::string name_ = "loop0";
+  UniqueFd fd_;
+  std::mutex mutex_;
+  std::deque<std::vector<uint8_t>> packets_;
+};
+
+// sriovd-guest's vhost-user front-end as a guest behind an IOMMU: it gives
+// IOVAs (not where its RAM is), and the only way the device learns them is
+// the misses it asks and the updates the front-end's emulated IOMMU sends.
+TEST(IotlbFrontEnd, GuestBehindAnEmulatedIommuMovesTrafficThroughMissesAndUpdates) {
+  for (const bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "split");
+    sriovd::test::TempDir dir;
+    asio::io_context io;
+    irq::EngineOptions o;
+    o.relay_threads = 0;
+    irq::Engine engine(o);
+    virtio::NetConfig nc;
+    nc.name = "vnet-viommu";
+    nc.access_platform = true;
+    virtio::NetDevice device(nc, engine, std::make_unique<LoopPort>());
+    Backend backend(io, dir.file("vnet.sock"), device);
+    std::thread runner([&] {
+      auto guard = asio::make_work_guard(io);
+      io.run();
+    });
+    {
+      vfio_user::VirtioNetDriverOptions opts;
+      opts.queue_size = 64;
+      opts.packed = packed;
+      opts.iommu = true;
+      vfio_user::VirtioNetDriver driver(dir.file("vnet.sock"), opts);
+      ASSERT_NO_THROW(driver.bring_up());
+      EXPECT_TRUE(driver.features() & virtio::kAccessPlatform);
+      EXPECT_EQ(driver.packed(), packed);
+      std::vector<uint8_t> out(70000);
+      for (unsigned i = 0; i < 40; ++i) {
+        std::vector<uint8_t> frame(12 + 60 + i * 37, static_cast<uint8_t>(i + 1));
+        std::memset(frame.data(), 0, 12);
+        ASSERT_TRUE(driver.send(frame.data(), frame.size())) << "frame " << i;
+        const size_t got = driver.receive(out.data(), out.size(), 3000);
+        ASSERT_EQ(got, frame.size()) << "frame " << i << ": misses " << driver.stats().iotlb_misses.load() << " updates "
+                                     << driver.stats().iotlb_updates.load() << " faults " << driver.stats().iotlb_faults.load()
+                                     << " device tx " << device.stats(1).packets.load() << " rx " << device.stats(0).packets.load()
+                                     << " rx dropped " << device.stats(0).dropped.load();
+        EXPECT_EQ(std::memcmp(out.data() + 12, frame.data() + 12, frame.size() - 12), 0) << "frame " << i;
+      }
+      const auto& st = driver.stats();
+      EXPECT_GT(st.iotlb_updates.load(), 3U) << "rings and buffers were all asked for";
+      EXPECT_EQ(st.iotlb_updates.load(), st.iotlb_misses.load());
+      EXPECT_EQ(st.iotlb_faults.load(), 0U);
+      EXPECT_FALSE(device.broken());
+    }
+    io.stop();
+    runner.join();
+  }
 }
 
 }  // namespace

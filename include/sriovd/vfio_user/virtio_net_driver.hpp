@@ -9,6 +9,8 @@
 // delivers on the RX queue go into the tap. With offloads negotiated,
 // 64 KB TSO segments and partial checksums travel end to end.
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,11 +29,18 @@ struct VirtioNetDriverOptions {
   bool packed = false;    // ask for VIRTIO_F_RING_PACKED (when offered)
   bool offloads = true;   // checksum and TSO both ways (when offered)
   bool control_queue = false;  // negotiate CTRL_VQ, CTRL_RX, CTRL_MAC_ADDR and set the queue up
+  // vhost-user: be a guest behind an IOMMU. VIRTIO_F_ACCESS_PLATFORM is
+  // negotiated, rings and buffers are given as IOVAs (a window of their
+  // own, not the guest-physical addresses), and the back-end's IOTLB misses
+  // are answered with updates of iommu_page bytes, as a vIOMMU does.
+  bool iommu = false;
+  uint32_t iommu_page = 4096;
 };
 
 struct VirtioNetDriverStats {
   std::atomic<uint64_t> tx_packets{0}, tx_bytes{0}, rx_packets{0}, rx_bytes{0};
   std::atomic<uint64_t> interrupts{0}, kicks{0}, rx_dropped{0};
+  std::atomic<uint64_t> iotlb_misses{0}, iotlb_updates{0}, iotlb_faults{0};  // faults: misses outside the window
 };
 
 class VirtioNetDriver {
@@ -84,11 +93,20 @@ class VirtioNetDriver {
   void bring_up_pci();
   void bring_up_vhost_user();
   void map_ram(uint64_t ring_bytes);
-  uint64_t vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds, bool reply);
+  uint64_t vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds, bool reply,
+                         uint32_t flags = 0);
+  // The emulated IOMMU: answers the IOTLB misses waiting on the back-end
+  // channel. Returns how many it answered.
+  unsigned serve_iotlb();
+  // Polls `fds` (and the back-end channel, served as it turns readable)
+  // for up to timeout_ms; poll()'s result for `fds`.
+  int wait(pollfd* fds, nfds_t count, int timeout_ms);
 
   Client* client_ = nullptr;
   std::string vhost_socket_;
   UniqueFd vhost_;  // the vhost-user connection
+  UniqueFd backend_channel_;  // our end of SET_BACKEND_REQ_FD (IOTLB misses)
+  uint64_t dma_base_ = 0;     // where guest RAM starts in the addresses the device is given
   VirtioNetDriverOptions options_;
   Cap common_, notify_, device_;
   uint32_t notify_multiplier_ = 0;

@@ -188,6 +188,7 @@ class NetDevice {
     std::unique_ptr<QueueStats> stats = std::make_unique<QueueStats>();
   };
   struct Worker;
+  struct RxHold;
 
   [[nodiscard]] bool queue_ready(const Queue& q) const;
   std::unique_ptr<Virtqueue> make_ring(unsigned index);
@@ -206,6 +207,7 @@ class NetDevice {
   uint64_t features_ = 0;
   std::vector<Queue> queues_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<RxHold>> rx_hold_;
   std::atomic<bool> broken_{false};
   bool waiting_rings_ = false;
   RxFilter filter_;
