@@ -125,6 +125,13 @@ void Server::adopt(UniqueFd fd) {
   negotiated_ = false;
   peer_max_fds_ = 1;
   peer_max_xfer_ = kMaxDataXfer;
+  // Each access is checked against its region's flags and size: taken
+  // once per connection, so a REGION_READ/WRITE copies no description.
+  bounds_.clear();
+  for (uint32_t i = 0; i < device_.num_regions(); ++i) {
+    const RegionDescription d = device_.region(i);
+    bounds_.push_back({d.flags, d.size});
+  }
   watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
   wait_readable();
 }
@@ -137,7 +144,8 @@ void Server::wait_readable() {
 
 void Server::on_readable() {
   try {
-    Message m;
+    // The connection's message buffer, reused (no allocation per message).
+    Message& m = in_;
     while (conn_ && receive(m, false)) {
       dispatch(m);
       while (conn_ && !deferred_.empty()) {
@@ -183,7 +191,8 @@ bool Server::receive(Message& m, bool block) {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
     if (n == 0) throw std::runtime_error(kClientClosed);
   }
-  m = Message{};
+  m.payload.clear();
+  m.fds.clear();
   read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds);
   if (m.hdr.size < sizeof(Header) || m.hdr.size > kMaxMessage)
     throw ProtocolError(std::string(command_name(m.hdr.command)) + " message of " + std::to_string(m.hdr.size) +
@@ -214,7 +223,11 @@ void Server::dispatch(Message& m) {
   if (!negotiated_ && m.hdr.command != kVersion) throw ProtocolError(what() + " before VERSION");
   if (negotiated_ && m.hdr.command == kVersion) throw ProtocolError("a second VERSION");
   Header reply{m.hdr.id, m.hdr.command, sizeof(Header), kTypeReply, 0};
-  Reply r;
+  // One reply buffer for the connection: a reply allocates nothing once
+  // it has grown to the largest one sent.
+  Reply& r = reply_;
+  r.payload.clear();
+  r.fds.clear();
   try {
     Shape shape{};
     if (!shape_of(m.hdr.command, shape)) throw Error(ENOSYS, what() + " is not served");
@@ -224,7 +237,7 @@ void Server::dispatch(Message& m) {
     if (m.fds.size() > shape.max_fds)
       throw Error(EINVAL, what() + " with " + std::to_string(m.fds.size()) + " fds, at most " +
                               std::to_string(shape.max_fds) + " expected");
-    r = handle(m);
+    handle(m, r);
   } catch (const Error& e) {
     ++stats_.error_replies;
     stats_.last_error = e.what();
@@ -255,48 +268,51 @@ void Server::dispatch(Message& m) {
   send(reply, r.payload, r.fds);
 }
 
-Server::Reply Server::handle(Message& m) {
+void Server::handle(Message& m, Reply& r) {
   switch (m.hdr.command) {
-    case kVersion: return version(m);
-    case kDmaMap: return dma_map(m);
-    case kDmaUnmap: return dma_unmap(m);
+    case kVersion: version(m, r);
+      return;
+    case kDmaMap: dma_map(m, r);
+      return;
+    case kDmaUnmap: dma_unmap(m, r);
+      return;
     case kDeviceGetInfo: {
       DeviceInfo info{sizeof(DeviceInfo),
                       static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | (device_.can_reset() ? VFIO_DEVICE_FLAGS_RESET : 0)),
                       device_.num_regions(), device_.num_irqs()};
-      Reply r;
       append(r.payload, info);
-      return r;
+      return;
     }
-    case kDeviceGetRegionInfo: return region_info(m);
-    case kDeviceGetRegionIoFds: return region_io_fds(m);
+    case kDeviceGetRegionInfo: region_info(m, r);
+      return;
+    case kDeviceGetRegionIoFds: region_io_fds(m, r);
+      return;
     case kDeviceGetIrqInfo: {
       auto q = load<IrqInfo>(m.payload);
       if (q.index >= device_.num_irqs()) throw Error(EINVAL, "no IRQ index " + std::to_string(q.index));
       const vfio::IrqInfo info = device_.irq(q.index);
       IrqInfo out{sizeof(IrqInfo), info.flags, q.index, info.count};
-      Reply r;
       append(r.payload, out);
-      return r;
+      return;
     }
-    case kDeviceSetIrqs: return set_irqs(m);
+    case kDeviceSetIrqs: set_irqs(m, r);
+      return;
     case kRegionRead:
     case kRegionWrite: {
       const auto a = load<RegionAccess>(m.payload);
       const char* verb = m.hdr.command == kRegionRead ? "read" : "write";
-      if (a.region >= device_.num_regions()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ": no such region");
+      if (a.region >= bounds_.size()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ": no such region");
       if (a.count == 0 || a.count > kMaxDataXfer)
         throw Error(EINVAL, std::string(verb) + " of " + std::to_string(a.count) + " bytes (1.." + std::to_string(kMaxDataXfer) + ")");
       if (m.hdr.command == kRegionWrite && m.payload.size() != sizeof a + a.count)
         throw Error(EINVAL, "write of " + std::to_string(a.count) + " bytes carrying " +
                                 std::to_string(m.payload.size() - sizeof a));
-      const RegionDescription reg = device_.region(a.region);
+      const RegionBounds& reg = bounds_[a.region];
       const uint32_t need = m.hdr.command == kRegionRead ? VFIO_REGION_INFO_FLAG_READ : VFIO_REGION_INFO_FLAG_WRITE;
       if (!(reg.flags & need)) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ", which does not allow it");
       if (a.offset > reg.size || a.count > reg.size - a.offset)
         throw Error(EINVAL, std::string(verb) + " of [" + hex(a.offset) + ", +" + std::to_string(a.count) +
                                 ") outside region " + std::to_string(a.region) + " of " + hex(reg.size) + " bytes");
-      Reply r;
       append(r.payload, a);
       if (m.hdr.command == kRegionRead) {
         r.payload.resize(sizeof a + a.count);
@@ -304,18 +320,18 @@ Server::Reply Server::handle(Message& m) {
       } else {
         device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
       }
-      return r;
+      return;
     }
     case kDeviceReset:
       if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
       device_.reset();
-      return {};
+      return;
     default:
       throw Error(ENOSYS, "not served");
   }
 }
 
-Server::Reply Server::version(const Message& m) {
+void Server::version(const Message& m, Reply& r) {
   const auto major = load<uint16_t>(m.payload, 0);
   const auto minor = load<uint16_t>(m.payload, 2);
   if (major != kMajor) throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) +
@@ -349,15 +365,14 @@ Server::Reply Server::version(const Message& m) {
                                  {"max_dma_maps", kMaxDmaMaps},
                                  {"pgsizes", kPageSizes}}}};
   const std::string text = caps.dump();
-  Reply r;
   append(r.payload, kMajor);
   append(r.payload, std::min(minor, kMinor));
   r.payload.insert(r.payload.end(), text.begin(), text.end());
   r.payload.push_back(0);
-  return r;
+  return;
 }
 
-Server::Reply Server::dma_map(Message& m) {
+void Server::dma_map(Message& m, Reply& /*r*/) {
   const auto d = load<DmaMap>(m.payload);
   const std::string what = "DMA window [" + hex(d.address) + ", +" + hex(d.size) + ")";
   if (d.argsz != sizeof d) throw Error(EINVAL, "DMA_MAP argsz " + std::to_string(d.argsz));
@@ -387,18 +402,17 @@ Server::Reply Server::dma_map(Message& m) {
   }
   windows_.push_back(w);
   mappings_.push_back(map);
-  return {};
+  return;
 }
 
-Server::Reply Server::dma_unmap(const Message& m) {
+void Server::dma_unmap(const Message& m, Reply& r) {
   const auto d = load<DmaUnmap>(m.payload);
   if (d.flags & ~kDmaUnmapAll) throw Error(EINVAL, "DMA_UNMAP with unknown flags " + hex(d.flags));
-  Reply r;
   append(r.payload, d);
   if (d.flags & kDmaUnmapAll) {
     if (d.address || d.size) throw Error(EINVAL, "DMA_UNMAP of everything with an address or size");
     unmap_all();
-    return r;
+    return;
   }
   for (size_t i = 0; i < windows_.size(); ++i) {
     if (windows_[i].iova != d.address || windows_[i].size != d.size) continue;
@@ -406,7 +420,7 @@ Server::Reply Server::dma_unmap(const Message& m) {
     if (mappings_[i].base) ::munmap(mappings_[i].base, mappings_[i].length);
     windows_.erase(windows_.begin() + static_cast<ptrdiff_t>(i));
     mappings_.erase(mappings_.begin() + static_cast<ptrdiff_t>(i));
-    return r;
+    return;
   }
   throw Error(ENOENT, "DMA_UNMAP of [" + hex(d.address) + ", +" + hex(d.size) + "): no such window");
 }
@@ -424,7 +438,7 @@ void Server::unmap_all() {
   mappings_.clear();
 }
 
-Server::Reply Server::region_info(const Message& m) {
+void Server::region_info(const Message& m, Reply& r) {
   const auto q = load<RegionInfo>(m.payload);
   if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
   const RegionDescription d = device_.region(q.index);
@@ -436,7 +450,6 @@ Server::Reply Server::region_info(const Message& m) {
     for (const auto& a : d.sparse) append(caps, SparseArea{a.offset, a.size});
   }
   if (d.fd < 0) info.flags &= ~VFIO_REGION_INFO_FLAG_MMAP;
-  Reply r;
   info.argsz = static_cast<uint32_t>(sizeof info + caps.size());
   if (!caps.empty()) {
     info.flags |= VFIO_REGION_INFO_FLAG_CAPS;
@@ -447,20 +460,19 @@ Server::Reply Server::region_info(const Message& m) {
   // the fixed part with the argsz it needs, as VFIO does.
   if (q.argsz >= info.argsz) r.payload.insert(r.payload.end(), caps.begin(), caps.end());
   if (d.fd >= 0) r.fds.push_back(d.fd);
-  return r;
+  return;
 }
 
-Server::Reply Server::region_io_fds(const Message& m) {
+void Server::region_io_fds(const Message& m, Reply& r) {
   const auto q = load<RegionIoFds>(m.payload);
   if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
   if (q.flags != 0 || q.count != 0) throw Error(EINVAL, "GET_REGION_IO_FDS with flags or count set");
   const std::vector<IoFd> io = device_.region_io_fds(q.index);
   if (io.empty()) throw Error(EINVAL, "region " + std::to_string(q.index) + " has no io fds");
-  Reply r;
   RegionIoFds head{static_cast<uint32_t>(sizeof head + io.size() * sizeof(IoFdEntry)), 0, q.index,
                    static_cast<uint32_t>(io.size())};
   append(r.payload, head);
-  if (q.argsz < head.argsz) return r;  // too small: the size it needs, no entries, no fds
+  if (q.argsz < head.argsz) return;  // too small: the size it needs, no entries, no fds
   if (io.size() > peer_max_fds_)
     throw Error(E2BIG, "region " + std::to_string(q.index) + " has " + std::to_string(io.size()) +
                            " io fds; the client takes " + std::to_string(peer_max_fds_) + " per message");
@@ -468,10 +480,10 @@ Server::Reply Server::region_io_fds(const Message& m) {
     append(r.payload, IoFdEntry{io[i].offset, io[i].size, static_cast<uint32_t>(i), kIoFdTypeIoeventfd, 0, 0, 0});
     r.fds.push_back(io[i].fd);
   }
-  return r;
+  return;
 }
 
-Server::Reply Server::set_irqs(Message& m) {
+void Server::set_irqs(Message& m, Reply& /*r*/) {
   const auto s = load<IrqSet>(m.payload);
   if (s.argsz != m.payload.size())
     throw Error(EINVAL, "SET_IRQS argsz " + std::to_string(s.argsz) + " for a payload of " + std::to_string(m.payload.size()));
@@ -486,7 +498,7 @@ Server::Reply Server::set_irqs(Message& m) {
   if (data == VFIO_IRQ_SET_DATA_NONE && action == VFIO_IRQ_SET_ACTION_TRIGGER && s.count == 0) {
     if (s.start != 0 || m.payload.size() != sizeof s) throw Error(EINVAL, "SET_IRQS disable with a start or data");
     device_.disable_irqs(s.index);
-    return {};
+    return;
   }
   if (s.count == 0 || s.start >= info.count || s.count > info.count - s.start)
     throw Error(EINVAL, range + " outside its " + std::to_string(info.count) + " vectors");
@@ -502,7 +514,7 @@ Server::Reply Server::set_irqs(Message& m) {
     std::vector<UniqueFd> fds = std::move(m.fds);
     fds.resize(s.count);
     device_.set_irq_eventfds(s.index, s.start, std::move(fds));
-    return {};
+    return;
   }
   if (!m.fds.empty()) throw Error(EINVAL, "SET_IRQS without eventfd data carries fds");
   if (data == VFIO_IRQ_SET_DATA_NONE && extra != 0) throw Error(EINVAL, "SET_IRQS DATA_NONE with payload data");
@@ -517,7 +529,7 @@ Server::Reply Server::set_irqs(Message& m) {
     else
       device_.mask_irq(s.index, s.start + i, action == VFIO_IRQ_SET_ACTION_MASK);
   }
-  return {};
+  return;
 }
 
 const DmaWindow& Server::window_for(uint64_t iova, uint64_t size, bool write) const {

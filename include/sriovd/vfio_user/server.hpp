@@ -75,18 +75,18 @@ class Server {
   bool receive(Message& m, bool block);
   void read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds);
   void dispatch(Message& m);
-  Reply handle(Message& m);
+  void handle(Message& m, Reply& r);
   void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
   void disconnect(const std::string& why);
   uint64_t dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t> in_out);
   const DmaWindow& window_for(uint64_t iova, uint64_t size, bool write) const;
 
-  Reply version(const Message& m);
-  Reply dma_map(Message& m);
-  Reply dma_unmap(const Message& m);
-  Reply region_info(const Message& m);
-  Reply region_io_fds(const Message& m);
-  Reply set_irqs(Message& m);
+  void version(const Message& m, Reply& r);
+  void dma_map(Message& m, Reply& r);
+  void dma_unmap(const Message& m, Reply& r);
+  void region_info(const Message& m, Reply& r);
+  void region_io_fds(const Message& m, Reply& r);
+  void set_irqs(Message& m, Reply& r);
   void unmap_all();
 
   asio::io_context& io_;
@@ -101,6 +101,13 @@ class Server {
   uint32_t peer_max_xfer_ = kMaxDataXfer;
   uint16_t next_id_ = 0;
   std::deque<Message> deferred_;  // commands that came while waiting for a DMA reply
+  Message in_;                    // the message being handled (buffers kept)
+  struct RegionBounds {
+    uint32_t flags;
+    uint64_t size;
+  };
+  std::vector<RegionBounds> bounds_;  // per region, taken when the client connects
+  Reply reply_;                   // its reply (buffers kept)
   std::vector<DmaWindow> windows_;
   struct Mapping {
     void* base = nullptr;
