@@ -33,6 +33,17 @@ std::string summary(const config::Config& cfg) {
          " virtio device(s), host " + config::to_string(cfg.host);
 }
 
+// Per-queue counters of a virtio-net device, as sriovctl shows them.
+json queue_stats(const virtio::NetDevice& device) {
+  json queues = json::array();
+  for (unsigned q = 0; q < device.num_queues(); ++q) {
+    const auto& st = device.stats(q);
+    queues.push_back({{"queue", q}, {"packets", st.packets.load()}, {"bytes", st.bytes.load()},
+                      {"dropped", st.dropped.load()}, {"kicks", st.kicks.load()}, {"notifies", st.notifies.load()},
+                      {"sw_offload", st.sw_offload.load()}, {"resubmitted", st.resubmitted.load()}});
+  }
+  return queues;
+}
 }  // namespace
 
 Daemon::Daemon(Options options, config::Config config)
@@ -283,13 +294,7 @@ json Daemon::devices_json() const {
         j["needs_reset"] = e.device->broken();
         j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
                           {"protocol_errors", st.protocol_errors}, {"last_error", st.last_error}};
-        json queues = json::array();
-        for (unsigned q = 0; q < e.device->num_queues(); ++q) {
-          const auto& qs = e.device->stats(q);
-          queues.push_back({{"queue", q}, {"packets", qs.packets.load()}, {"bytes", qs.bytes.load()},
-                            {"dropped", qs.dropped.load()}, {"kicks", qs.kicks.load()}, {"notifies", qs.notifies.load()}});
-        }
-        j["queues"] = queues;
+        j["queues"] = queue_stats(*e.device);
         continue;
       }
       j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected")
@@ -298,13 +303,7 @@ json Daemon::devices_json() const {
       j["socket_mode"] = config::to_string(dev.socket_mode);
       j["features"] = e.device->features();
       j["needs_reset"] = e.device->broken();
-      json queues = json::array();
-      for (unsigned q = 0; q < e.device->num_queues(); ++q) {
-        const auto& st = e.device->stats(q);
-        queues.push_back({{"queue", q}, {"packets", st.packets.load()}, {"bytes", st.bytes.load()},
-                          {"dropped", st.dropped.load()}, {"kicks", st.kicks.load()}, {"notifies", st.notifies.load()}});
-      }
-      j["queues"] = queues;
+      j["queues"] = queue_stats(*e.device);
       j["vhost_user"] = {{"connections", e.backend->stats().connections},
                          {"messages", e.backend->stats().messages},
                          {"protocol_errors", e.backend->stats().protocol_errors},

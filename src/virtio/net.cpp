@@ -14,13 +14,14 @@
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/virtio/offload.hpp"
 
 namespace sriovd::virtio {
 
 namespace {
 
 constexpr size_t kHeader = sizeof(NetHeader);
-constexpr size_t kMaxPacket = 65536 + kHeader;  // a GSO packet and its header
+constexpr size_t kMaxPacket = 65536 + 64 + kHeader;  // a GSO packet (64 KB of IP, Ethernet and VLAN headers) and its header
 constexpr unsigned kMaxChains = 64;             // buffers one received packet may take
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
@@ -76,7 +77,11 @@ bool RxFilter::accepts(const uint8_t* dest) const {
 // or IOTLB changes) must not drop it.
 struct NetDevice::RxHold {
   std::vector<uint8_t> bounce = std::vector<uint8_t>(kMaxPacket);
-  size_t pending = 0;  // its bytes; 0: none
+  uint8_t* data = nullptr;  // the packet being delivered: in bounce, or a segment in piece
+  size_t pending = 0;       // its bytes; 0: none
+  // A GSO packet the driver cannot take, cut into segments one at a time.
+  TcpSegmenter cutter;
+  std::vector<uint8_t> piece = std::vector<uint8_t>(kMaxPacket);
 };
 
 struct NetDevice::Worker {
@@ -325,7 +330,10 @@ void NetDevice::reset() {
     engine_.set_sink(queue.route, UniqueFd());
     engine_.mask(queue.route);
   }
-  for (auto& hold : rx_hold_) hold->pending = 0;  // a reset device has no packet in hand
+  for (auto& hold : rx_hold_) {  // a reset device has no packet in hand
+    hold->pending = 0;
+    hold->cutter.stop();
+  }
   features_ = 0;
   memory_ = nullptr;
   inflight_ = nullptr;
@@ -450,18 +458,45 @@ bool NetDevice::do_rx(Worker& w) {
   Queue& q = queues_[2 * w.pair];
   const bool mergeable = features_ & kNetMrgRxbuf;
   const bool filtering = features_ & kNetCtrlRx;
+  const bool guest_csum = features_ & kNetGuestCsum;
   // A pair the driver did not activate (MQ) takes nothing.
   if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
   for (;;) {
-    if (w.rx->pending == 0) {
-      const ssize_t n = tap_->recv(w.pair, w.rx->bounce.data(), w.rx->bounce.size());
+    RxHold& rx = *w.rx;
+    if (rx.pending == 0 && rx.cutter.active()) {
+      // The next segment of a GSO packet being cut for this driver.
+      rx.pending = rx.cutter.next(rx.piece.data(), rx.piece.size(), guest_csum ? kHdrDataValid : 0);
+      rx.data = rx.piece.data();
+    }
+    if (rx.pending == 0) {
+      const ssize_t n = tap_->recv(w.pair, rx.bounce.data(), rx.bounce.size());
       if (n <= static_cast<ssize_t>(kHeader)) break;  // EAGAIN, or nothing usable
-      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(w.rx->bounce.data() + kHeader)) {
+      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(rx.bounce.data() + kHeader)) {
         filtered_.fetch_add(1, std::memory_order_relaxed);
         continue;  // not for this driver's addresses (§5.1.6.5.1)
       }
-      w.rx->pending = static_cast<size_t>(n);
+      rx.data = rx.bounce.data();
+      rx.pending = static_cast<size_t>(n);
+      // Offloads the port used that this driver did not negotiate are
+      // done here (a tap never needs it: TUNSETOFFLOAD follows features).
+      const uint8_t gso = rx.data[1] & static_cast<uint8_t>(~kGsoEcn);
+      if (gso != kGsoNone && !((gso == kGsoTcpV4 && (features_ & kNetGuestTso4)) ||
+                               (gso == kGsoTcpV6 && (features_ & kNetGuestTso6)))) {
+        rx.pending = 0;
+        q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
+        if ((gso != kGsoTcpV4 && gso != kGsoTcpV6) || !rx.cutter.start(rx.data, static_cast<size_t>(n)))
+          q.stats->dropped.fetch_add(1, std::memory_order_relaxed);  // UDP GSO, or not a TCP packet after all
+        continue;
+      }
+      if ((rx.data[0] & kHdrNeedsCsum) && !guest_csum) {
+        q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
+        if (!complete_checksum(rx.data, rx.pending)) {
+          q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
+          rx.pending = 0;
+          continue;
+        }
+      }
     }
     // Take as many buffers as the packet needs before publishing any, so
     // num_buffers is right when the driver looks.
@@ -500,7 +535,7 @@ bool NetDevice::do_rx(Worker& w) {
       break;
     }
     const uint16_t num_buffers = static_cast<uint16_t>(used);
-    std::memcpy(w.rx->bounce.data() + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
+    std::memcpy(w.rx->data + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
     size_t off = 0;
     for (unsigned c = 0; c < used; ++c) {
       Chain& chain = w.chains[c];
@@ -508,7 +543,7 @@ bool NetDevice::do_rx(Worker& w) {
       for (unsigned s = chain.readable; s < chain.count && off < w.rx->pending; ++s) {
         Segment& seg = w.segs[c * kSegsPerChain + s];
         const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
-        std::memcpy(seg.data, w.rx->bounce.data() + off, n);
+        std::memcpy(seg.data, w.rx->data + off, n);
         off += n;
         written += static_cast<uint32_t>(n);
       }

@@ -23,9 +23,12 @@ namespace {
 constexpr size_t kKernelHeader = 10;  // struct virtio_net_hdr
 constexpr size_t kDeviceHeader = 12;  // struct virtio_net_hdr_v1
 constexpr int kMaxIov = 66;
-// Ring geometry: 64 KiB blocks, 4 MiB of receive ring and 512 transmit
-// slots per queue.
+// Ring geometry: 4 MiB of receive ring and 512 transmit slots per queue.
+// A v3 block holds any frame (a 64 KB GSO packet too); a v2 slot holds an
+// MTU-sized frame, and a larger one (GRO, a local TSO sender) waits whole
+// on the socket's queue (PACKET_COPY_THRESH), read in its turn.
 constexpr uint32_t kBlock = 1U << 16U;
+constexpr uint32_t kV3Block = 1U << 18U;
 constexpr uint32_t kRxBytes = 4U << 20U;
 constexpr uint32_t kTxSlots = 512;
 constexpr unsigned kRetireMs = 1;  // v3 block timeout
@@ -106,13 +109,18 @@ void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
   int one = 1;
   // A malformed frame in the TX ring is skipped, not a stop of the ring.
   (void)::setsockopt(fd, SOL_PACKET, PACKET_LOSS, &one, sizeof one);
+  if (ring_ == PacketRing::v2 && ::setsockopt(fd, SOL_PACKET, PACKET_COPY_THRESH, &one, sizeof one) != 0)
+    throw_errno("PACKET_COPY_THRESH on " + name_);
+  const int queue_bytes = static_cast<int>(kRxBytes);  // room for the frames larger than a slot
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &queue_bytes, sizeof queue_bytes) != 0)
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &queue_bytes, sizeof queue_bytes);
   const uint32_t hdr = ring_ == PacketRing::v3 ? TPACKET3_HDRLEN : TPACKET2_HDRLEN;
   // A slot holds the ring header, the kernel's alignment slack, the
   // virtio-net header and a VLAN-tagged frame of the MTU.
   const uint32_t slot = std::max<uint32_t>(2048, pow2_at_least(hdr + 16 + kKernelHeader + 18 + mtu));
   const uint32_t block = std::max(kBlock, slot);
   tpacket_req3 rx{};
-  rx.tp_block_size = block;
+  rx.tp_block_size = ring_ == PacketRing::v3 ? kV3Block : block;
   rx.tp_block_nr = std::max<uint32_t>(4, kRxBytes / block);
   rx.tp_frame_size = slot;
   rx.tp_frame_nr = rx.tp_block_size / slot * rx.tp_block_nr;
@@ -241,9 +249,18 @@ ssize_t PacketSocket::recv(unsigned qi, uint8_t* buf, size_t size) {
   if (size <= kDeviceHeader) return -1;
   if (ring_ == PacketRing::v3) return recv_v3(q, buf, size);
   if (ring_ == PacketRing::v2) return recv_v2(q, buf, size);
+  return read_whole(q, buf, size);
+}
+
+// One frame from the socket's queue (no ring, or one too large for a
+// slot): the kernel's 10-byte header, then the frame after the device's 12.
+ssize_t PacketSocket::read_whole(Queue& q, uint8_t* buf, size_t size) {
   iovec in[2] = {{buf, kKernelHeader}, {buf + kDeviceHeader, size - kDeviceHeader}};
-  const ssize_t n = ::readv(q.fd.get(), in, 2);
-  if (n <= static_cast<ssize_t>(kKernelHeader)) return n;
+  msghdr msg{};
+  msg.msg_iov = in;
+  msg.msg_iovlen = 2;
+  const ssize_t n = ::recvmsg(q.fd.get(), &msg, MSG_DONTWAIT);
+  if (n <= static_cast<ssize_t>(kKernelHeader) || (msg.msg_flags & MSG_TRUNC)) return -1;
   std::memset(buf + kKernelHeader, 0, kDeviceHeader - kKernelHeader);  // num_buffers: the device's
   return n + static_cast<ssize_t>(kDeviceHeader - kKernelHeader);
 }
@@ -299,9 +316,13 @@ ssize_t PacketSocket::recv_v2(Queue& q, uint8_t* buf, size_t size) {
       errno = EAGAIN;
       return -1;
     }
-    const ssize_t n = (status & TP_STATUS_COPY) ? -1
-                                                : take_frame(reinterpret_cast<uint8_t*>(h) + h->tp_mac, h->tp_snaplen,
-                                                             h->tp_len, buf, size);
+    ssize_t n = -1;
+    if (!(status & TP_STATUS_COPY)) {
+      n = take_frame(reinterpret_cast<uint8_t*>(h) + h->tp_mac, h->tp_snaplen, h->tp_len, buf, size);
+    } else {
+      // Too large for a slot: the whole frame is next on the socket's queue.
+      n = read_whole(q, buf, size);
+    }
     give_back(h->tp_status, TP_STATUS_KERNEL);
     if (++q.rx_next == q.rx_count) q.rx_next = 0;
     if (n >= 0) return n;

@@ -70,6 +70,7 @@ class PacketSocket : public PacketPort {
   void setup_rings(Queue& q, unsigned mtu);
   ssize_t recv_v3(Queue& q, uint8_t* buf, size_t size);
   ssize_t recv_v2(Queue& q, uint8_t* buf, size_t size);
+  ssize_t read_whole(Queue& q, uint8_t* buf, size_t size);
   ssize_t send_ring(Queue& q, const iovec* iov, int count);
 
   std::string name_;
