@@ -129,8 +129,14 @@ void Server::adopt(UniqueFd fd) {
   // once per connection, so a REGION_READ/WRITE copies no description.
   bounds_.clear();
   for (uint32_t i = 0; i < device_.num_regions(); ++i) {
-    const RegionDescription d = device_.region(i);
-    bounds_.push_back({d.flags, d.size});
+    try {
+      const RegionDescription d = device_.region(i);
+      bounds_.push_back({d.flags, d.size});
+    } catch (const std::exception& e) {
+      // A region the device cannot describe takes no access.
+      spdlog::warn("vfio-user: {}: region {}: {}", device_.name(), i, e.what());
+      bounds_.push_back({0, 0});
+    }
   }
   watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
   wait_readable();

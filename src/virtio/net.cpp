@@ -481,8 +481,9 @@ bool NetDevice::do_rx(Worker& w) {
       // Offloads the port used that this driver did not negotiate are
       // done here (a tap never needs it: TUNSETOFFLOAD follows features).
       const uint8_t gso = rx.data[1] & static_cast<uint8_t>(~kGsoEcn);
-      if (gso != kGsoNone && !((gso == kGsoTcpV4 && (features_ & kNetGuestTso4)) ||
-                               (gso == kGsoTcpV6 && (features_ & kNetGuestTso6)))) {
+      const bool ecn_ok = !(rx.data[1] & kGsoEcn) || (features_ & kNetGuestEcn);
+      if (gso != kGsoNone && !(ecn_ok && ((gso == kGsoTcpV4 && (features_ & kNetGuestTso4)) ||
+                                          (gso == kGsoTcpV6 && (features_ & kNetGuestTso6))))) {
         rx.pending = 0;
         q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
         if ((gso != kGsoTcpV4 && gso != kGsoTcpV6) || !rx.cutter.start(rx.data, static_cast<size_t>(n)))
