@@ -17,25 +17,16 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
+#include "vhost_user/harness.hpp"
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vhost_user {
 namespace {
 
 // A packet port with nowhere to send: the protocol is what is under test.
-class NullPort : public virtio::PacketPort {
+class NullPort : public test::EventPort {
  public:
-  NullPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
-  const std::string& name() const override { return name_; }
-  unsigned queues() const override { return 2; }
-  int fd(unsigned) const override { return fd_.get(); }
-  ssize_t send(unsigned, const iovec*, int) override { return 0; }
-  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
-  void set_offloads(unsigned) override {}
-
- private:
-  std::string name_ = "null0";
-  UniqueFd fd_;
+  NullPort() : EventPort("null0", 2) {}
 };
 
 class Frontend {
@@ -89,37 +80,20 @@ class Frontend {
 
 class BackendTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    irq::EngineOptions o;
-    o.relay_threads = 0;
-    engine = std::make_unique<irq::Engine>(o);
+  static virtio::NetConfig config() {
     virtio::NetConfig nc;
     nc.name = "vnet-test";
-    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::make_unique<NullPort>());
-    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
-    runner = std::thread([this] {
-      auto guard = asio::make_work_guard(io);
-      io.run();
-    });
+    return nc;
   }
-  void TearDown() override {
-    io.stop();
-    runner.join();
-  }
-  // Runs `fn` on the io thread and waits for it.
   template <typename F>
   auto on_io(F fn) {
-    std::promise<decltype(fn())> p;
-    asio::post(io, [&] { p.set_value(fn()); });
-    return p.get_future().get();
+    return vu.on_io(fn);
   }
 
   sriovd::test::TempDir dir;
-  asio::io_context io;
-  std::unique_ptr<irq::Engine> engine;
-  std::unique_ptr<virtio::NetDevice> device;
-  std::unique_ptr<Backend> backend;
-  std::thread runner;
+  test::BackendRunner vu{config(), std::make_unique<NullPort>(), dir.file("vnet.sock")};
+  Backend* backend = &vu.backend;
+  virtio::NetDevice* device = &vu.device;
 };
 
 TEST_F(BackendTest, AnswersFeatureQueries) {
@@ -261,19 +235,10 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
 TEST(BackendClientMode, ConnectsRetriesAndReconnects) {
   sriovd::test::TempDir dir;
   const std::string path = dir.file("vmm.sock");
-  asio::io_context io;
-  irq::EngineOptions o;
-  o.relay_threads = 0;
-  irq::Engine engine(o);
   virtio::NetConfig nc;
   nc.name = "client-test";
-  virtio::NetDevice device(nc, engine, std::make_unique<NullPort>());
   // sriovd starts first: nothing listens yet, so it keeps trying.
-  Backend backend(io, path, device, Backend::Mode::client);
-  std::thread runner([&] {
-    auto guard = asio::make_work_guard(io);
-    io.run();
-  });
+  test::BackendRunner vu(nc, std::make_unique<NullPort>(), path, Backend::Mode::client);
   UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -296,8 +261,6 @@ TEST(BackendClientMode, ConnectsRetriesAndReconnects) {
     EXPECT_TRUE(features & virtio::kVersion1);
     // Dropping the connection makes sriovd come back.
   }
-  io.stop();
-  runner.join();
 }
 
 }  // namespace

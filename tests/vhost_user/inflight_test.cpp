@@ -24,6 +24,7 @@
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/driver.hpp"
 #include "support/temp_dir.hpp"
+#include "vhost_user/harness.hpp"
 
 namespace sriovd::vhost_user {
 namespace {
@@ -32,12 +33,9 @@ using namespace std::chrono_literals;
 
 // Records what the device transmits; while held, a transmit waits inside
 // send() (the device has the buffer and has not returned it).
-class HoldingPort : public virtio::PacketPort {
+class HoldingPort : public test::EventPort {
  public:
-  HoldingPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
-  const std::string& name() const override { return name_; }
-  unsigned queues() const override { return 1; }
-  int fd(unsigned) const override { return fd_.get(); }
+  HoldingPort() : EventPort("hold0") {}
   ssize_t send(unsigned, const iovec* iov, int count) override {
     std::unique_lock lock(mutex_);
     ++entered_;
@@ -55,8 +53,6 @@ class HoldingPort : public virtio::PacketPort {
     changed_.notify_all();
     return 72;
   }
-  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
-  void set_offloads(unsigned) override {}
 
   void hold(bool on) {
     std::lock_guard lock(mutex_);
@@ -77,8 +73,6 @@ class HoldingPort : public virtio::PacketPort {
   }
 
  private:
-  std::string name_ = "hold0";
-  UniqueFd fd_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool hold_ = false;
@@ -101,20 +95,14 @@ constexpr uint64_t kBufs = 0x40000;  // packet buffers, one 4 KiB page each
 class InflightTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    irq::EngineOptions o;
-    o.relay_threads = 0;
-    engine = std::make_unique<irq::Engine>(o);
     virtio::NetConfig nc;
     nc.name = "vnet-inflight";
     nc.offloads = false;
     auto p = std::make_unique<HoldingPort>();
     port = p.get();
-    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::move(p));
-    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
-    runner = std::thread([this] {
-      auto guard = asio::make_work_guard(io);
-      io.run();
-    });
+    vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
+    device = &vu->device;
+    backend = &vu->backend;
     ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
     ASSERT_EQ(::ftruncate(ram_fd.get(), kRam), 0);
     ram = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
@@ -129,8 +117,7 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   void TearDown() override {
     port->hold(false);
     sock.reset();
-    io.stop();
-    runner.join();
+    vu.reset();
     ::munmap(ram, kRam);
     if (inflight) ::munmap(inflight, inflight_size);
   }
@@ -140,23 +127,12 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   // the sequence no-ops instead of failures.
   void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}) {
     if (hung_up) return;
-    Header h{request, request == kSetProtocolFeatures ? kVersion : kVersion | kFlagNeedReply, size};
-    std::vector<uint8_t> bytes(sizeof h + size);
-    std::memcpy(bytes.data(), &h, sizeof h);
-    if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
-    const iovec iov{bytes.data(), bytes.size()};
-    ASSERT_EQ(send_with_fds(sock.get(), {&iov, 1}, fds), static_cast<ssize_t>(bytes.size()));
-    if (request == kSetProtocolFeatures) return;
-    Header rh{};
-    uint64_t status = 1;
-    const bool got = ::recv(sock.get(), &rh, sizeof rh, MSG_WAITALL) == static_cast<ssize_t>(sizeof rh);
-    if (!got && hangup_ok) {
+    const int64_t status = test::acked_request(sock.get(), request, payload, size, fds);
+    if (status < 0 && hangup_ok) {
       hung_up = true;
       return;
     }
-    ASSERT_TRUE(got) << request_name(request);
-    ASSERT_EQ(::recv(sock.get(), &status, 8, MSG_WAITALL), 8);
-    EXPECT_EQ(status, 0U) << request_name(request);
+    EXPECT_EQ(status, 0) << request_name(request);
   }
 
   // What QEMU does when a vhost-user back-end (re)starts: the inflight
@@ -268,12 +244,10 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   }
 
   sriovd::test::TempDir dir;
-  asio::io_context io;
-  std::unique_ptr<irq::Engine> engine;
   HoldingPort* port = nullptr;
-  std::unique_ptr<virtio::NetDevice> device;
-  std::unique_ptr<Backend> backend;
-  std::thread runner;
+  std::unique_ptr<test::BackendRunner> vu;
+  virtio::NetDevice* device = nullptr;
+  Backend* backend = nullptr;
   UniqueFd ram_fd, sock, inflight_fd;
   uint8_t* ram = nullptr;
   uint8_t* inflight = nullptr;
@@ -403,11 +377,7 @@ TEST_P(InflightSplitTest, RegionThatContradictsTheRingEndsTheConnection) {
   EXPECT_LE(::recv(sock.get(), &c, 1, 0), 0) << "the back-end hangs up";
   ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
   EXPECT_FALSE(device->running());
-  const std::string last = [&] {
-    std::promise<std::string> p;
-    asio::post(io, [&] { p.set_value(backend->stats().last_error); });
-    return p.get_future().get();
-  }();
+  const std::string last = vu->on_io([&] { return backend->stats().last_error; });
   EXPECT_NE(last.find("inflight region left by the previous back-end is inconsistent"), std::string::npos) << last;
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -21,7 +22,7 @@
 #include "sriovd/virtio/driver.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 #include "sriovd/vfio_user/virtio_net_driver.hpp"
-#include <deque>
+#include "vhost_user/harness.hpp"
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vhost_user {
@@ -30,24 +31,15 @@ namespace {
 using namespace std::chrono_literals;
 
 // Records what the device transmits.
-class RecordingPort : public virtio::PacketPort {
+class RecordingPort : public test::EventPort {
  public:
-  RecordingPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
-  const std::string& name() const override { return name_; }
-  unsigned queues() const override { return 1; }
-  int fd(unsigned) const override { return fd_.get(); }
+  RecordingPort() : EventPort("rec0") {}
   ssize_t send(unsigned, const iovec* iov, int count) override {
-    std::vector<uint8_t> p;
-    for (int i = 0; i < count; ++i) {
-      const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
-      p.insert(p.end(), b, b + iov[i].iov_len);
-    }
+    auto p = gather(iov, count);
     std::lock_guard lock(mutex_);
     sent_.push_back(std::move(p));
     return static_cast<ssize_t>(sent_.back().size());
   }
-  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
-  void set_offloads(unsigned) override {}
   size_t count() {
     std::lock_guard lock(mutex_);
     return sent_.size();
@@ -58,8 +50,6 @@ class RecordingPort : public virtio::PacketPort {
   }
 
  private:
-  std::string name_ = "rec0";
-  UniqueFd fd_;
   std::mutex mutex_;
   std::vector<std::vector<uint8_t>> sent_;
 };
@@ -81,21 +71,14 @@ class IotlbTest : public ::testing::Test {
   static constexpr uint16_t kQueue = 64;
 
   void SetUp() override {
-    irq::EngineOptions o;
-    o.relay_threads = 0;
-    engine = std::make_unique<irq::Engine>(o);
     virtio::NetConfig nc;
     nc.name = "vnet-iommu";
     nc.access_platform = true;
     nc.offloads = false;
     auto p = std::make_unique<RecordingPort>();
     port = p.get();
-    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::move(p));
-    backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), *device);
-    runner = std::thread([this] {
-      auto guard = asio::make_work_guard(io);
-      io.run();
-    });
+    vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
+    device = &vu->device;
     ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
     ASSERT_EQ(::ftruncate(ram_fd.get(), 1 << 20), 0);
     ram = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
@@ -144,25 +127,12 @@ class IotlbTest : public ::testing::Test {
   }
   void TearDown() override {
     sock.reset();
-    io.stop();
-    runner.join();
+    vu.reset();
     ::munmap(ram, 1 << 20);
   }
-  // Sends a message with NEED_REPLY and waits for its ack (0).
+  // Sends a message with NEED_REPLY and checks its ack (0).
   void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}) {
-    // SET_PROTOCOL_FEATURES negotiates REPLY_ACK itself: no ack asked for.
-    Header h{request, request == kSetProtocolFeatures ? kVersion : kVersion | kFlagNeedReply, size};
-    std::vector<uint8_t> bytes(sizeof h + size);
-    std::memcpy(bytes.data(), &h, sizeof h);
-    if (size) std::memcpy(bytes.data() + sizeof h, payload, size);
-    const iovec iov{bytes.data(), bytes.size()};
-    ASSERT_EQ(send_with_fds(sock.get(), {&iov, 1}, fds), static_cast<ssize_t>(bytes.size()));
-    if (request == kSetProtocolFeatures) return;  // REPLY_ACK not negotiated yet
-    Header rh{};
-    uint64_t status = 1;
-    ASSERT_EQ(::recv(sock.get(), &rh, sizeof rh, MSG_WAITALL), static_cast<ssize_t>(sizeof rh)) << request_name(request);
-    ASSERT_EQ(::recv(sock.get(), &status, 8, MSG_WAITALL), 8);
-    EXPECT_EQ(status, 0U) << request_name(request);
+    EXPECT_EQ(test::acked_request(sock.get(), request, payload, size, fds), 0) << request_name(request);
   }
   void iotlb(uint8_t type, uint64_t iova, uint64_t size, uint64_t uaddr, uint8_t perm) {
     IotlbMsg m{iova, size, uaddr, perm, type, {}};
@@ -191,12 +161,9 @@ class IotlbTest : public ::testing::Test {
   }
 
   sriovd::test::TempDir dir;
-  asio::io_context io;
-  std::unique_ptr<irq::Engine> engine;
   RecordingPort* port = nullptr;
-  std::unique_ptr<virtio::NetDevice> device;
-  std::unique_ptr<Backend> backend;
-  std::thread runner;
+  std::unique_ptr<test::BackendRunner> vu;
+  virtio::NetDevice* device = nullptr;
   UniqueFd ram_fd, sock, backend_channel;
   uint8_t* ram = nullptr;
   std::unique_ptr<virtio::SplitDriver> rx, tx;
@@ -278,30 +245,21 @@ TEST_F(IotlbTest, MalformedIotlbMessageEndsTheConnection) {
 
 // Hands every transmitted packet back as received: the front-end sees
 // its own frames come back through RX.
-class LoopPort : public virtio::PacketPort {
+class LoopPort : public test::EventPort {
  public:
-  LoopPort() : fd_(::eventfd(0, EFD_NONBLOCK)) {}
-  const std::string& name() const override { return name_; }
-  unsigned queues() const override { return 1; }
-  int fd(unsigned) const override { return fd_.get(); }
+  LoopPort() : EventPort("loop0") {}
   ssize_t send(unsigned, const iovec* iov, int count) override {
-    std::vector<uint8_t> p;
-    for (int i = 0; i < count; ++i) {
-      const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
-      p.insert(p.end(), b, b + iov[i].iov_len);
-    }
+    auto p = gather(iov, count);
     std::lock_guard lock(mutex_);
     const auto n = static_cast<ssize_t>(p.size());
     packets_.push_back(std::move(p));
-    const uint64_t one = 1;
-    (void)::write(fd_.get(), &one, sizeof one);
+    signal();
     return n;
   }
   ssize_t recv(unsigned, uint8_t* buf, size_t size) override {
     std::lock_guard lock(mutex_);
     if (packets_.empty()) {
-      uint64_t v;
-      (void)::read(fd_.get(), &v, sizeof v);
+      drain();
       return -1;
     }
     auto p = std::move(packets_.front());
@@ -310,11 +268,8 @@ class LoopPort : public virtio::PacketPort {
     std::memcpy(buf, p.data(), n);
     return static_cast<ssize_t>(n);
   }
-  void set_offloads(unsigned) override {}
 
  private:
-  std::string name_ = "loop0";
-  UniqueFd fd_;
   std::mutex mutex_;
   std::deque<std::vector<uint8_t>> packets_;
 };
@@ -326,19 +281,11 @@ TEST(IotlbFrontEnd, GuestBehindAnEmulatedIommuMovesTrafficThroughMissesAndUpdate
   for (const bool packed : {false, true}) {
     SCOPED_TRACE(packed ? "packed" : "split");
     sriovd::test::TempDir dir;
-    asio::io_context io;
-    irq::EngineOptions o;
-    o.relay_threads = 0;
-    irq::Engine engine(o);
     virtio::NetConfig nc;
     nc.name = "vnet-viommu";
     nc.access_platform = true;
-    virtio::NetDevice device(nc, engine, std::make_unique<LoopPort>());
-    Backend backend(io, dir.file("vnet.sock"), device);
-    std::thread runner([&] {
-      auto guard = asio::make_work_guard(io);
-      io.run();
-    });
+    test::BackendRunner vu(nc, std::make_unique<LoopPort>(), dir.file("vnet.sock"));
+    virtio::NetDevice& device = vu.device;
     {
       vfio_user::VirtioNetDriverOptions opts;
       opts.queue_size = 64;
@@ -366,8 +313,6 @@ TEST(IotlbFrontEnd, GuestBehindAnEmulatedIommuMovesTrafficThroughMissesAndUpdate
       EXPECT_EQ(st.iotlb_faults.load(), 0U);
       EXPECT_FALSE(device.broken());
     }
-    io.stop();
-    runner.join();
   }
 }
 
