@@ -451,7 +451,10 @@ void Daemon::start_virtio() {
           port = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
         } else {
           // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
-          nc.offloads = false;  // AF_PACKET gives full frames only when nothing is offloaded
+          // AF_PACKET with virtio-net headers carries checksum and GSO
+          // metadata both ways: TSO segments go out whole, and what the
+          // driver cannot take is cut in software (virtio/offload.hpp).
+          nc.offloads = true;
           const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
                             : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
                                                                         : virtio::PacketRing::off;

@@ -75,6 +75,17 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
       throw_errno("PACKET_IGNORE_OUTGOING on " + ifname);
     if (ring_ != PacketRing::off) {
       setup_rings(q, mtu);
+      // Protocol 0: this socket is bound to the netdev but receives nothing.
+      q.side.reset(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      if (!q.side) throw_errno("AF_PACKET transmit socket for " + ifname);
+      if (::setsockopt(q.side.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0)
+        throw_errno("PACKET_VNET_HDR on the transmit socket of " + ifname);
+      (void)::setsockopt(q.side.get(), SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
+      sockaddr_ll side{};
+      side.sll_family = AF_PACKET;
+      side.sll_ifindex = static_cast<int>(index);
+      if (::bind(q.side.get(), reinterpret_cast<sockaddr*>(&side), sizeof side) != 0)
+        throw_errno("binding the transmit socket to " + ifname);
     } else {
       // As much buffered as a ring would hold (CAP_NET_ADMIN may exceed
       // rmem_max; without it the kernel's limit stands).
@@ -149,8 +160,18 @@ void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
 
 ssize_t PacketSocket::send(unsigned qi, const iovec* iov, int count) {
   Queue& q = queues_[qi];
-  if (q.tx) return send_ring(q, iov, count);
-  // The first 10 of the guest's 12 header bytes, then everything after 12.
+  if (!q.tx) return send_plain(q.fd.get(), iov, count);
+  const ssize_t n = send_ring(q, iov, count);
+  if (n >= 0 || errno != EMSGSIZE) return n;
+  // Too large for a slot (a TSO segment): after what the ring holds, so
+  // the order stays.
+  flush(qi);
+  return send_plain(q.side.get(), iov, count);
+}
+
+// One writev: the first 10 of the guest's 12 header bytes, then
+// everything after the 12.
+ssize_t PacketSocket::send_plain(int fd, const iovec* iov, int count) {
   uint8_t header[kDeviceHeader];
   iovec out[kMaxIov];
   int n = 1;
@@ -170,7 +191,7 @@ ssize_t PacketSocket::send(unsigned qi, const iovec* iov, int count) {
   }
   if (copied < kDeviceHeader) return -1;
   out[0] = {header, kKernelHeader};
-  const ssize_t sent = ::writev(q.fd.get(), out, n);
+  const ssize_t sent = ::writev(fd, out, n);
   return sent < static_cast<ssize_t>(kKernelHeader) ? -1 : sent - static_cast<ssize_t>(kKernelHeader);
 }
 

@@ -29,7 +29,8 @@ class PacketSocket : public PacketPort {
  public:
   // `queues` sockets; with more than one they form a PACKET_FANOUT_HASH
   // group, so the kernel spreads received flows over the queue pairs.
-  // `mtu` sizes the ring slots (frames larger than it are dropped).
+  // `mtu` sizes the ring slots; larger frames (TSO, GRO) take the way
+  // around the rings, in their turn.
   explicit PacketSocket(const std::string& ifname, unsigned queues = 1, PacketRing ring = PacketRing::v2,
                         unsigned mtu = 1500);
   ~PacketSocket() override;
@@ -50,6 +51,9 @@ class PacketSocket : public PacketPort {
  private:
   struct Queue {
     UniqueFd fd;
+    // With rings: a transmit-only socket (it receives nothing) for frames
+    // larger than a TX slot - TSO segments - sent after the ring is flushed.
+    UniqueFd side;
     uint8_t* map = nullptr;  // RX ring, then TX ring
     size_t map_len = 0;
     // RX: v3 blocks, or v2 frame slots.
@@ -72,6 +76,7 @@ class PacketSocket : public PacketPort {
   ssize_t recv_v2(Queue& q, uint8_t* buf, size_t size);
   ssize_t read_whole(Queue& q, uint8_t* buf, size_t size);
   ssize_t send_ring(Queue& q, const iovec* iov, int count);
+  static ssize_t send_plain(int fd, const iovec* iov, int count);
 
   std::string name_;
   PacketRing ring_;
