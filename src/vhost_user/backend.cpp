@@ -1,5 +1,6 @@
 #include "sriovd/vhost_user/backend.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -506,9 +507,12 @@ InflightDesc checked_inflight(const std::vector<uint8_t>& payload, unsigned devi
 void Backend::get_inflight(const Message& m) {
   const InflightDesc want = checked_inflight(m.payload, device_.num_queues(), "GET_INFLIGHT_FD");
   const uint64_t bytes = want.num_queues * virtio::inflight_queue_bytes(want.queue_size);
-  UniqueFd fd(::memfd_create("sriovd-inflight", MFD_CLOEXEC));
+  UniqueFd fd(::memfd_create("sriovd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
     throw SystemError(errno, device_.config().name + ": inflight buffer of " + std::to_string(bytes) + " bytes");
+  // Its size is fixed: no front-end can shrink it under a mapping (a
+  // worker touching a page past the end would take SIGBUS).
+  (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
   const InflightDesc out{bytes, 0, want.num_queues, want.queue_size, 0};
   reply(m, &out, sizeof out, fd.get());
 }
@@ -517,11 +521,20 @@ void Backend::set_inflight(Message& m) {
   const InflightDesc d = checked_inflight(m.payload, device_.num_queues(), "SET_INFLIGHT_FD");
   const uint64_t need = d.num_queues * virtio::inflight_queue_bytes(d.queue_size);
   struct stat st{};
-  if (d.mmap_size < need || d.mmap_offset > UINT64_MAX - d.mmap_size || ::fstat(m.fds[0].get(), &st) != 0 ||
+  if (d.mmap_size < need || d.mmap_offset % 64 != 0 || d.mmap_offset > UINT64_MAX - d.mmap_size ||
+      ::fstat(m.fds[0].get(), &st) != 0 ||
       static_cast<uint64_t>(st.st_size) < d.mmap_offset + d.mmap_size)
     throw ProtocolError("SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " +
                         std::to_string(d.mmap_offset) + ": " + std::to_string(d.num_queues) + " queues of " +
                         std::to_string(d.queue_size) + " need " + std::to_string(need) + " in the file");
+  // A buffer that can still shrink (not one of ours) is sealed now if it
+  // allows it; if not, it is used as guest RAM is: trusted not to shrink.
+  const int seals = ::fcntl(m.fds[0].get(), F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    if (::fcntl(m.fds[0].get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+      spdlog::warn("vhost-user: {}: the inflight buffer cannot be sealed against shrinking: {}", device_.config().name,
+                   std::strerror(errno));
+  }
   drop_inflight();
   const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);

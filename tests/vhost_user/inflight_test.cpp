@@ -6,6 +6,7 @@
 // finish, then puts the copies back and connects again. The buffer that
 // was in flight must be handed out again first, and nothing twice.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -165,6 +166,7 @@ class InflightTest : public ::testing::TestWithParam<bool> {
       EXPECT_EQ(got.d.num_queues, 2);
       EXPECT_EQ(got.d.queue_size, kQueue);
       EXPECT_GE(got.d.mmap_size, 2 * virtio::inflight_queue_bytes(kQueue));
+      EXPECT_TRUE(::fcntl(fds[0].get(), F_GET_SEALS) & F_SEAL_SHRINK) << "the buffer cannot shrink under a mapping";
       inflight_fd = std::move(fds[0]);
       inflight_desc = got.d;
       inflight_size = got.d.mmap_size;
