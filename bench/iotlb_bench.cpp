@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ring_device.hpp"
 #include "sriovd/virtio/driver.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 
@@ -45,20 +46,7 @@ double run_once(Mode mode, double seconds) {
   if (mode != Mode::off) mem.set_iotlb(&iotlb);
   SplitDriver driver(host, kBase, kQueue);
   auto queue = make_split_queue(mem, kQueue, driver.addresses(), false);
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> served{0};
-  std::thread device([&] {
-    std::array<Segment, 8> segs{};
-    Chain c;
-    uint64_t n = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      while (queue->pop(c, segs)) {
-        queue->push(c, 0);
-        ++n;
-      }
-    }
-    served = n;
-  });
+  sriovd::bench::RingDevice device(*queue);
   unsigned page = 0;
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   const auto t0 = Clock::now();
@@ -72,13 +60,12 @@ double run_once(Mode mode, double seconds) {
     while (driver.take_used(id, len)) {
     }
   }
-  stop = true;
-  device.join();
+  const uint64_t served = device.stop();
   if (queue->broken()) {
     std::fprintf(stderr, "iotlb bench: the ring broke (%s)\n", to_string(queue->error()));
     std::exit(1);
   }
-  return static_cast<double>(served.load()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e6;
+  return static_cast<double>(served) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e6;
 }
 
 }  // namespace

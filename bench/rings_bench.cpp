@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ring_device.hpp"
 #include "sriovd/virtio/driver.hpp"
 
 using namespace sriovd::virtio;
@@ -30,20 +31,7 @@ double run_once(bool packed, Barriers barriers, double seconds) {
   Driver driver(host, kBase, kQueue, barriers);
   auto queue = packed ? make_packed_queue(mem, kQueue, driver.addresses(), false, barriers)
                       : make_split_queue(mem, kQueue, driver.addresses(), false, barriers);
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> served{0};
-  std::thread device([&] {
-    std::array<Segment, 8> segs{};
-    Chain c;
-    uint64_t n = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      while (queue->pop(c, segs)) {
-        queue->push(c, 0);
-        ++n;
-      }
-    }
-    served = n;
-  });
+  sriovd::bench::RingDevice device(*queue);
   const Buffer buf{kBase + 0x80000, 64, false};
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   const auto t0 = Clock::now();
@@ -55,9 +43,8 @@ double run_once(bool packed, Barriers barriers, double seconds) {
     while (driver.take_used(id, len)) {
     }
   }
-  stop = true;
-  device.join();
-  return static_cast<double>(served.load()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e6;
+  const uint64_t served = device.stop();
+  return static_cast<double>(served) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e6;
 }
 
 double median_of_3(bool packed, Barriers b) {
