@@ -39,8 +39,9 @@ bool complete_checksum(uint8_t* pkt, size_t len) {
   uint16_t start = 0, offset = 0;
   std::memcpy(&start, pkt + 6, 2);
   std::memcpy(&offset, pkt + 8, 2);
+  if (len < kHeader) return false;
   const size_t frame = len - kHeader;
-  if (len < kHeader || start > frame || offset + 2U > frame - start) return false;
+  if (start > frame || offset + 2U > frame - start) return false;
   uint8_t* data = pkt + kHeader + start;
   // The field holds the pseudo-header sum; the rest is summed over it
   // (a zero result is sent as 0xffff, the same in one's complement and
@@ -97,7 +98,7 @@ bool TcpSegmenter::start(const uint8_t* pkt, size_t len) {
 size_t TcpSegmenter::next(uint8_t* out, size_t size, uint8_t flags) {
   if (!frame_) return 0;
   const size_t payload = frame_len_ - headers_;
-  if (at_ >= payload && !(payload == 0 && index_ == 0)) {
+  if (index_ > 0 && at_ >= payload) {  // all cut (a packet without payload: one segment)
     frame_ = nullptr;
     return 0;
   }
@@ -137,7 +138,6 @@ size_t TcpSegmenter::next(uint8_t* out, size_t size, uint8_t flags) {
   put16(tcp + 16, fold(add_sum(pseudo, tcp, tcp_bytes)));
   at_ += chunk;
   ++index_;
-  if (chunk == 0) at_ = 1;  // a GSO packet without payload: one segment, then done
   return total;
 }
 

@@ -73,6 +73,12 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
     // the wire, not back to the guest.
     if (::setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one) != 0)
       throw_errno("PACKET_IGNORE_OUTGOING on " + ifname);
+    // The socket's own queue holds as much as a ring (without rings every
+    // frame, with them the ones larger than a slot); CAP_NET_ADMIN may
+    // exceed rmem_max, without it the kernel's limit stands.
+    const int queue_bytes = static_cast<int>(kRxBytes);
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &queue_bytes, sizeof queue_bytes) != 0)
+      (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &queue_bytes, sizeof queue_bytes);
     if (ring_ != PacketRing::off) {
       setup_rings(q, mtu);
       // Protocol 0: this socket is bound to the netdev but receives nothing.
@@ -86,12 +92,6 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
       side.sll_ifindex = static_cast<int>(index);
       if (::bind(q.side.get(), reinterpret_cast<sockaddr*>(&side), sizeof side) != 0)
         throw_errno("binding the transmit socket to " + ifname);
-    } else {
-      // As much buffered as a ring would hold (CAP_NET_ADMIN may exceed
-      // rmem_max; without it the kernel's limit stands).
-      const int bytes = static_cast<int>(kRxBytes);
-      if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) != 0)
-        (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
     }
     sockaddr_ll addr{};
     addr.sll_family = AF_PACKET;
@@ -122,9 +122,6 @@ void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
   (void)::setsockopt(fd, SOL_PACKET, PACKET_LOSS, &one, sizeof one);
   if (ring_ == PacketRing::v2 && ::setsockopt(fd, SOL_PACKET, PACKET_COPY_THRESH, &one, sizeof one) != 0)
     throw_errno("PACKET_COPY_THRESH on " + name_);
-  const int queue_bytes = static_cast<int>(kRxBytes);  // room for the frames larger than a slot
-  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &queue_bytes, sizeof queue_bytes) != 0)
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &queue_bytes, sizeof queue_bytes);
   const uint32_t hdr = ring_ == PacketRing::v3 ? TPACKET3_HDRLEN : TPACKET2_HDRLEN;
   // A slot holds the ring header, the kernel's alignment slack, the
   // virtio-net header and a VLAN-tagged frame of the MTU.
