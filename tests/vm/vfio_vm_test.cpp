@@ -14,6 +14,7 @@
 #include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "support/process.hpp"
 #include "vm/vm_test_support.hpp"
 #include "sriovd/vfio/kernel.hpp"
 
@@ -25,13 +26,7 @@ using namespace std::chrono_literals;
 using vmtest::device_address;
 using vmtest::take;
 
-bool wait_for(const std::function<bool()>& cond) {
-  for (int i = 0; i < 2000; ++i) {
-    if (cond()) return true;
-    ::usleep(1000);
-  }
-  return false;
-}
+bool wait_for(const std::function<bool()>& cond) { return test::wait_until(cond, 2s); }
 
 class Vfio : public ::testing::Test {
  protected:
