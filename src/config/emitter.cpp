@@ -68,7 +68,9 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   } else {
     out << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << dev.vf.pf.to_string();
     out << YAML::Key << "vf" << YAML::Value << dev.vf.vf;
-    out << YAML::Key << "ring" << YAML::Value << YAML::DoubleQuoted << to_string(dev.vf.ring);
+    out << YAML::Key << "via" << YAML::Value << to_string(dev.vf.via);
+    if (dev.vf.via == VfAttach::af_packet)
+      out << YAML::Key << "ring" << YAML::Value << YAML::DoubleQuoted << to_string(dev.vf.ring);
   }
   out << YAML::EndMap << YAML::EndMap;
 }

@@ -54,6 +54,7 @@ const char* to_string(PacketRingMode v) {
   }
   return "?";
 }
+const char* to_string(VfAttach v) { return v == VfAttach::af_packet ? "af_packet" : "macvtap"; }
 const char* to_string(SocketMode v) { return v == SocketMode::server ? "server" : "client"; }
 
 std::string Diagnostic::to_string() const {
@@ -705,11 +706,14 @@ class Loader {
       dev.iommu_platform = *iommu;
     }
     ok &= read_backend(m.get("backend", true), m.path_of("backend"), dev);
-    if (ok && dev.backend_kind == BackendKind::vf && dev.queue_pairs > 1 && dev.transport != Transport::vhost_user) {
+    if (ok && dev.backend_kind == BackendKind::vf && dev.vf.via == VfAttach::af_packet && dev.queue_pairs > 1 &&
+        dev.transport != Transport::vhost_user) {
       // The driver's MQ setting (control queue) would have to move flows
-      // between AF_PACKET fanout members, which cannot leave their group.
+      // between AF_PACKET fanout members, which cannot leave their group;
+      // a macvtap's queues detach (TUNSETQUEUE) as a tap's do.
       ctx_.error(m.where("queues"), m.path_of("queues"),
-                 "a VF backend with more than one queue pair needs transport vhost-user (over vfio-user it serves one)");
+                 "a VF backend with more than one queue pair over vfio-user needs 'via: macvtap' "
+                 "(through AF_PACKET it serves one; over vhost-user either works)");
       ok = false;
     }
     if (!ok) return;
@@ -722,7 +726,7 @@ class Loader {
   bool read_backend(const YAML::Node& node, const std::string& path, VirtioDevice& dev) {
     if (!node.IsDefined()) return false;
     dev.backend_where = location_of(node);
-    Mapping m(ctx_, node, path, {"type", "name", "netns", "offloads", "pf", "vf", "ring"});
+    Mapping m(ctx_, node, path, {"type", "name", "netns", "offloads", "pf", "vf", "via", "ring"});
     if (!m.valid()) return false;
     auto kind = m.choice<BackendKind>("type", {{"tap", BackendKind::tap}, {"vf", BackendKind::vf}}, true);
     if (!kind) return false;
@@ -735,6 +739,7 @@ class Loader {
     if (*kind == BackendKind::tap) {
       only_for("pf", "vf");
       only_for("vf", "vf");
+      only_for("via", "vf");
       only_for("ring", "vf");
       auto name = m.string("name", true);
       if (!name) return false;
@@ -786,6 +791,15 @@ class Loader {
     auto pf_name = m.string("pf", true);
     auto vf_index = m.unsigned_in("vf", 0, 255, true);
     if (!pf_name || !vf_index) return false;
+    if (m.has("via")) {
+      auto via = m.choice<VfAttach>("via", {{"af_packet", VfAttach::af_packet}, {"macvtap", VfAttach::macvtap}}, true);
+      if (!via) return false;
+      dev.vf.via = *via;
+    }
+    if (m.has("ring") && dev.vf.via != VfAttach::af_packet) {
+      ctx_.error(m.where("ring"), m.path_of("ring"), "'ring' is only used with 'via: af_packet'");
+      return false;
+    }
     if (m.has("ring")) {
       auto ring = m.choice<PacketRingMode>(
           "ring", {{"v3", PacketRingMode::v3}, {"v2", PacketRingMode::v2}, {"off", PacketRingMode::off}}, true);

@@ -10,6 +10,7 @@
 #include "sriovd/daemon/logging.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
+#include "sriovd/virtio/macvtap.hpp"
 #include "sriovd/virtio/packet_socket.hpp"
 #include "sriovd/virtio/tap.hpp"
 
@@ -270,9 +271,14 @@ json Daemon::devices_json() const {
     } else {
       backend["pf"] = dev.vf.pf.to_string();
       backend["vf"] = dev.vf.vf;
+      backend["via"] = config::to_string(dev.vf.via);
     }
     for (const auto& e : virtio_)
-      if (e.name == dev.name && e.device) backend["netdev"] = e.device->port().name();
+      if (e.name == dev.name && e.device) {
+        const auto* macvtap = dynamic_cast<const virtio::Macvtap*>(&e.device->port());
+        backend["netdev"] = macvtap ? macvtap->lower() : e.device->port().name();
+        if (macvtap) backend["macvtap"] = macvtap->name();
+      }
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},
               {"socket", dev.socket},
@@ -426,6 +432,14 @@ json Daemon::vf_exports_json() const {
 // virtio-net-pci over vfio-user, on a tap or a VF's netdev. A device that cannot be served says why in `devices`; it does
 // not stop the others.
 void Daemon::start_virtio() {
+  // Macvtap links a crashed run of this instance left behind (each carries
+  // its owner in its alias); the devices configured now make theirs anew.
+  try {
+    for (const auto& gone : virtio::Macvtap::remove_left_over(config_.state_dir))
+      spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+  }
   for (const auto& dev : config_.virtio_devices) {
     VirtioExport e;
     e.name = dev.name;
@@ -455,11 +469,18 @@ void Daemon::start_virtio() {
           // metadata both ways: TSO segments go out whole, and what the
           // driver cannot take is cut in software (virtio/offload.hpp).
           nc.offloads = true;
-          const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
-                            : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
-                                                                        : virtio::PacketRing::off;
-          port = std::make_unique<virtio::PacketSocket>(host_->vf_netdev(dev.vf.pf, dev.vf.vf), dev.queue_pairs, ring,
-                                                        dev.mtu);
+          const std::string netdev = host_->vf_netdev(dev.vf.pf, dev.vf.vf);
+          if (dev.vf.via == config::VfAttach::macvtap) {
+            // A macvtap is a tap: the kernel segments and checksums what
+            // the driver cannot take (TUNSETOFFLOAD follows its features).
+            nc.tap_offloads = 0x01U | 0x02U | 0x04U;  // TUN_F_CSUM, TSO4, TSO6
+            port = std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
+          } else {
+            const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
+                              : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
+                                                                          : virtio::PacketRing::off;
+            port = std::make_unique<virtio::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
+          }
         }
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {

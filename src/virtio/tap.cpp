@@ -25,10 +25,9 @@ namespace {
 void move_to_netns(const std::string& ifname, const std::string& netns);
 void set_up(const std::string& ifname);
 
-}  // namespace
-
-Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : name_(name) {
+std::vector<UniqueFd> open_tun(const std::string& name, unsigned queues) {
   if (queues == 0) queues = 1;
+  std::vector<UniqueFd> fds;
   for (unsigned q = 0; q < queues; ++q) {
     UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC));
     if (!fd) throw_errno("opening /dev/net/tun for tap " + name);
@@ -36,11 +35,22 @@ Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : n
     ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | (queues > 1 ? IFF_MULTI_QUEUE : 0);
     std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
     if (::ioctl(fd.get(), TUNSETIFF, &ifr) != 0) throw_errno("TUNSETIFF " + name);
+    fds.push_back(std::move(fd));
+  }
+  return fds;
+}
+
+}  // namespace
+
+Tap::Tap(std::string name, std::vector<UniqueFd> fds) : name_(std::move(name)), fds_(std::move(fds)) {
+  for (auto& fd : fds_) {
     int hdr = 12;  // struct virtio_net_hdr_v1 (virtio 1.2 §5.1.6)
-    if (::ioctl(fd.get(), TUNSETVNETHDRSZ, &hdr) != 0) throw_errno("TUNSETVNETHDRSZ on " + name);
-    fds_.push_back(std::move(fd));
+    if (::ioctl(fd.get(), TUNSETVNETHDRSZ, &hdr) != 0) throw_errno("TUNSETVNETHDRSZ on " + name_);
   }
   set_offloads(0);
+}
+
+Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : Tap(name, open_tun(name, queues)) {
   if (netns.empty()) {
     set_up(name);
   } else {

@@ -21,7 +21,7 @@ TEST(ShippedConfig, DemoDescribesTheSimulatedHost) {
   EXPECT_EQ(cfg.simulated_pfs[0].device_id, 0x1572);
   ASSERT_EQ(cfg.physical_functions.size(), 1U);
   const PfConfig& pf = cfg.physical_functions[0];
-  EXPECT_EQ(pf.num_vfs, 4);
+  EXPECT_EQ(pf.num_vfs, 5);
   EXPECT_EQ(pf.ref.netdev, "simpf0");  // resolved from the simulated PF
   ASSERT_EQ(pf.vfs.size(), 4U);
   ASSERT_TRUE(pf.vfs[0].assign.has_value());
@@ -30,13 +30,19 @@ TEST(ShippedConfig, DemoDescribesTheSimulatedHost) {
   EXPECT_EQ(pf.vfs[1].assign->msix_policy, MsixPolicy::direct);
   EXPECT_FALSE(pf.vfs[2].assign.has_value());
   EXPECT_EQ(pf.vfs[3].assign->msix_policy, MsixPolicy::relay);
-  ASSERT_EQ(cfg.virtio_devices.size(), 2U);
+  ASSERT_EQ(cfg.virtio_devices.size(), 3U);
   EXPECT_EQ(cfg.virtio_devices[0].backend_kind, BackendKind::vf);
   EXPECT_EQ(cfg.virtio_devices[0].vf.vf, 2);
+  EXPECT_EQ(cfg.virtio_devices[0].vf.via, VfAttach::af_packet);
   EXPECT_EQ(cfg.virtio_devices[0].transport, Transport::vfio_user);
-  EXPECT_EQ(cfg.virtio_devices[1].transport, Transport::vhost_user);
-  EXPECT_EQ(cfg.virtio_devices[1].packed, PackedRing::on);
+  // Two queue pairs over vfio-user on a VF: through a macvtap.
+  EXPECT_EQ(cfg.virtio_devices[1].vf.vf, 4);
+  EXPECT_EQ(cfg.virtio_devices[1].vf.via, VfAttach::macvtap);
+  EXPECT_EQ(cfg.virtio_devices[1].transport, Transport::vfio_user);
   EXPECT_EQ(cfg.virtio_devices[1].queue_pairs, 2);
+  EXPECT_EQ(cfg.virtio_devices[2].transport, Transport::vhost_user);
+  EXPECT_EQ(cfg.virtio_devices[2].packed, PackedRing::on);
+  EXPECT_EQ(cfg.virtio_devices[2].queue_pairs, 2);
 }
 
 TEST(ShippedConfig, ExampleDescribesARealHost) {

@@ -19,67 +19,25 @@
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/packet_socket.hpp"
-#include "support/process.hpp"
+#include "virtio/wire_harness.hpp"
 
 namespace sriovd::virtio {
 namespace {
 
-constexpr uint16_t kEthertype = 0x88b5;  // local experimental
+using wire::kEthertype;
+using wire::frame;
+using wire::seq_of;
 
 class PacketSocketTest : public ::testing::TestWithParam<PacketRing> {
  protected:
-  static void SetUpTestSuite() {
-    if (::unshare(CLONE_NEWNET) != 0) {
-      skip_reason = std::string("needs root (CAP_SYS_ADMIN) for a private network namespace: ") + std::strerror(errno);
-      return;
-    }
-    // No IPv6 on the test's links: its router and multicast chatter would
-    // arrive between the test's frames.
-    for (const char* path : {"/proc/sys/net/ipv6/conf/all/disable_ipv6", "/proc/sys/net/ipv6/conf/default/disable_ipv6"})
-      if (FILE* f = std::fopen(path, "w")) {
-        std::fputs("1", f);
-        std::fclose(f);
-      }
-    // veth, not dummy: this kernel has no dummy module.
-    for (const auto& cmd : std::vector<std::vector<std::string>>{
-             {"/sbin/ip", "link", "add", "wire0", "type", "veth", "peer", "name", "vf0"},
-             {"/sbin/ip", "link", "set", "wire0", "mtu", "9000"},
-             {"/sbin/ip", "link", "set", "vf0", "mtu", "9000"},
-             {"/sbin/ip", "link", "set", "wire0", "up"},
-             {"/sbin/ip", "link", "set", "vf0", "up"}}) {
-      auto r = test::run(cmd);
-      ASSERT_EQ(r.exit_code, 0) << r.output;
-    }
-  }
+  static void SetUpTestSuite() { skip_reason = wire::enter_private_netns(false); }
   void SetUp() override {
     if (!skip_reason.empty()) GTEST_SKIP() << skip_reason;
-    wire.reset(::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(kEthertype)));
+    wire = wire::open_wire();
     ASSERT_TRUE(wire.valid());
-    sockaddr_ll a{};
-    a.sll_family = AF_PACKET;
-    a.sll_protocol = htons(kEthertype);
-    a.sll_ifindex = static_cast<int>(::if_nametoindex("wire0"));
-    ASSERT_EQ(::bind(wire.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     port = std::make_unique<PacketSocket>("vf0", 1, GetParam(), 1500);
   }
 
-  // A frame on the wire side: broadcast, our ethertype, sequence number
-  // in the first payload bytes, `len` bytes in all.
-  static std::vector<uint8_t> frame(uint32_t seq, size_t len) {
-    std::vector<uint8_t> f(len, static_cast<uint8_t>(seq));
-    std::memset(f.data(), 0xff, 6);
-    const uint8_t src[6] = {0x02, 0, 0, 0, 0, 0x01};
-    std::memcpy(f.data() + 6, src, 6);
-    f[12] = kEthertype >> 8U;
-    f[13] = kEthertype & 0xffU;
-    std::memcpy(f.data() + 14, &seq, 4);
-    return f;
-  }
-  static uint32_t seq_of(const uint8_t* f) {
-    uint32_t s = 0;
-    std::memcpy(&s, f + 14, 4);
-    return s;
-  }
   // The next of the test's frames the port receives (anything else the
   // kernel sends on the link is passed over), waiting on its fd as the
   // device does.

@@ -121,11 +121,17 @@ struct TapBackend {
 enum class PacketRingMode { v3, v2, off };
 const char* to_string(PacketRingMode);
 
+// How the VF's netdev is reached: an AF_PACKET socket on it, or a macvtap
+// link (passthru) made on it for the device's lifetime.
+enum class VfAttach { af_packet, macvtap };
+const char* to_string(VfAttach);
+
 // A VF's kernel netdev as the backend: the VF-to-virtio bridge.
 struct VfBackend {
   PfRef pf;
   uint16_t vf = 0;
-  PacketRingMode ring = PacketRingMode::v2;
+  VfAttach via = VfAttach::af_packet;
+  PacketRingMode ring = PacketRingMode::v2;  // af_packet only
   bool operator==(const VfBackend&) const = default;
 };
 

@@ -18,6 +18,8 @@ class Tap : public PacketPort {
   // tap is moved into that network namespace (its fds stay valid).
   Tap(const std::string& name, unsigned queues, const std::string& netns = "");
   ~Tap() override;
+  Tap(const Tap&) = delete;
+  Tap& operator=(const Tap&) = delete;
 
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(fds_.size()); }
@@ -28,6 +30,13 @@ class Tap : public PacketPort {
   void set_offloads(unsigned tun_flags) override;
   // TUNSETQUEUE: queues >= n detached, so the kernel steers no flow to them.
   void set_active_queues(unsigned n) override;
+
+ protected:
+  // Queue fds already attached to a tap-like device (a tap or a macvtap's
+  // character device): each is given the 12-byte header and no offloads.
+  Tap(std::string name, std::vector<UniqueFd> fds);
+  // Closes every queue (a macvtap's link can only go once they are closed).
+  void close_queues() { fds_.clear(); }
 
  private:
   std::string name_;
