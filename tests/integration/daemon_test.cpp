@@ -28,6 +28,7 @@ namespace {
 using control::json;
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Writes `bytes` bytes with no newline, as far as the daemon lets it, and
 // returns what came back before the daemon closed the connection.
@@ -84,9 +85,13 @@ class Daemon : public ::testing::Test {
   }
 
   // Starts sriovd and waits until its control socket answers.
-  void start(std::vector<std::string> extra_args = {}) {
-    std::vector<std::string> argv = {SRIOVD_BIN, "--config", config_path(), "--sysfs-root",
-                                     dir_.file("sys")};
+  // `wrapper` goes in front of the command (one that execs it, so the PID
+  // stays the daemon's: ip netns exec).
+  void start(std::vector<std::string> extra_args = {}, std::vector<std::string> wrapper = {}) {
+    std::vector<std::string> argv = std::move(wrapper);
+    for (const auto& a : {std::string(SRIOVD_BIN), std::string("--config"), config_path(), std::string("--sysfs-root"),
+                          dir_.file("sys")})
+      argv.push_back(a);
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     daemon_ = std::make_unique<test::Process>(argv, dir_.file("sriovd.log"));
     const bool up = test::wait_until(
@@ -544,6 +549,62 @@ TEST_F(Daemon, SigtermReleasesTheHostBeforeExiting) {
   json journal = json::parse(test::read_file(dir_.file("state/state-simulated.json")));
   EXPECT_TRUE(journal["ledger"].empty());
   EXPECT_TRUE(journal["txn"].is_null());
+}
+
+// A VF's netdev through a macvtap: the link is there while the device is
+// served and goes with a clean stop; one a crash (SIGKILL) leaves is
+// deleted by the next start, here one where the device is no longer
+// configured. The daemon runs in a network namespace of the test's (ip
+// netns exec gives it that namespace's sysfs), so the links are the test's.
+TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
+  const std::string ns = "sriovd-it" + std::to_string(::getpid());
+  const auto made = test::run({"/sbin/ip", "netns", "add", ns});
+  if (made.exit_code != 0) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << made.output;
+  struct Netns {
+    std::string name;
+    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
+  } netns{ns};
+  const std::vector<std::string> in_ns = {"/sbin/ip", "netns", "exec", ns};
+  auto configure = [&](bool with_device) {
+    std::string text = config_text(socket(), 2);
+    if (with_device)
+      text += "virtio_devices:\n  - {name: mvt0, type: net, transport: vhost-user, socket: " + dir_.file("run/mvt0.sock") +
+              ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: macvtap}}\n";
+    dir_.write("sriovd.yaml", text);
+  };
+  auto macvtaps = [&] { return test::run({"/sbin/ip", "-n", ns, "-d", "link", "show", "type", "macvtap"}).output; };
+  auto stop = [&](int signo) {
+    daemon_->signal(signo);
+    ASSERT_TRUE(daemon_->wait_for(10s));
+  };
+
+  // The link of the device as `sriovctl devices` shows it.
+  auto served_link = [&] {
+    const json dev = request({{"cmd", "devices"}})["result"]["virtio_devices"][0];
+    EXPECT_EQ(dev["backend"]["via"], "macvtap");
+    return dev["backend"].value("macvtap", "");
+  };
+
+  configure(true);
+  start({}, in_ns);
+  std::string link = served_link();
+  ASSERT_FALSE(link.empty()) << daemon_->log();
+  EXPECT_THAT(macvtaps(), HasSubstr(link + "@"));
+  EXPECT_THAT(macvtaps(), HasSubstr("alias sriovd:" + dir_.file("state") + " mvt0"));
+  stop(SIGTERM);
+  EXPECT_THAT(macvtaps(), Not(HasSubstr(link + "@"))) << "a clean stop deletes the link";
+
+  start({}, in_ns);
+  link = served_link();  // the simulated VF's netdev is made anew: another ifindex
+  ASSERT_THAT(macvtaps(), HasSubstr(link + "@"));
+  stop(SIGKILL);
+  ASSERT_THAT(macvtaps(), HasSubstr(link + "@")) << "a crash leaves it";
+
+  configure(false);
+  start({}, in_ns);
+  EXPECT_THAT(macvtaps(), Not(HasSubstr(link + "@")));
+  EXPECT_THAT(daemon_->log(), HasSubstr("deleted macvtap " + link));
+  stop(SIGTERM);
 }
 
 TEST(SriovdCli, CheckConfigVersionAndUsage) {

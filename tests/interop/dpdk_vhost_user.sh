@@ -54,7 +54,7 @@ check() {  # name condition...
 
 tap_rx() { ip netns exec "$ns" cat "/sys/class/net/$tap/statistics/rx_packets"; }
 
-# run_variant NAME QUEUES PACKED(auto|off) TESTPMD-DEVARGS [vf]
+# run_variant NAME QUEUES PACKED(auto|off) TESTPMD-DEVARGS [vf|vf-macvtap]
 # With "vf" the backend is a simulated VF's netdev (a real veth made by the
 # simulated host): the VF-to-virtio bridge; its wire end goes to the netns.
 run_variant() {
@@ -63,6 +63,7 @@ run_variant() {
   local pfdev=sdpf$$
   local backend="{type: tap, name: $tap, netns: $ns, offloads: []}"
   [[ $kind == vf ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0}"
+  [[ $kind == vf-macvtap ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0, via: macvtap}"
   cat >"$work/$name.yaml" <<CONF
 version: 1
 host: simulated
@@ -88,7 +89,7 @@ CONF
   local dpid=$!
   pids+=("$dpid")
   for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
-  if [[ $kind == vf ]]; then
+  if [[ $kind == vf* ]]; then
     # The simulated VF's netdev is ${pfdev}v0; its wire end moves into the
     # namespace and stands where the tap stands in the other variants.
     ip link set "${pfdev}v0p" netns "$ns"
@@ -151,8 +152,15 @@ CONF
     fi
   done
   check "$name-daemon-alive" kill -0 "$dpid"
+  local owned="alias sriovd:$work/state-$name $name"
+  if [[ $kind == vf-macvtap ]]; then
+    check "$name-macvtap-made" bash -c "ip -d link show type macvtap | grep -qF '$owned'"
+  fi
   kill -TERM "$dpid"
   wait "$dpid" || true
+  if [[ $kind == vf-macvtap ]]; then
+    check "$name-macvtap-deleted" bash -c "! ip -d link show type macvtap | grep -qF '$owned'"
+  fi
   ip netns exec "$ns" ip link del "$tap" 2>/dev/null || true
 }
 
@@ -165,6 +173,7 @@ run_variant packed-inorder 1 auto ",packed_vq=1,mrg_rxbuf=1,in_order=1"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
 run_variant vf-bridge-2q 2 off ",packed_vq=0,mrg_rxbuf=1" vf
+run_variant vf-macvtap-2q 2 auto ",packed_vq=1,mrg_rxbuf=1" vf-macvtap
 
 # The daemon restarted under a running front-end, with packed rings:
 # testpmd's virtio_user listens (server=1) and keeps its rings; sriovd
