@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 
 #include <spdlog/spdlog.h>
@@ -64,6 +65,14 @@ Daemon::Daemon(Options options, config::Config config)
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
   host_->start(config_, options_.test_stop_before_step);
   sync_vf_exports();
+  // Macvtap links a crashed run of this instance left behind (each carries
+  // its owner in its alias); the devices configured now make theirs anew.
+  try {
+    for (const auto& gone : virtio::Macvtap::remove_left_over(config_.state_dir))
+      spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+  }
   start_virtio();
 }
 
@@ -126,6 +135,10 @@ void Daemon::shutdown(const char* why) {
   spdlog::info("{}: stopping", why);
   notifier_.stopping();
   drop_vf_exports(nullptr);
+  // Before the host is released: a VF's netdev must outlive the device
+  // bridged to it (and the device's macvtap is deleted by sriovd, not by
+  // the VF going away).
+  drop_virtio(nullptr);
   try {
     const auto steps = host_->release_all();
     spdlog::info("host released: {} change(s) undone", steps.size());
@@ -135,7 +148,6 @@ void Daemon::shutdown(const char* why) {
     spdlog::error("host release failed: {}", e.what());
     exit_code_ = 1;
   }
-  virtio_.clear();  // front-ends see the socket go; the taps go with the devices
   control_->stop();
   boost::system::error_code ignored;
   signals_.cancel(ignored);
@@ -161,17 +173,20 @@ json Daemon::reload(const std::string& trigger) {
         next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
       throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
     drop_vf_exports(&next);
+    drop_virtio(&next);
     std::vector<host::Step> steps;
     try {
       steps = host_->apply(next);
     } catch (...) {
       sync_vf_exports();  // the host is as it was: so are the exports
+      start_virtio();
       throw;
     }
     control_->update_access(next.control);
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
     sync_vf_exports();
+    start_virtio();
     ++reloads_.ok;
     reloads_.last_error.clear();
     spdlog::info("reloaded: {}", summary(config_));
@@ -431,18 +446,36 @@ json Daemon::vf_exports_json() const {
 // Serves every virtio device the config asks for, over vhost-user or as
 // virtio-net-pci over vfio-user, on a tap or a VF's netdev. A device that cannot be served says why in `devices`; it does
 // not stop the others.
-void Daemon::start_virtio() {
-  // Macvtap links a crashed run of this instance left behind (each carries
-  // its owner in its alias); the devices configured now make theirs anew.
-  try {
-    for (const auto& gone : virtio::Macvtap::remove_left_over(config_.state_dir))
-      spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
-  } catch (const std::exception& ex) {
-    spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+void Daemon::drop_virtio(const config::Config* next) {
+  std::vector<VirtioExport> kept;
+  for (auto& e : virtio_) {
+    const bool served = e.backend || e.pci_server;
+    const bool keep = next && served && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
+                                                    [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
+    if (keep) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    // A device that could not be served is tried again by start_virtio.
+    if (served)
+      spdlog::info("virtio {}: stopped ({})", e.name, next ? "changed or removed by the reload" : "shutting down");
+    // Users before what they use: the server and transport hold the device
+    // (a moved-over element would drop the device first).
+    e.pci_server.reset();
+    e.pci.reset();
+    e.backend.reset();
+    e.device.reset();  // its port (tap, socket, macvtap link) with it
   }
+  virtio_ = std::move(kept);
+}
+
+void Daemon::start_virtio() {
   for (const auto& dev : config_.virtio_devices) {
+    if (std::any_of(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; }))
+      continue;
     VirtioExport e;
     e.name = dev.name;
+    e.config = dev;
     {
       try {
         virtio::NetConfig nc;

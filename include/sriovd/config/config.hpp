@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sriovd/util/pci_address.hpp"
@@ -161,6 +162,15 @@ struct VirtioDevice {
   SourceLocation where;
   SourceLocation socket_where;
   SourceLocation backend_where;
+
+  // The same device with the same settings, wherever in the file it is.
+  [[nodiscard]] bool same_settings(const VirtioDevice& o) const {
+    auto key = [](const VirtioDevice& d) {
+      return std::tie(d.name, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed, d.mac,
+                      d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
+    };
+    return key(*this) == key(o);
+  }
 };
 
 struct Interrupts {

@@ -78,6 +78,7 @@ class Daemon {
   // One per configured virtio device, in config order.
   struct VirtioExport {
     std::string name;
+    config::VirtioDevice config;  // what it was started from
     std::unique_ptr<virtio::NetDevice> device;
     std::unique_ptr<vhost_user::Backend> backend;
     // transport: vfio-user - the PCI transport and its server instead.
@@ -86,7 +87,12 @@ class Daemon {
     std::string not_served;  // why it is not served, when it is not
   };
   std::vector<VirtioExport> virtio_;
+  // Starts every configured virtio device that is not running.
   void start_virtio();
+  // Stops the devices `next` no longer has or has with other settings
+  // (all of them when next is null), and forgets those not served (the
+  // next start_virtio tries them again).
+  void drop_virtio(const config::Config* next);
   // One per VF the config exports over vfio-user (assign.export).
   struct VfExport {
     PciAddress pf;
