@@ -182,6 +182,7 @@ struct NetOptions {
   std::string tap = "sriovd-guest0";
   std::string netns;
   uint16_t queue_size = 256;
+  uint16_t queues = 1;
   bool packed = false;
   bool no_offloads = false;
   bool iommu = false;
@@ -198,6 +199,7 @@ json virtio_net(const NetOptions& o) {
   std::unique_ptr<sriovd::vfio_user::VirtioNetDriver> drv;
   sriovd::vfio_user::VirtioNetDriverOptions opts;
   opts.queue_size = o.queue_size;
+  opts.queue_pairs = o.queues;
   opts.packed = o.packed;
   opts.offloads = !o.no_offloads;
   opts.iommu = o.iommu;
@@ -211,12 +213,14 @@ json virtio_net(const NetOptions& o) {
   }
   auto& d = *drv;
   d.bring_up();
-  sriovd::virtio::Tap tap(o.tap, 1, o.netns);
+  // One tap queue per queue pair: the kernel spreads the flows it sends
+  // over them as it would over a guest NIC's TX queues.
+  sriovd::virtio::Tap tap(o.tap, d.queue_pairs(), o.netns);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const std::string where = o.vhost_user.empty() ? o.socket : o.vhost_user + " (vhost-user)";
-  std::fprintf(stderr, "sriovd-guest: %s up: virtio-net %s, %s ring, features 0x%llx, bridged to tap %s%s\n",
-               where.c_str(), d.mac().c_str(), d.packed() ? "packed" : "split",
+  std::fprintf(stderr, "sriovd-guest: %s up: virtio-net %s, %u queue pair(s), %s ring, features 0x%llx, bridged to tap %s%s\n",
+               where.c_str(), d.mac().c_str(), d.queue_pairs(), d.packed() ? "packed" : "split",
                static_cast<unsigned long long>(d.features()), o.tap.c_str(),
                o.netns.empty() ? "" : (" in netns " + o.netns).c_str());
   std::thread timer;
@@ -229,7 +233,7 @@ json virtio_net(const NetOptions& o) {
   d.bridge(tap, g_stop);
   if (timer.joinable()) timer.join();
   const auto& st = d.stats();
-  return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"features", d.features()},
+  return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"queue_pairs", d.queue_pairs()}, {"features", d.features()},
           {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
           {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()},
           {"iommu", o.iommu}, {"iotlb_misses", st.iotlb_misses.load()}, {"iotlb_updates", st.iotlb_updates.load()},
@@ -276,6 +280,9 @@ int main(int argc, char** argv) {
   net_cmd->add_option("--tap", no.tap, "the tap to bridge to (created)")->capture_default_str();
   net_cmd->add_option("--netns", no.netns, "network namespace to put the tap in");
   net_cmd->add_option("--queue-size", no.queue_size, "descriptors per queue")->capture_default_str();
+  net_cmd->add_option("--queues", no.queues, "queue pairs (virtio-net-pci: more than one negotiates MQ)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
   net_cmd->add_flag("--packed", no.packed, "use the packed ring layout (when the device offers it)");
   net_cmd->add_flag("--no-offloads", no.no_offloads, "negotiate no checksum or TSO offloads");
   net_cmd->add_flag("--iommu", no.iommu,

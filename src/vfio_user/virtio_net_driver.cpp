@@ -92,15 +92,41 @@ void VirtioNetDriver::bring_up() {
     bring_up_vhost_user();
 }
 
-// Guest RAM: both rings, the control ring, TX and RX buffers, a command page.
-void VirtioNetDriver::map_ram(uint64_t ring) {
+// Guest RAM: per pair an RX and a TX ring, the control ring; per pair TX
+// and RX buffers; a command page.
+void VirtioNetDriver::map_ram(unsigned pairs) {
   const uint16_t n = options_.queue_size;
-  ram_size_ = align_up(3 * ring + 2ULL * n * kBufSize + 4096, 2 << 20);
+  ram_pairs_ = pairs;
+  ring_bytes_ = align_up(Ring::bytes(n, packed_), 4096);
+  ram_size_ = align_up(command_page() + 4096, 2 << 20);
   ram_fd_.reset(::memfd_create("sriovd-guest-ram", MFD_CLOEXEC));
   if (!ram_fd_ || ::ftruncate(ram_fd_.get(), static_cast<off_t>(ram_size_)) != 0) throw_errno("guest RAM memfd");
   void* m = ::mmap(nullptr, ram_size_, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd_.get(), 0);
   if (m == MAP_FAILED) throw_errno("mapping guest RAM");
   ram_ = static_cast<uint8_t*>(m);
+}
+
+uint64_t VirtioNetDriver::tx_offset(unsigned pair, uint16_t slot) const {
+  return (2ULL * ram_pairs_ + 1) * ring_bytes_ + (2ULL * pair * options_.queue_size + slot) * kBufSize;
+}
+
+uint64_t VirtioNetDriver::rx_offset(unsigned pair, uint16_t slot) const {
+  return (2ULL * ram_pairs_ + 1) * ring_bytes_ + ((2ULL * pair + 1) * options_.queue_size + slot) * kBufSize;
+}
+
+uint64_t VirtioNetDriver::command_page() const { return tx_offset(ram_pairs_, 0); }
+
+// The rings of `count` pairs (and the control ring after them) in guest RAM.
+void VirtioNetDriver::make_pairs(unsigned count) {
+  const uint16_t n = options_.queue_size;
+  pairs_.clear();
+  pairs_.resize(count);
+  for (unsigned p = 0; p < count; ++p) {
+    const uint64_t rx = 2ULL * p * ring_bytes_, tx = rx + ring_bytes_;
+    pairs_[p].rx = std::make_unique<Ring>(ram_ + rx, dma_base_ + rx, n, packed_);
+    pairs_[p].tx = std::make_unique<Ring>(ram_ + tx, dma_base_ + tx, n, packed_);
+    for (uint16_t slot = 0; slot < n; ++slot) pairs_[p].tx_free.push_back(slot);
+  }
 }
 
 void VirtioNetDriver::find_caps() {
@@ -170,8 +196,12 @@ void VirtioNetDriver::bring_up_pci() {
             virtio::kNetGuestTso6;
   if (options_.packed) want |= virtio::kRingPacked;
   if (options_.control_queue) want |= virtio::kNetCtrlVq | virtio::kNetCtrlRx | virtio::kNetCtrlMacAddr;
+  if (options_.queue_pairs > 1) want |= virtio::kNetCtrlVq | virtio::kNetMq;
   features_ = offered & want;
   if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the device does not offer VIRTIO_F_VERSION_1");
+  if (options_.queue_pairs > 1 && !(features_ & virtio::kNetMq))
+    throw std::runtime_error("the device does not offer VIRTIO_NET_F_MQ (" + std::to_string(options_.queue_pairs) +
+                             " queue pairs asked for)");
   packed_ = features_ & virtio::kRingPacked;
   common_write(0x08, 0, 4);
   common_write(0x0c, features_ & 0xffffffffU, 4);
@@ -180,42 +210,50 @@ void VirtioNetDriver::bring_up_pci() {
   set_status(kAcknowledge | kDriver | kFeaturesOk);
   if (!(status() & kFeaturesOk)) throw std::runtime_error("the device refused the features (FEATURES_OK did not stick)");
 
-  // Guest RAM: both rings, then RX and TX buffers.
+  // Pairs: as many as asked for and the device has (max_virtqueue_pairs,
+  // device config offset 8, with MQ).
+  unsigned pairs = 1;
+  if (features_ & virtio::kNetMq) {
+    uint16_t max_pairs = 0;
+    client_->read(device_.bar, device_.offset + 8, {reinterpret_cast<uint8_t*>(&max_pairs), 2});
+    pairs = std::clamp<unsigned>(options_.queue_pairs, 1, std::max<uint16_t>(max_pairs, 1));
+  }
   const uint16_t n = options_.queue_size;
-  const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
-  map_ram(ring);
+  map_ram(pairs);
   client_->dma_map(kRamBase, ram_size_, ram_fd_.get(), 0);
   dma_base_ = kRamBase;
-  rx_ = std::make_unique<Ring>(ram_, kRamBase, n, packed_);
-  tx_ = std::make_unique<Ring>(ram_ + ring, kRamBase + ring, n, packed_);
+  make_pairs(pairs);
   const bool with_ctrl = features_ & virtio::kNetCtrlVq;
   if (with_ctrl) {
     // The control queue is the last one: after every data queue pair.
     ctrl_index_ = static_cast<unsigned>(common32(0x10) >> 16U) - 1;  // num_queues - 1
-    ctrl_ = std::make_unique<Ring>(ram_ + 2 * ring, kRamBase + 2 * ring, n, packed_);
+    const uint64_t at = 2ULL * pairs * ring_bytes_;
+    ctrl_ = std::make_unique<Ring>(ram_ + at, kRamBase + at, n, packed_);
   }
 
-  // MSI-X: vector 0 for RX, 1 for TX, enabled and unmasked.
+  // MSI-X: queue q's vector is q (RX 2p, TX 2p + 1), the control queue's
+  // the last; enabled and unmasked.
   std::vector<uint8_t> cfg(256);
   client_->read(kConfigRegion, 0, cfg);
   const auto msix = pci::find_msix(cfg);
-  const unsigned nvec = with_ctrl ? 3 : 2;
+  const unsigned nvec = 2 * pairs + (with_ctrl ? 1 : 0);
   if (!msix || msix->vectors < nvec) throw std::runtime_error("the device has too few MSI-X vectors");
-  int fds[3];
+  std::vector<int> fds(nvec);
   for (unsigned v = 0; v < nvec; ++v) {
     irq_fds_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     fds[v] = irq_fds_.back().get();
     client_->write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
     client_->write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
   }
-  client_->set_irq_eventfds(kMsixIrq, 0, std::span<const int>(fds, nvec));
+  client_->set_irq_eventfds(kMsixIrq, 0, std::span<const int>(fds.data(), nvec));
   const uint32_t dw0 = client_->read32(kConfigRegion, msix->cap_offset);
   client_->write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
   for (unsigned v = 0; v < nvec; ++v) client_->write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
 
   for (unsigned i = 0; i < nvec; ++i) {
-    Ring& r = i == 0 ? *rx_ : i == 1 ? *tx_ : *ctrl_;
-    const unsigned q = i < 2 ? i : ctrl_index_;
+    const bool data = i < 2 * pairs;
+    Ring& r = !data ? *ctrl_ : i % 2 == 0 ? *pairs_[i / 2].rx : *pairs_[i / 2].tx;
+    const unsigned q = data ? i : ctrl_index_;
     common_write(0x16, q, 2);
     common_write(0x18, n, 2);
     common_write(0x1a, i, 2);
@@ -231,7 +269,7 @@ void VirtioNetDriver::bring_up_pci() {
   // Doorbells: one eventfd per queue; fall back to REGION_WRITE without them.
   try {
     auto io = client_->region_io_fds(notify_.bar);
-    doorbells_.resize(2);
+    doorbells_.resize(2ULL * pairs);
     for (size_t i = 0; i < io.entries.size(); ++i) {
       const uint64_t q = (io.entries[i].offset - notify_.offset) / std::max<uint32_t>(notify_multiplier_, 1);
       if (io.entries[i].fd_index >= io.fds.size()) continue;
@@ -241,10 +279,19 @@ void VirtioNetDriver::bring_up_pci() {
   } catch (const Error&) {
     doorbells_.clear();
   }
-  for (uint16_t slot = 0; slot < n; ++slot) tx_free_.push_back(slot);
   set_status(kAcknowledge | kDriver | kFeaturesOk | kDriverOk);
   if (!(status() & kDriverOk)) throw std::runtime_error("the device did not take DRIVER_OK");
-  post_rx();
+  for (unsigned p = 0; p < pairs; ++p) post_rx(p);
+  // §5.1.6.5.5: with MQ the device starts on one pair; the driver says how
+  // many it uses.
+  if (pairs > 1) {
+    const uint8_t kCtrlMq = 4, kCtrlMqPairsSet = 0;
+    const auto count = static_cast<uint16_t>(pairs);
+    if (const uint8_t ack = control(kCtrlMq, kCtrlMqPairsSet, {static_cast<uint8_t>(count), static_cast<uint8_t>(count >> 8U)});
+        ack != 0)
+      throw std::runtime_error("the device refused VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET " + std::to_string(pairs) +
+                               " (ack " + std::to_string(ack) + ")");
+  }
 }
 
 // One vhost-user request (the front-end's side of the protocol); with
@@ -333,6 +380,8 @@ void VirtioNetDriver::bring_up_vhost_user() {
   if (::connect(vhost_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw SystemError(errno, "connecting to " + vhost_socket_);
   timeval tv{5, 0};
   ::setsockopt(vhost_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (options_.queue_pairs > 1)
+    throw std::invalid_argument("vhost-user: one queue pair (a VMM's control queue is its own; use virtio-net-pci for MQ)");
   const uint64_t offered = vhost_request(vu::kGetFeatures, nullptr, 0, {}, true);
   uint64_t want = virtio::kVersion1 | virtio::kNetMrgRxbuf;
   if (options_.offloads)
@@ -373,17 +422,15 @@ void VirtioNetDriver::bring_up_vhost_user() {
   dma_base_ = options_.iommu ? kIovaBase : kRamBase;
 
   const uint16_t n = options_.queue_size;
-  const uint64_t ring = align_up(Ring::bytes(n, packed_), 4096);
-  map_ram(ring);
+  map_ram(1);
   vu::MemTable t{};
   t.nregions = 1;
   t.regions[0] = {kRamBase, ram_size_, reinterpret_cast<uint64_t>(ram_), 0};
   vhost_request(vu::kSetMemTable, &t, 8 + sizeof(vu::MemRegion), {ram_fd_.get()}, false);
-  rx_ = std::make_unique<Ring>(ram_, dma_base_, n, packed_);
-  tx_ = std::make_unique<Ring>(ram_ + ring, dma_base_ + ring, n, packed_);
+  make_pairs(1);
   doorbells_.resize(2);
   for (uint32_t q = 0; q < 2; ++q) {
-    const auto addr = (q == 0 ? rx_ : tx_)->addresses();
+    const auto addr = (q == 0 ? pairs_[0].rx : pairs_[0].tx)->addresses();
     // Vring addresses: IOVAs behind an IOMMU, else this process's own.
     auto uva = [&](uint64_t dma) {
       return options_.iommu ? dma : reinterpret_cast<uint64_t>(ram_) + (dma - dma_base_);
@@ -406,8 +453,7 @@ void VirtioNetDriver::bring_up_vhost_user() {
   }
   // A round trip: every request before it has been taken.
   (void)vhost_request(vu::kGetFeatures, nullptr, 0, {}, true);
-  for (uint16_t slot = 0; slot < n; ++slot) tx_free_.push_back(slot);
-  post_rx();
+  post_rx(0);
 }
 
 void VirtioNetDriver::kick(unsigned q) {
@@ -420,33 +466,28 @@ void VirtioNetDriver::kick(unsigned q) {
   if (client_) client_->write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
 }
 
-// Guest RAM: the RX ring, the TX ring, TX buffers, RX buffers.
-uint64_t VirtioNetDriver::tx_offset(uint16_t slot) const {
-  return 3 * align_up(Ring::bytes(options_.queue_size, packed_), 4096) + static_cast<uint64_t>(slot) * kBufSize;
-}
-
-uint64_t VirtioNetDriver::rx_offset(uint16_t slot) const { return tx_offset(options_.queue_size) + static_cast<uint64_t>(slot) * kBufSize; }
-
-void VirtioNetDriver::post_rx() {
+void VirtioNetDriver::post_rx(unsigned pair) {
+  Ring& rx = *pairs_[pair].rx;
   for (uint16_t slot = 0; slot < options_.queue_size; ++slot)
-    if (!rx_->add({dma_base_ + rx_offset(slot), static_cast<uint32_t>(kBufSize), true}, slot)) break;
-  rx_->publish();
-  kick(0);
+    if (!rx.add({dma_base_ + rx_offset(pair, slot), static_cast<uint32_t>(kBufSize), true}, slot)) break;
+  rx.publish();
+  kick(2 * pair);
 }
 
-void VirtioNetDriver::reclaim_tx() {
+void VirtioNetDriver::reclaim_tx(Pair& p) {
   uint16_t slot;
   uint32_t len;
-  while (tx_->take(slot, len)) tx_free_.push_back(slot);
+  while (p.tx->take(slot, len)) p.tx_free.push_back(slot);
 }
 
 // Takes one used RX chain (gathering the num_buffers a merged packet
 // spans), hands it to the tap or copies it out, and gives the buffers back.
-size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
-  auto buf = [&](uint16_t slot) { return ram_ + rx_offset(slot); };
+size_t VirtioNetDriver::take_rx(unsigned pair, uint8_t* out, size_t size, virtio::Tap* tap, unsigned tap_queue) {
+  Ring& rx = *pairs_[pair].rx;
+  auto buf = [&](uint16_t slot) { return ram_ + rx_offset(pair, slot); };
   uint16_t slot;
   uint32_t len;
-  if (!rx_->take(slot, len)) return 0;
+  if (!rx.take(slot, len)) return 0;
   uint16_t count = 1;
   if (features_ & virtio::kNetMrgRxbuf) std::memcpy(&count, buf(slot) + 10, 2);
   iovec iov[64];
@@ -457,7 +498,7 @@ size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
   // The device publishes a merged packet's buffers together; a count it
   // never completes is a broken device, not a reason to hang.
   for (uint32_t i = 1, spins = 0; i < count && parts < 64 && spins < (1U << 24U); ++spins) {
-    if (rx_->take(slot, len)) {
+    if (rx.take(slot, len)) {
       iov[parts] = {buf(slot), std::min<size_t>(len, kBufSize)};
       slots[parts++] = slot;
       ++i;
@@ -466,7 +507,7 @@ size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
   size_t total = 0;
   for (int i = 0; i < parts; ++i) total += iov[i].iov_len;
   if (tap) {
-    if (tap->send(0, iov, parts) < 0) stats_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
+    if (tap->send(tap_queue, iov, parts) < 0) stats_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
   } else {
     size_t at = 0;
     for (int i = 0; i < parts && at < size; ++i) {
@@ -479,14 +520,14 @@ size_t VirtioNetDriver::take_rx(uint8_t* out, size_t size, virtio::Tap* tap) {
   stats_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   stats_.rx_bytes.fetch_add(total, std::memory_order_relaxed);
   for (int i = 0; i < parts; ++i)
-    rx_->add({dma_base_ + rx_offset(slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
+    rx.add({dma_base_ + rx_offset(pair, slots[i]), static_cast<uint32_t>(kBufSize), true}, slots[i]);
   return total;
 }
 
 uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uint8_t>& data) {
   if (!ctrl_) throw std::runtime_error("no control queue was negotiated");
   // The command page follows the RX buffers: header, data, then the ack.
-  const uint64_t page = rx_offset(options_.queue_size);
+  const uint64_t page = command_page();
   if (data.size() + 3 > 4096) throw std::invalid_argument("control command too long");
   uint8_t* p = ram_ + page;
   p[0] = cls;
@@ -502,46 +543,53 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
   kick(ctrl_index_);
   for (int i = 0; i < 2000; ++i) {
     if (ctrl_->take(slot, len)) return p[2 + data.size()];
-    pollfd pf{irq_fds_[2].get(), POLLIN, 0};
+    pollfd pf{irq_fds_.back().get(), POLLIN, 0};  // the control queue's vector is the last
     if (wait(&pf, 1, 1) > 0 && (pf.revents & POLLIN)) {
       uint64_t v;
-      (void)::read(irq_fds_[2].get(), &v, sizeof v);
+      (void)::read(pf.fd, &v, sizeof v);
     }
   }
   throw std::runtime_error("the device did not answer the control command");
 }
 
-bool VirtioNetDriver::send(const uint8_t* frame, size_t size) {
-  reclaim_tx();
-  if (tx_free_.empty() || size > kBufSize) return false;
-  const uint16_t slot = tx_free_.back();
-  const uint64_t off = tx_offset(slot);
+bool VirtioNetDriver::send(const uint8_t* frame, size_t size, unsigned pair) {
+  Pair& p = pairs_.at(pair);
+  reclaim_tx(p);
+  if (p.tx_free.empty() || size > kBufSize) return false;
+  const uint16_t slot = p.tx_free.back();
+  const uint64_t off = tx_offset(pair, slot);
   std::memcpy(ram_ + off, frame, size);
-  if (!tx_->add({dma_base_ + off, static_cast<uint32_t>(size), false}, slot)) return false;
-  tx_free_.pop_back();
-  tx_->publish();
-  kick(1);
+  if (!p.tx->add({dma_base_ + off, static_cast<uint32_t>(size), false}, slot)) return false;
+  p.tx_free.pop_back();
+  p.tx->publish();
+  kick(2 * pair + 1);
   stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);
   stats_.tx_bytes.fetch_add(size, std::memory_order_relaxed);
   return true;
 }
 
 size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
+  constexpr unsigned kMaxPairs = 8;
+  const unsigned pairs = std::min<unsigned>(queue_pairs(), kMaxPairs);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    if (const size_t got = take_rx(out, size, nullptr)) {
-      rx_->publish();
-      kick(0);
-      return got;
-    }
+    for (unsigned p = 0; p < pairs; ++p)
+      if (const size_t got = take_rx(p, out, size, nullptr, 0)) {
+        pairs_[p].rx->publish();
+        kick(2 * p);
+        return got;
+      }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return 0;
-    pollfd p{irq_fds_[0].get(), POLLIN, 0};
-    if (wait(&p, 1, static_cast<int>(left.count())) > 0 && (p.revents & POLLIN)) {
-      uint64_t v;
-      (void)::read(irq_fds_[0].get(), &v, sizeof v);
-      stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
-    }
+    pollfd fds[kMaxPairs];
+    for (unsigned p = 0; p < pairs; ++p) fds[p] = {irq_fds_[2 * p].get(), POLLIN, 0};
+    if (wait(fds, pairs, static_cast<int>(left.count())) > 0)
+      for (unsigned p = 0; p < pairs; ++p)
+        if (fds[p].revents & POLLIN) {
+          uint64_t v;
+          (void)::read(fds[p].fd, &v, sizeof v);
+          stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
+        }
   }
 }
 
@@ -554,41 +602,55 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
     if (features_ & virtio::kNetHostTso6) tun |= TUN_F_TSO6;
   }
   tap.set_offloads(tun);
+  // Pair i with tap queue i when there is one per pair (the tap's kernel
+  // side spreads the flows it sends); else every pair with queue 0.
+  constexpr unsigned kMaxPairs = 8;
+  const unsigned pairs = std::min<unsigned>(queue_pairs(), kMaxPairs);
+  auto tap_queue = [&](unsigned p) { return tap.queues() == pairs ? p : 0U; };
+  // Interrupt eventfds first (read to clear them), then the tap queues.
+  pollfd fds[3 * kMaxPairs];
   while (!stop.load(std::memory_order_relaxed)) {
-    reclaim_tx();
-    pollfd p[3] = {{irq_fds_[0].get(), POLLIN, 0}, {irq_fds_[1].get(), POLLIN, 0}, {tap.fd(0), POLLIN, 0}};
-    const nfds_t count = tx_free_.empty() ? 2 : 3;
-    if (wait(p, count, 100) < 0 && errno != EINTR) throw_errno("poll");
-    for (int i = 0; i < 2; ++i)
-      if (p[i].revents & POLLIN) {
+    nfds_t count = 0;
+    for (unsigned q = 0; q < 2 * pairs; ++q) fds[count++] = {irq_fds_[q].get(), POLLIN, 0};
+    for (unsigned p = 0; p < pairs; ++p) {
+      reclaim_tx(pairs_[p]);
+      if (!pairs_[p].tx_free.empty() && (tap_queue(p) == p || p == 0)) fds[count++] = {tap.fd(tap_queue(p)), POLLIN, 0};
+    }
+    if (wait(fds, count, 100) < 0 && errno != EINTR) throw_errno("poll");
+    for (unsigned q = 0; q < 2 * pairs; ++q)
+      if (fds[q].revents & POLLIN) {
         uint64_t v;
-        (void)::read(p[i].fd, &v, sizeof v);
+        (void)::read(fds[q].fd, &v, sizeof v);
         stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
       }
-    // Device -> tap.
-    bool reposted = false;
-    while (take_rx(nullptr, 0, &tap) > 0) reposted = true;
-    if (reposted) {
-      rx_->publish();
-      kick(0);
-    }
-    // Tap -> device.
-    bool added = false;
-    reclaim_tx();
-    while (!tx_free_.empty()) {
-      const uint16_t slot = tx_free_.back();
-      const uint64_t off = tx_offset(slot);
-      const ssize_t got = tap.recv(0, ram_ + off, kBufSize);
-      if (got <= 0) break;
-      if (!tx_->add({dma_base_ + off, static_cast<uint32_t>(got), false}, slot)) break;
-      tx_free_.pop_back();
-      added = true;
-      stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);
-      stats_.tx_bytes.fetch_add(static_cast<uint64_t>(got), std::memory_order_relaxed);
-    }
-    if (added) {
-      tx_->publish();
-      kick(1);
+    for (unsigned p = 0; p < pairs; ++p) {
+      Pair& pr = pairs_[p];
+      // Device -> tap.
+      bool reposted = false;
+      while (take_rx(p, nullptr, 0, &tap, tap_queue(p)) > 0) reposted = true;
+      if (reposted) {
+        pr.rx->publish();
+        kick(2 * p);
+      }
+      // Tap -> device: a pair without a tap queue of its own only receives.
+      if (tap_queue(p) != p && p != 0) continue;
+      bool added = false;
+      reclaim_tx(pr);
+      while (!pr.tx_free.empty()) {
+        const uint16_t slot = pr.tx_free.back();
+        const uint64_t off = tx_offset(p, slot);
+        const ssize_t got = tap.recv(tap_queue(p), ram_ + off, kBufSize);
+        if (got <= 0) break;
+        if (!pr.tx->add({dma_base_ + off, static_cast<uint32_t>(got), false}, slot)) break;
+        pr.tx_free.pop_back();
+        added = true;
+        stats_.tx_packets.fetch_add(1, std::memory_order_relaxed);
+        stats_.tx_bytes.fetch_add(static_cast<uint64_t>(got), std::memory_order_relaxed);
+      }
+      if (added) {
+        pr.tx->publish();
+        kick(2 * p + 1);
+      }
     }
   }
 }

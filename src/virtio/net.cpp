@@ -113,6 +113,29 @@ NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Pack
     queues_[q].interrupt = queues_[q].route;
   }
   for (unsigned p = 0; p < config_.queue_pairs; ++p) rx_hold_.push_back(std::make_unique<RxHold>());
+  // A multi-queue port starts with every queue attached; the driver has
+  // none yet but the first pair.
+  if (!steer_port()) throw std::runtime_error(config_.name + ": " + tap_->name() + " cannot steer to one queue");
+}
+
+bool NetDevice::steer_port() {
+  std::lock_guard lock(steer_mutex_);
+  unsigned n = 1;
+  if (config_.control_queue) {
+    n = active_pairs_.load();
+  } else {
+    n = 0;
+    while (n < config_.queue_pairs && queues_[2 * n].enabled) ++n;
+    n = std::max(n, 1U);
+  }
+  if (n == steered_pairs_) return true;
+  try {
+    tap_->set_active_queues(n);
+  } catch (const std::exception&) {
+    return false;
+  }
+  steered_pairs_ = n;
+  return true;
 }
 
 NetDevice::~NetDevice() {
@@ -195,7 +218,10 @@ void NetDevice::set_queue_call(unsigned q, UniqueFd call) {
   else
     engine_.mask(queue.route);
 }
-void NetDevice::set_queue_enabled(unsigned q, bool enabled) { queues_.at(q).enabled = enabled; }
+void NetDevice::set_queue_enabled(unsigned q, bool enabled) {
+  queues_.at(q).enabled = enabled;
+  if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();  // an RX vring: the pairs in use change
+}
 void NetDevice::set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route) {
   if (running()) throw std::logic_error(config_.name + ": queue interrupt changed while running");
   queues_.at(q).interrupt = route;
@@ -209,6 +235,7 @@ uint32_t NetDevice::stop_queue(unsigned q) {
   stop();
   Queue& queue = queues_.at(q);
   queue.enabled = false;
+  if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();
   return queue.base;
 }
 
@@ -340,12 +367,8 @@ void NetDevice::reset() {
   inflight_queues_ = inflight_queue_size_ = 0;
   broken_ = false;
   filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
-  if (active_pairs_.exchange(1) != 1 && config_.control_queue) {
-    try {
-      tap_->set_active_queues(config_.queue_pairs);
-    } catch (const std::exception&) {
-    }
-  }
+  active_pairs_.store(1);
+  (void)steer_port();  // a reset device uses its first pair (vhost-user: none enabled yet)
 }
 
 void NetDevice::kick_all() {
@@ -632,10 +655,9 @@ uint8_t NetDevice::control_command(uint8_t cls, uint8_t cmd, const uint8_t* data
     uint16_t pairs = 0;
     std::memcpy(&pairs, data, 2);
     if (pairs < 1 || pairs > config_.queue_pairs) return kCtrlErr;
-    active_pairs_.store(pairs);
-    try {
-      tap_->set_active_queues(pairs);
-    } catch (const std::exception&) {
+    const unsigned before = active_pairs_.exchange(pairs);
+    if (!steer_port()) {
+      active_pairs_.store(before);
       return kCtrlErr;
     }
     return kCtrlOk;

@@ -21,6 +21,7 @@
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
+#include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vfio_user {
@@ -28,32 +29,39 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A port of `queues` queues, each one end of a socketpair whose other end
+// (peer(q)) stands for the wire behind that queue.
 class PairPort : public virtio::PacketPort {
  public:
-  PairPort() {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair");
-    ours_.reset(sv[0]);
-    peer_.reset(sv[1]);
+  explicit PairPort(unsigned queues = 1) : ours_(queues), peers_(queues) {
+    for (unsigned q = 0; q < queues; ++q) {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+        throw std::runtime_error("socketpair");
+      ours_[q].reset(sv[0]);
+      peers_[q].reset(sv[1]);
+    }
   }
   const std::string& name() const override { return name_; }
-  unsigned queues() const override { return 1; }
-  int fd(unsigned) const override { return ours_.get(); }
-  ssize_t send(unsigned, const iovec* iov, int count) override {
+  unsigned queues() const override { return static_cast<unsigned>(ours_.size()); }
+  int fd(unsigned q) const override { return ours_.at(q).get(); }
+  ssize_t send(unsigned q, const iovec* iov, int count) override {
     msghdr m{};
     m.msg_iov = const_cast<iovec*>(iov);
     m.msg_iovlen = static_cast<size_t>(count);
-    return ::sendmsg(ours_.get(), &m, MSG_DONTWAIT);
+    return ::sendmsg(ours_[q].get(), &m, MSG_DONTWAIT);
   }
-  ssize_t recv(unsigned, uint8_t* buf, size_t size) override { return ::recv(ours_.get(), buf, size, MSG_DONTWAIT); }
+  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override { return ::recv(ours_[q].get(), buf, size, MSG_DONTWAIT); }
   void set_offloads(unsigned) override {}
+  void set_active_queues(unsigned n) override { active.store(n); }
   bool link_up() const override { return link.load(); }
-  int peer() const { return peer_.get(); }
+  int peer(unsigned q = 0) const { return peers_.at(q).get(); }
   std::atomic<bool> link{true};
+  std::atomic<unsigned> active{0};  // the last set_active_queues
 
  private:
   std::string name_ = "pair0";
-  UniqueFd ours_, peer_;
+  std::vector<UniqueFd> ours_, peers_;
 };
 
 class VirtioPciTest : public ::testing::Test {
@@ -103,6 +111,76 @@ class VirtioPciTest : public ::testing::Test {
   std::unique_ptr<Server> server;
   std::thread thread;
 };
+
+// Two queue pairs: the driver negotiates MQ and turns both on through the
+// control queue (the port hears it); each pair carries its own traffic both
+// ways, with its own MSI-X vectors.
+TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
+  test::TempDir dir;
+  const std::string socket = dir.file("mq.sock");
+  irq::Engine engine{irq::EngineOptions{}};
+  auto owned = std::make_unique<PairPort>(2);
+  PairPort& port = *owned;
+  virtio::NetConfig nc;
+  nc.name = "vnet-mq";
+  nc.queue_pairs = 2;
+  nc.offloads = false;
+  nc.control_queue = true;
+  virtio::NetDevice net(nc, engine, std::move(owned));
+  VirtioNetPci pci(net, engine, "vnet-mq");
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  Server server(io, socket, pci);
+  std::thread thread([&] { io.run(); });
+  EXPECT_EQ(port.active.load(), 1U) << "a new device uses its first pair: the port steers there";
+  {
+    // A driver without MQ: every flow must come to the one pair it reads.
+    Client c(socket);
+    VirtioNetDriver one(c, {.queue_size = 64, .packed = false, .offloads = false});
+    one.bring_up();
+    EXPECT_EQ(one.queue_pairs(), 1U);
+    EXPECT_EQ(port.active.load(), 1U);
+  }
+  {
+    Client c(socket);
+    EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 6U);  // 4 data queues, control, config
+    VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .queue_pairs = 2});
+    d.bring_up();
+    ASSERT_EQ(d.queue_pairs(), 2U);
+    EXPECT_TRUE(d.features() & virtio::kNetMq);
+    EXPECT_EQ(port.active.load(), 2U) << "VQ_PAIRS_SET 2 reached the port";
+    std::vector<uint8_t> buf(4096);
+    for (unsigned pair = 0; pair < 2; ++pair) {
+      // Driver -> wire on this pair's TX queue: out on this pair's port queue.
+      std::vector<uint8_t> f(12 + 100, static_cast<uint8_t>(0x40 + pair));
+      std::memset(f.data(), 0, 12);
+      ASSERT_TRUE(d.send(f.data(), f.size(), pair));
+      pollfd p{port.peer(pair), POLLIN, 0};
+      ASSERT_EQ(::poll(&p, 1, 2000), 1) << "pair " << pair;
+      const ssize_t n = ::recv(port.peer(pair), buf.data(), buf.size(), 0);
+      ASSERT_EQ(n, static_cast<ssize_t>(f.size()));
+      EXPECT_EQ(buf[12], 0x40 + pair);
+      // Wire -> driver through this pair's port queue and RX queue.
+      std::vector<uint8_t> in(12 + 80, static_cast<uint8_t>(0x60 + pair));
+      std::memset(in.data(), 0, 12);
+      ASSERT_EQ(::send(port.peer(pair), in.data(), in.size(), 0), static_cast<ssize_t>(in.size()));
+      ASSERT_EQ(d.receive(buf.data(), buf.size(), 2000), in.size()) << "pair " << pair;
+      EXPECT_EQ(buf[12], 0x60 + pair);
+      EXPECT_EQ(net.stats(2 * pair).packets.load(), 1U) << "RX queue of pair " << pair;
+      EXPECT_EQ(net.stats(2 * pair + 1).packets.load(), 1U) << "TX queue of pair " << pair;
+    }
+    // Back to one pair: the port is told, and the control queue says OK.
+    EXPECT_EQ(d.control(4, 0, {1, 0}), 0);
+    EXPECT_EQ(port.active.load(), 1U);
+    EXPECT_EQ(d.control(4, 0, {3, 0}), 1) << "more pairs than the device has";
+    EXPECT_EQ(d.control(4, 0, {2, 0}), 0);
+    EXPECT_EQ(port.active.load(), 2U);
+  }
+  // The driver gone, the device is reset: back to its first pair.
+  EXPECT_TRUE(test::wait_until([&] { return port.active.load() == 1U; }, 2s));
+  io.stop();
+  thread.join();
+}
 
 TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
   Client c(socket);

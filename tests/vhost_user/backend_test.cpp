@@ -232,6 +232,48 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
 
 // Client mode: the front-end listens (as QEMU with server=on does), sriovd
 // connects, and connects again after the front-end dropped it.
+// A port that records which of its queues the device steers traffic to.
+class SteerPort : public test::EventPort {
+ public:
+  SteerPort() : EventPort("steer0", 2) {}
+  void set_active_queues(unsigned n) override { active.store(n); }
+  std::atomic<unsigned> active{0};
+};
+
+// Over vhost-user the VMM's control queue is its own: the pairs in use are
+// those whose RX vring it enabled, and only their port queues get traffic
+// (a flow steered to a pair nobody reads would be lost).
+TEST(BackendSteering, PortQueuesFollowTheEnabledRxVrings) {
+  sriovd::test::TempDir dir;
+  virtio::NetConfig nc;
+  nc.name = "vnet-mq";
+  nc.queue_pairs = 2;
+  auto owned = std::make_unique<SteerPort>();
+  SteerPort& port = *owned;
+  test::BackendRunner vu{nc, std::move(owned), dir.file("mq.sock")};
+  EXPECT_EQ(port.active.load(), 1U) << "nothing enabled yet: the first pair";
+  Frontend f(dir.file("mq.sock"));
+  const uint64_t ack = kProtoReplyAck;
+  f.send(kSetProtocolFeatures, &ack, sizeof ack);
+  const uint64_t features = virtio::kVersion1 | kFeatureProtocolFeatures | virtio::kNetMq;
+  f.send(kSetFeatures, &features, sizeof features, {}, kVersion | kFlagNeedReply);
+  ASSERT_EQ(f.reply_u64(), 0U);
+  auto enable = [&](uint32_t q, uint32_t on) {
+    const VringState s{q, on};
+    f.send(kSetVringEnable, &s, sizeof s, {}, kVersion | kFlagNeedReply);
+    ASSERT_EQ(f.reply_u64(), 0U) << "vring " << q;
+  };
+  enable(0, 1);
+  enable(1, 1);
+  EXPECT_EQ(port.active.load(), 1U);
+  enable(3, 1);
+  EXPECT_EQ(port.active.load(), 1U) << "a TX vring alone adds no receiving pair";
+  enable(2, 1);
+  EXPECT_EQ(port.active.load(), 2U);
+  enable(2, 0);
+  EXPECT_EQ(port.active.load(), 1U);
+}
+
 TEST(BackendClientMode, ConnectsRetriesAndReconnects) {
   sriovd::test::TempDir dir;
   const std::string path = dir.file("vmm.sock");

@@ -29,6 +29,10 @@ struct VirtioNetDriverOptions {
   bool packed = false;    // ask for VIRTIO_F_RING_PACKED (when offered)
   bool offloads = true;   // checksum and TSO both ways (when offered)
   bool control_queue = false;  // negotiate CTRL_VQ, CTRL_RX, CTRL_MAC_ADDR and set the queue up
+  // virtio-net-pci: more than one asks for VIRTIO_NET_F_MQ (and the control
+  // queue), sets up min(this, the device's max_virtqueue_pairs) pairs and
+  // turns them on with VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET. vhost-user: one.
+  uint16_t queue_pairs = 1;
   // vhost-user: be a guest behind an IOMMU. VIRTIO_F_ACCESS_PLATFORM is
   // negotiated, rings and buffers are given as IOVAs (a window of their
   // own, not the guest-physical addresses), and the back-end's IOTLB misses
@@ -52,15 +56,18 @@ class VirtioNetDriver {
   VirtioNetDriver(std::string vhost_user_socket, VirtioNetDriverOptions options);
   ~VirtioNetDriver();
 
-  // Reset, negotiate, set up queue pair 0, DRIVER_OK (vhost-user: the
+  // Reset, negotiate, set up the queue pairs, DRIVER_OK (vhost-user: the
   // vrings enabled). Throws with the step that failed.
   void bring_up();
-  // Moves frames between the device and `tap` until `stop` is set.
+  // Moves frames between the device and `tap` until `stop` is set: pair i
+  // with tap queue i when the tap has one per pair, else every pair with
+  // the tap's first queue.
   void bridge(virtio::Tap& tap, const std::atomic<bool>& stop);
-  // One frame (virtio-net header first) out on TX; false when the ring is full.
-  bool send(const uint8_t* frame, size_t size);
-  // Waits up to timeout_ms for one received frame (header first); returns
-  // its size, 0 on timeout.
+  // One frame (virtio-net header first) out on pair `pair`'s TX queue;
+  // false when the ring is full.
+  bool send(const uint8_t* frame, size_t size, unsigned pair = 0);
+  // Waits up to timeout_ms for one received frame (header first) on any
+  // pair; returns its size, 0 on timeout.
   size_t receive(uint8_t* out, size_t size, int timeout_ms);
 
   // One control command (§5.1.6.5); returns the device's ack (0: OK).
@@ -68,6 +75,7 @@ class VirtioNetDriver {
 
   [[nodiscard]] uint64_t features() const { return features_; }
   [[nodiscard]] bool packed() const { return packed_; }
+  [[nodiscard]] unsigned queue_pairs() const { return static_cast<unsigned>(pairs_.size()); }
   [[nodiscard]] const VirtioNetDriverStats& stats() const { return stats_; }
   [[nodiscard]] std::string mac() const;
 
@@ -83,16 +91,24 @@ class VirtioNetDriver {
   void common_write(uint32_t off, uint64_t value, unsigned size);
   uint8_t status();
   void set_status(uint8_t s);
-  [[nodiscard]] uint64_t tx_offset(uint16_t slot) const;
-  [[nodiscard]] uint64_t rx_offset(uint16_t slot) const;
-  void post_rx();
-  void reclaim_tx();
-  size_t take_rx(uint8_t* out, size_t size, virtio::Tap* tap);
+  // Queue pair p: queues 2p (RX) and 2p + 1 (TX), MSI-X vectors the same.
+  struct Pair {
+    std::unique_ptr<Ring> rx, tx;
+    std::vector<uint16_t> tx_free;  // free TX buffer slots
+  };
+  [[nodiscard]] uint64_t tx_offset(unsigned pair, uint16_t slot) const;
+  [[nodiscard]] uint64_t rx_offset(unsigned pair, uint16_t slot) const;
+  [[nodiscard]] uint64_t command_page() const;
+  void make_pairs(unsigned count);
+  void post_rx(unsigned pair);
+  void reclaim_tx(Pair& p);
+  size_t take_rx(unsigned pair, uint8_t* out, size_t size, virtio::Tap* tap, unsigned tap_queue);
   void kick(unsigned q);
 
   void bring_up_pci();
   void bring_up_vhost_user();
-  void map_ram(uint64_t ring_bytes);
+  // Guest RAM for `pairs` queue pairs and a control queue.
+  void map_ram(unsigned pairs);
   uint64_t vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds, bool reply,
                          uint32_t flags = 0);
   // The emulated IOMMU: answers the IOTLB misses waiting on the back-end
@@ -117,11 +133,13 @@ class VirtioNetDriver {
   UniqueFd ram_fd_;
   uint8_t* ram_ = nullptr;
   uint64_t ram_size_ = 0;
-  std::unique_ptr<Ring> rx_, tx_, ctrl_;
+  uint64_t ring_bytes_ = 0;  // one ring's room in guest RAM
+  unsigned ram_pairs_ = 1;    // pairs guest RAM was laid out for
+  std::vector<Pair> pairs_;
+  std::unique_ptr<Ring> ctrl_;
   unsigned ctrl_index_ = 2;
-  std::vector<UniqueFd> irq_fds_;   // MSI-X vector eventfds: 0 = RX, 1 = TX
+  std::vector<UniqueFd> irq_fds_;   // MSI-X vector eventfds: queue q's is q, the control queue's last
   std::vector<UniqueFd> doorbells_;  // per queue, from GET_REGION_IO_FDS
-  std::vector<uint16_t> tx_free_;   // free TX buffer slots
   VirtioNetDriverStats stats_;
 };
 

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -213,6 +214,14 @@ class NetDevice {
   bool waiting_rings_ = false;
   RxFilter filter_;
   std::atomic<unsigned> active_pairs_{1};
+  // The port queues that get received traffic: the pairs the driver uses.
+  // With the device's own control queue that is its MQ setting (one pair
+  // until VQ_PAIRS_SET, §5.1.6.5.5); over vhost-user the VMM's control queue
+  // is its own, and the pairs in use are those whose RX vring it enabled.
+  // False when the port refused.
+  bool steer_port();
+  std::mutex steer_mutex_;
+  unsigned steered_pairs_ = 0;  // what the port was last told (0: nothing yet)
   bool link_up_ = true;
   std::atomic<uint64_t> filtered_{0};
   uint8_t* inflight_ = nullptr;
