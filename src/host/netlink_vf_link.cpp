@@ -11,23 +11,16 @@
 #include <memory>
 #include <stdexcept>
 
+#include "sriovd/util/netlink.hpp"
+
 namespace sriovd::host {
 
 namespace {
 
-struct LinkDeleter {
-  void operator()(rtnl_link* l) const { rtnl_link_put(l); }
-};
 struct VfDeleter {
   void operator()(rtnl_link_vf* v) const { rtnl_link_vf_put(v); }
 };
-struct AddrDeleter {
-  void operator()(nl_addr* a) const { nl_addr_put(a); }
-};
-struct MsgDeleter {
-  void operator()(nl_msg* m) const { nlmsg_free(m); }
-};
-using LinkPtr = std::unique_ptr<rtnl_link, LinkDeleter>;
+using LinkPtr = nl::Link;
 using VfPtr = std::unique_ptr<rtnl_link_vf, VfDeleter>;
 
 const char* kLinkStates[] = {"auto", "enable", "disable"};  // IFLA_VF_LINK_STATE_* order
@@ -44,7 +37,7 @@ VfPtr make_vf(unsigned index, const VfSettings& s) {
   if (!vf) throw std::bad_alloc();
   rtnl_link_vf_set_index(vf.get(), index);
   if (s.mac) {
-    std::unique_ptr<nl_addr, AddrDeleter> addr(nl_addr_build(AF_LLC, s.mac->octets, 6));
+    nl::Addr addr(nl_addr_build(AF_LLC, s.mac->octets, 6));
     rtnl_link_vf_set_addr(vf.get(), addr.get());
   }
   if (s.vlan || s.qos) {
@@ -191,7 +184,7 @@ std::vector<uint8_t> NetlinkVfLink::encode(int ifindex, unsigned index, const Vf
   nl_msg* raw = nullptr;
   if (int err = rtnl_link_build_change_request(orig.get(), change.get(), 0, &raw); err < 0)
     throw std::runtime_error(std::string("encoding VF settings: ") + nl_geterror(err));
-  std::unique_ptr<nl_msg, MsgDeleter> msg(raw);
+  nl::Msg msg(raw);
   const nlmsghdr* hdr = nlmsg_hdr(msg.get());
   const auto* bytes = reinterpret_cast<const uint8_t*>(hdr);
   return {bytes, bytes + hdr->nlmsg_len};

@@ -5,13 +5,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "sriovd/pci/config_space.hpp"
 #include <net/if.h>
-#include <unistd.h>
-#include <netlink/netlink.h>
-#include <netlink/route/link.h>
 #include <netlink/route/link/veth.h>
+#include <unistd.h>
+
+#include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/netlink.hpp"
 
 namespace sriovd::host {
 
@@ -94,15 +94,15 @@ SimulatedKernel::~SimulatedKernel() {
   std::error_code ec;
   fs::remove_all(dir_, ec);
   if (veths_.empty()) return;
-  nl_sock* sk = nl_socket_alloc();
-  if (sk && nl_connect(sk, NETLINK_ROUTE) == 0)
+  try {
+    const nl::Sock sk = nl::route_socket();
     for (const auto& name : veths_) {
-      rtnl_link* link = rtnl_link_alloc();
-      rtnl_link_set_name(link, name.c_str());
-      rtnl_link_delete(sk, link);  // takes the peer with it
-      rtnl_link_put(link);
+      const nl::Link link(rtnl_link_alloc());
+      rtnl_link_set_name(link.get(), name.c_str());
+      rtnl_link_delete(sk.get(), link.get());  // takes the peer with it
     }
-  if (sk) nl_socket_free(sk);
+  } catch (const std::exception&) {
+  }
 }
 
 std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
@@ -115,22 +115,17 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
   const std::string name = vf_netdev(*vf);
   for (const auto& v : veths_)
     if (v == name) return name;
-  nl_sock* sk = nl_socket_alloc();
-  if (!sk) throw std::bad_alloc();
-  int err = nl_connect(sk, NETLINK_ROUTE);
-  if (err == 0) err = rtnl_link_veth_add(sk, name.c_str(), (name + "p").c_str(), ::getpid());
+  const nl::Sock sk = nl::route_socket();
+  const int err = rtnl_link_veth_add(sk.get(), name.c_str(), (name + "p").c_str(), ::getpid());
   if (err == 0) {
     for (const std::string& n : {name, name + "p"}) {
-      rtnl_link* orig = nullptr;
-      if (rtnl_link_get_kernel(sk, 0, n.c_str(), &orig) < 0) continue;
-      rtnl_link* change = rtnl_link_alloc();
-      rtnl_link_set_flags(change, IFF_UP);
-      rtnl_link_change(sk, orig, change, 0);
-      rtnl_link_put(change);
-      rtnl_link_put(orig);
+      const nl::Link orig = nl::get_link(sk.get(), n);
+      if (!orig) continue;
+      const nl::Link change(rtnl_link_alloc());
+      rtnl_link_set_flags(change.get(), IFF_UP);
+      rtnl_link_change(sk.get(), orig.get(), change.get(), 0);
     }
   }
-  nl_socket_free(sk);
   if (err < 0) throw std::runtime_error("creating the veth for simulated VF netdev " + name + ": " + nl_geterror(err));
   veths_.push_back(name);
   return name;

@@ -16,13 +16,11 @@
 #include <memory>
 #include <stdexcept>
 
-#include <netlink/cache.h>
-#include <netlink/netlink.h>
-#include <netlink/route/link.h>
 #include <netlink/route/link/macvtap.h>
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/netlink.hpp"
 
 namespace sriovd::virtio {
 
@@ -30,26 +28,9 @@ namespace {
 
 constexpr const char* kAliasPrefix = "sriovd:";
 
-struct NlSockFree {
-  void operator()(nl_sock* s) const { nl_socket_free(s); }
-};
-struct LinkPut {
-  void operator()(rtnl_link* l) const { rtnl_link_put(l); }
-};
-struct CacheFree {
-  void operator()(nl_cache* c) const { nl_cache_free(c); }
-};
-using NlSock = std::unique_ptr<nl_sock, NlSockFree>;
-using Link = std::unique_ptr<rtnl_link, LinkPut>;
-using Cache = std::unique_ptr<nl_cache, CacheFree>;
-
-NlSock route_socket() {
-  NlSock sk(nl_socket_alloc());
-  if (!sk) throw std::bad_alloc();
-  if (int err = nl_connect(sk.get(), NETLINK_ROUTE); err < 0)
-    throw std::runtime_error(std::string("netlink: ") + nl_geterror(err));
-  return sk;
-}
+using nl::Cache;
+using nl::Link;
+using nl::route_socket;
 
 Cache link_cache(nl_sock* sk) {
   nl_cache* c = nullptr;
@@ -126,14 +107,10 @@ Macvtap::Opened Macvtap::open(const std::string& lower, const std::string& insta
   if (queues == 0) queues = 1;
   const std::string alias = alias_of(instance, device);
   if (alias.size() >= 256) throw std::invalid_argument("macvtap alias '" + alias + "' is longer than 255 bytes");
-  NlSock sk = route_socket();
-  Link lower_link;
-  {
-    rtnl_link* l = nullptr;
-    if (int err = rtnl_link_get_kernel(sk.get(), 0, lower.c_str(), &l); err < 0)
-      throw std::runtime_error("macvtap on " + lower + ": no such netdev (" + nl_geterror(err) + ")");
-    lower_link.reset(l);
-  }
+  nl::Sock sk = route_socket();
+  int err = 0;
+  const Link lower_link = nl::get_link(sk.get(), lower, &err);
+  if (!lower_link) throw std::runtime_error("macvtap on " + lower + ": no such netdev (" + nl_geterror(err) + ")");
   const int lower_index = rtnl_link_get_ifindex(lower_link.get());
 
   // What already sits on the lower device: ours from a crash goes; another
@@ -164,7 +141,7 @@ Macvtap::Opened Macvtap::open(const std::string& lower, const std::string& insta
     rtnl_link_set_link(want.get(), lower_index);
     rtnl_link_set_name(want.get(), out.name.c_str());
     rtnl_link_macvtap_set_mode(want.get(), MACVLAN_MODE_PASSTHRU);
-    if (int err = rtnl_link_add(sk.get(), want.get(), NLM_F_CREATE | NLM_F_EXCL); err < 0) {
+    if (err = rtnl_link_add(sk.get(), want.get(), NLM_F_CREATE | NLM_F_EXCL); err < 0) {
       std::string why = "creating macvtap " + out.name + " on " + lower + ": " + nl_geterror(err);
       if (!others.empty()) why += " (" + lower + " already carries " + others + ")";
       throw std::runtime_error(why);
@@ -174,14 +151,12 @@ Macvtap::Opened Macvtap::open(const std::string& lower, const std::string& insta
   try {
     // The alias (ownership) and IFF_UP in one change; the kernel applies
     // no alias given with the creation itself.
-    rtnl_link* current = nullptr;
-    if (int err = rtnl_link_get_kernel(sk.get(), 0, out.name.c_str(), &current); err < 0)
-      throw std::runtime_error("macvtap " + out.name + " vanished after creation: " + nl_geterror(err));
-    Link cur(current);
+    const Link cur = nl::get_link(sk.get(), out.name, &err);
+    if (!cur) throw std::runtime_error("macvtap " + out.name + " vanished after creation: " + nl_geterror(err));
     Link change(rtnl_link_alloc());
     rtnl_link_set_ifalias(change.get(), alias.c_str());
     rtnl_link_set_flags(change.get(), IFF_UP);
-    if (int err = rtnl_link_change(sk.get(), cur.get(), change.get(), 0); err < 0)
+    if (err = rtnl_link_change(sk.get(), cur.get(), change.get(), 0); err < 0)
       throw std::runtime_error("macvtap " + out.name + ": setting its alias and bringing it up: " + nl_geterror(err));
     const int index = rtnl_link_get_ifindex(cur.get());
     for (unsigned q = 0; q < queues; ++q) {
@@ -239,7 +214,7 @@ bool Macvtap::link_up() const {
 
 std::vector<std::string> Macvtap::remove_left_over(const std::string& instance, const std::vector<std::string>& keep) {
   std::vector<std::string> removed;
-  NlSock sk = route_socket();
+  nl::Sock sk = route_socket();
   Cache cache = link_cache(sk.get());
   const std::string prefix = kAliasPrefix + instance + " ";
   for (nl_object* o = nl_cache_get_first(cache.get()); o; o = nl_cache_get_next(o)) {

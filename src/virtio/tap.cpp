@@ -13,10 +13,8 @@
 #include <exception>
 #include <thread>
 
-#include <netlink/netlink.h>
-#include <netlink/route/link.h>
-
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/netlink.hpp"
 
 namespace sriovd::virtio {
 
@@ -97,24 +95,13 @@ void set_up(const std::string& ifname) {
 void move_to_netns(const std::string& ifname, const std::string& netns) {
   UniqueFd ns(::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC));
   if (!ns) throw_errno("opening network namespace " + netns + " (create it with ip netns add)");
-  nl_sock* sk = nl_socket_alloc();
-  if (!sk) throw std::bad_alloc();
-  struct Guard {
-    nl_sock* sk;
-    rtnl_link* orig = nullptr;
-    rtnl_link* change = nullptr;
-    ~Guard() {
-      if (change) rtnl_link_put(change);
-      if (orig) rtnl_link_put(orig);
-      nl_socket_free(sk);
-    }
-  } g{sk};
-  int err = nl_connect(sk, NETLINK_ROUTE);
-  if (err == 0) err = rtnl_link_get_kernel(sk, 0, ifname.c_str(), &g.orig);
-  if (err == 0) {
-    g.change = rtnl_link_alloc();
-    rtnl_link_set_ns_fd(g.change, static_cast<uint32_t>(ns.get()));
-    err = rtnl_link_change(sk, g.orig, g.change, 0);
+  const nl::Sock sk = nl::route_socket();
+  int err = 0;
+  const nl::Link orig = nl::get_link(sk.get(), ifname, &err);
+  if (orig) {
+    const nl::Link change(rtnl_link_alloc());
+    rtnl_link_set_ns_fd(change.get(), static_cast<uint32_t>(ns.get()));
+    err = rtnl_link_change(sk.get(), orig.get(), change.get(), 0);
   }
   if (err < 0)
     throw std::runtime_error("moving tap " + ifname + " into network namespace " + netns + ": " + nl_geterror(err));
