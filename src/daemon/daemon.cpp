@@ -443,9 +443,6 @@ json Daemon::vf_exports_json() const {
   return out;
 }
 
-// Serves every virtio device the config asks for, over vhost-user or as
-// virtio-net-pci over vfio-user, on a tap or a VF's netdev. A device that cannot be served says why in `devices`; it does
-// not stop the others.
 void Daemon::drop_virtio(const config::Config* next) {
   std::vector<VirtioExport> kept;
   for (auto& e : virtio_) {
@@ -469,6 +466,10 @@ void Daemon::drop_virtio(const config::Config* next) {
   virtio_ = std::move(kept);
 }
 
+// Serves every virtio device the config asks for and that is not running,
+// over vhost-user or as virtio-net-pci over vfio-user, on a tap or a VF's
+// netdev. A device that cannot be served says why in `devices`; it does not
+// stop the others.
 void Daemon::start_virtio() {
   for (const auto& dev : config_.virtio_devices) {
     if (std::any_of(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; }))
