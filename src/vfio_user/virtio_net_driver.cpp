@@ -606,7 +606,10 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
   // side spreads the flows it sends); else every pair with queue 0.
   constexpr unsigned kMaxPairs = 8;
   const unsigned pairs = std::min<unsigned>(queue_pairs(), kMaxPairs);
-  auto tap_queue = [&](unsigned p) { return tap.queues() == pairs ? p : 0U; };
+  const bool own_queues = tap.queues() == pairs;
+  auto tap_queue = [&](unsigned p) { return own_queues ? p : 0U; };
+  // Without a tap queue per pair, pair 0 alone takes what the tap sends.
+  auto reads_tap = [&](unsigned p) { return own_queues || p == 0; };
   // Interrupt eventfds first (read to clear them), then the tap queues.
   pollfd fds[3 * kMaxPairs];
   while (!stop.load(std::memory_order_relaxed)) {
@@ -614,7 +617,7 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
     for (unsigned q = 0; q < 2 * pairs; ++q) fds[count++] = {irq_fds_[q].get(), POLLIN, 0};
     for (unsigned p = 0; p < pairs; ++p) {
       reclaim_tx(pairs_[p]);
-      if (!pairs_[p].tx_free.empty() && (tap_queue(p) == p || p == 0)) fds[count++] = {tap.fd(tap_queue(p)), POLLIN, 0};
+      if (!pairs_[p].tx_free.empty() && reads_tap(p)) fds[count++] = {tap.fd(tap_queue(p)), POLLIN, 0};
     }
     if (wait(fds, count, 100) < 0 && errno != EINTR) throw_errno("poll");
     for (unsigned q = 0; q < 2 * pairs; ++q)
@@ -632,8 +635,8 @@ void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
         pr.rx->publish();
         kick(2 * p);
       }
-      // Tap -> device: a pair without a tap queue of its own only receives.
-      if (tap_queue(p) != p && p != 0) continue;
+      // Tap -> device.
+      if (!reads_tap(p)) continue;
       bool added = false;
       reclaim_tx(pr);
       while (!pr.tx_free.empty()) {
