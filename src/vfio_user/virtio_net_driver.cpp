@@ -532,7 +532,7 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
   uint8_t* p = ram_ + page;
   p[0] = cls;
   p[1] = cmd;
-  std::memcpy(p + 2, data.data(), data.size());
+  if (!data.empty()) std::memcpy(p + 2, data.data(), data.size());
   p[2 + data.size()] = 0xff;
   const virtio::Buffer chain[2] = {{dma_base_ + page, static_cast<uint32_t>(2 + data.size()), false},
                                    {dma_base_ + page + 2 + data.size(), 1, true}};
@@ -572,7 +572,14 @@ size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
   constexpr unsigned kMaxPairs = 8;
   const unsigned pairs = std::min<unsigned>(queue_pairs(), kMaxPairs);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  // An interrupt is counted when its eventfd was signalled, whether or not
+  // the frame it announced was already there before we waited.
+  auto take_interrupt = [&](int fd) {
+    uint64_t v;
+    if (::read(fd, &v, sizeof v) == sizeof v) stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
+  };
   for (;;) {
+    for (unsigned p = 0; p < pairs; ++p) take_interrupt(irq_fds_[2 * p].get());
     for (unsigned p = 0; p < pairs; ++p)
       if (const size_t got = take_rx(p, out, size, nullptr, 0)) {
         pairs_[p].rx->publish();
@@ -583,13 +590,7 @@ size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
     if (left.count() <= 0) return 0;
     pollfd fds[kMaxPairs];
     for (unsigned p = 0; p < pairs; ++p) fds[p] = {irq_fds_[2 * p].get(), POLLIN, 0};
-    if (wait(fds, pairs, static_cast<int>(left.count())) > 0)
-      for (unsigned p = 0; p < pairs; ++p)
-        if (fds[p].revents & POLLIN) {
-          uint64_t v;
-          (void)::read(fds[p].fd, &v, sizeof v);
-          stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
-        }
+    (void)wait(fds, pairs, static_cast<int>(left.count()));
   }
 }
 
