@@ -102,7 +102,7 @@ std::string Macvtap::alias_of(const std::string& instance, const std::string& de
   return kAliasPrefix + instance + " " + device;
 }
 
-Macvtap::Opened Macvtap::open(const std::string& lower, const std::string& instance, const std::string& device,
+Macvtap::Opened Macvtap::create_link(const std::string& lower, const std::string& instance, const std::string& device,
                               unsigned queues) {
   if (queues == 0) queues = 1;
   const std::string alias = alias_of(instance, device);
@@ -180,7 +180,7 @@ Macvtap::Opened Macvtap::open(const std::string& lower, const std::string& insta
 }
 
 Macvtap::Macvtap(const std::string& lower, const std::string& instance, const std::string& device, unsigned queues)
-    : Macvtap(open(lower, instance, device, queues), lower) {}
+    : Macvtap(create_link(lower, instance, device, queues), lower) {}
 
 Macvtap::Macvtap(Opened&& opened, std::string lower) try
     : Tap(opened.name, std::move(opened.fds)), lower_(std::move(lower)) {
@@ -205,12 +205,7 @@ Macvtap::~Macvtap() {
   }
 }
 
-bool Macvtap::link_up() const {
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, name().c_str(), IFNAMSIZ - 1);
-  if (::ioctl(control_.get(), SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
-  return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
-}
+bool Macvtap::link_up() const { return netdev_running(control_.get(), name()); }
 
 std::vector<std::string> Macvtap::remove_left_over(const std::string& instance, const std::vector<std::string>& keep) {
   std::vector<std::string> removed;

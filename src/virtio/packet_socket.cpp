@@ -347,11 +347,6 @@ ssize_t PacketSocket::recv_v2(Queue& q, uint8_t* buf, size_t size) {
   }
 }
 
-bool PacketSocket::link_up() const {
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, name_.c_str(), IFNAMSIZ - 1);
-  if (::ioctl(queues_[0].fd.get(), SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
-  return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
-}
+bool PacketSocket::link_up() const { return netdev_running(queues_[0].fd.get(), name_); }
 
 }  // namespace sriovd::virtio

@@ -109,6 +109,13 @@ void move_to_netns(const std::string& ifname, const std::string& netns) {
 
 }  // namespace
 
+bool netdev_running(int sock, const std::string& ifname) {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
+  return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
+}
+
 void Tap::set_active_queues(unsigned n) {
   if (fds_.size() < 2) return;
   for (size_t q = 0; q < fds_.size(); ++q) {

@@ -46,8 +46,8 @@ class Macvtap : public Tap {
  private:
   struct Opened;
   Macvtap(Opened&& opened, std::string lower);
-  static Opened open(const std::string& lower, const std::string& instance, const std::string& device,
-                     unsigned queues);
+  static Opened create_link(const std::string& lower, const std::string& instance, const std::string& device,
+                            unsigned queues);
 
   std::string lower_;
   UniqueFd control_;  // for SIOCGIFFLAGS

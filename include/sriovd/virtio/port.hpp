@@ -11,6 +11,10 @@
 
 namespace sriovd::virtio {
 
+// IFF_UP and IFF_RUNNING of netdev `ifname` (its carrier), asked through
+// any socket `sock`; false when it is gone.
+bool netdev_running(int sock, const std::string& ifname);
+
 class PacketPort {
  public:
   virtual ~PacketPort() = default;
