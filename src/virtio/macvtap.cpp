@@ -103,7 +103,7 @@ std::string Macvtap::alias_of(const std::string& instance, const std::string& de
 }
 
 Macvtap::Opened Macvtap::create_link(const std::string& lower, const std::string& instance, const std::string& device,
-                              unsigned queues) {
+                                     unsigned queues) {
   if (queues == 0) queues = 1;
   const std::string alias = alias_of(instance, device);
   if (alias.size() >= 256) throw std::invalid_argument("macvtap alias '" + alias + "' is longer than 255 bytes");
