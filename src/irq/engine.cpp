@@ -43,6 +43,9 @@ struct Engine::Route {
   // Touched per interrupt: kept together, away from the cold fields.
   alignas(64) std::atomic<uint32_t> flags{0};
   std::atomic<int> sink{-1};
+  // Deliveries under way (any thread): a replaced sink is closed only once
+  // none of them can still hold its number.
+  std::atomic<uint32_t> delivering{0};
   std::atomic<Mode> mode{Mode::relay};
   std::atomic<uint64_t> fired{0}, delivered{0}, masked_pending{0}, replayed{0}, dropped{0};
   std::atomic<uint64_t> masks{0}, unmasks{0}, mode_switches{0};
@@ -50,7 +53,7 @@ struct Engine::Route {
 
   alignas(64) UniqueFd relay;
   UniqueFd sink_owner;
-  std::vector<UniqueFd> retired_sinks;  // closed at the next quiescent point
+  std::vector<UniqueFd> retired_sinks;  // closed once no delivery holds them
   std::mutex switch_mutex;              // mode switches only
   RouteSpec spec;
   RelayThread* thread = nullptr;
@@ -60,6 +63,9 @@ struct Engine::Route {
 struct Engine::RelayThread {
   UniqueFd epoll;
   UniqueFd wake;
+  // Batches finished: bumped after a batch's events (the wake fd's drain
+  // among them) are handled, so a bump seen after a wake was written proves
+  // the thread has since been back in epoll_wait.
   std::atomic<uint64_t> generation{0};
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -115,7 +121,6 @@ void Engine::relay_loop(RelayThread& t) {
   const int timeout = options_.busy_poll ? 0 : -1;
   while (!t.stop.load(std::memory_order_relaxed)) {
     const int n = ::epoll_wait(t.epoll.get(), events, 64, timeout);
-    t.generation.fetch_add(1, std::memory_order_release);
     for (int i = 0; i < n; ++i) {
       auto* r = static_cast<Route*>(events[i].data.ptr);
       if (!r) {
@@ -128,6 +133,10 @@ void Engine::relay_loop(RelayThread& t) {
       // (one write to the sink is all the relay pays).
       fire(*r, 1);
     }
+    // Drain first, publish after: a wake written before the drain is
+    // answered by this bump, one written after it by the next epoll_wait.
+    // (Publishing before the drain lost a wake that landed in between.)
+    t.generation.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -148,13 +157,38 @@ void Engine::fire(Route& r, uint64_t count) {
 }
 
 void Engine::deliver(Route& r) {
-  const int fd = r.sink.load(std::memory_order_acquire);
+  // seq_cst pairs with retire_sinks(): either it sees this delivery under
+  // way, or this delivery sees the sink that replaced the old one.
+  r.delivering.fetch_add(1, std::memory_order_seq_cst);
+  const int fd = r.sink.load(std::memory_order_seq_cst);
   const uint64_t one = 1;
-  if (fd < 0 || ::write(fd, &one, sizeof one) != sizeof one) {
-    r.dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
+  // Sinks are non-blocking eventfds (checked where they enter): a VMM that
+  // lets its counter run full costs it its own interrupts, not this thread.
+  const bool ok = fd >= 0 && ::write(fd, &one, sizeof one) == sizeof one;
+  r.delivering.fetch_sub(1, std::memory_order_release);
+  (ok ? r.delivered : r.dropped).fetch_add(1, std::memory_order_relaxed);
+}
+
+// After the sink was replaced: closes the old ones once no delivery can
+// still be writing to them. A delivery is one non-blocking write, so a
+// moment with none under way comes soon; when it does not come within a
+// short spin (busy vectors delivering from several threads at once), the
+// sinks wait for the next call or housekeeping(). Only a long list waits
+// longer, and that too is bounded.
+void Engine::retire_sinks(Route& r) {
+  if (r.retired_sinks.empty()) return;
+  const bool crowded = r.retired_sinks.size() >= 16;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(crowded ? 10 : 0);
+  for (unsigned spin = 0;; ++spin) {
+    if (r.delivering.load(std::memory_order_seq_cst) == 0) {
+      r.retired_sinks.clear();
+      return;
+    }
+    if (spin >= 1024) {
+      if (std::chrono::steady_clock::now() >= deadline) return;
+      std::this_thread::yield();
+    }
   }
-  r.delivered.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Engine::switch_mode(Route& r, Mode to) {
@@ -204,13 +238,21 @@ RouteId Engine::add(const RouteSpec& spec) {
 }
 
 // Waits until every relay thread has come back to epoll_wait once, so no
-// thread still holds a route pointer from before.
+// thread still holds a route pointer from before. The wake is written again
+// now and then: the relay threads never block on a peer, so a thread that
+// does not answer has lost a wake, and another one costs nothing.
 void Engine::quiesce() {
   for (auto& t : threads_) {
     const uint64_t seen = t->generation.load(std::memory_order_acquire);
     const uint64_t one = 1;
-    (void)::write(t->wake.get(), &one, sizeof one);
-    while (t->generation.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+    auto rewake = std::chrono::steady_clock::now();
+    while (t->generation.load(std::memory_order_acquire) == seen) {
+      if (const auto now = std::chrono::steady_clock::now(); now >= rewake) {
+        (void)::write(t->wake.get(), &one, sizeof one);
+        rewake = now + std::chrono::milliseconds(10);
+      }
+      std::this_thread::yield();
+    }
   }
 }
 
@@ -221,10 +263,10 @@ void Engine::remove(RouteId id) {
   r.flags.store(kMasked);
   if (r.thread) ::epoll_ctl(r.thread->epoll.get(), EPOLL_CTL_DEL, r.relay.get(), nullptr);
   quiesce();
-  r.sink.store(-1);
+  r.sink.store(-1, std::memory_order_seq_cst);
+  if (r.sink_owner) r.retired_sinks.push_back(std::move(r.sink_owner));
+  retire_sinks(r);
   r.relay.reset();
-  r.sink_owner.reset();
-  r.retired_sinks.clear();
   r.spec = {};
   free_ids_.push_back(id);
   --live_;
@@ -236,7 +278,7 @@ void Engine::set_sink(RouteId id, UniqueFd sink) {
   std::lock_guard switching(r.switch_mutex);
   if (r.sink_owner) r.retired_sinks.push_back(std::move(r.sink_owner));
   r.sink_owner = std::move(sink);
-  r.sink.store(r.sink_owner.valid() ? r.sink_owner.get() : -1, std::memory_order_release);
+  r.sink.store(r.sink_owner.valid() ? r.sink_owner.get() : -1, std::memory_order_seq_cst);
   if (r.mode.load() == Mode::direct) {
     // Rebind the device to the new sink (or back to the relay if none).
     r.mode.store(Mode::relay);
@@ -249,11 +291,7 @@ void Engine::set_sink(RouteId id, UniqueFd sink) {
   } else if (r.spec.policy != Policy::relay && !(r.flags.load() & kMasked) && r.sink_owner.valid()) {
     switch_mode(r, Mode::direct);
   }
-  if (r.retired_sinks.size() > 1) {
-    // Older sinks cannot be in a relay thread's hands any more after this.
-    quiesce();
-    r.retired_sinks.erase(r.retired_sinks.begin(), r.retired_sinks.end() - 1);
-  }
+  retire_sinks(r);
 }
 
 int Engine::relay_fd(RouteId id) const { return at(id).relay.get(); }
@@ -306,6 +344,10 @@ void Engine::housekeeping(std::chrono::steady_clock::time_point now) {
   const int64_t cutoff = now_ns(now) - options_.adaptive_quiet.count();
   for (RouteId id = 0; id < next_id_; ++id) {
     Route& r = at(id);
+    if (!r.retired_sinks.empty()) {
+      std::lock_guard switching(r.switch_mutex);
+      retire_sinks(r);
+    }
     const uint32_t f = r.flags.load(std::memory_order_acquire);
     if (!(f & kLive) || (f & kMasked) || r.spec.policy != Policy::adaptive || r.mode.load() != Mode::relay ||
         r.sink.load() < 0 || r.last_mask_ns.load(std::memory_order_relaxed) > cutoff)

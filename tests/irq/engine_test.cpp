@@ -281,6 +281,62 @@ TEST(Engine, FiresRacingWithMasksAreNeverLost) {
   EXPECT_GE(s.masks, 1U);
 }
 
+// Back-to-back quiesces (each remove() waits for every relay thread to come
+// back to epoll_wait). The relay used to publish its batch before draining
+// its wake fd: a second quiesce that sampled after the publish and woke
+// before the drain had its wake eaten, and spun forever holding the
+// control mutex (issue 11, item 11; a hang on every run on some machines).
+TEST(Engine, BackToBackQuiescesNeverLoseTheRelaysWakeup) {
+  Engine e(threads(1));
+  const RouteId spare = e.add({"spare", 0, Policy::relay, nullptr});
+  constexpr int kRounds = 20000;
+  std::atomic<int> done{0};
+  std::thread control([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      e.remove(e.add({"dev", 1, Policy::relay, nullptr}));
+      done.fetch_add(1);
+    }
+  });
+  const bool finished = test::wait_until([&] { return done.load() == kRounds; }, 20s);
+  EXPECT_TRUE(finished) << "quiesce hung after " << done.load() << " of " << kRounds << " removes";
+  // Unstick a hung quiesce (any event makes the relay publish) so the test
+  // ends instead of hanging.
+  while (done.load() != kRounds) {
+    signal(e.relay_fd(spare));
+    std::this_thread::sleep_for(1ms);
+  }
+  control.join();
+}
+
+// trigger() from threads that are not relay threads (a device's worker,
+// the control thread replaying at unmask) races set_sink replacing the
+// sink: once set_sink returns, the old sink is closed and no delivery may
+// still write to its number - here an eventfd that reuses the number at
+// once, which nobody gave the engine, must never be signalled.
+TEST(Engine, ASinkReplacedUnderConcurrentTriggersIsNeverWrittenAfterClose) {
+  Engine e(threads(1));
+  const RouteId id = e.add({"dev", 0, Policy::relay, nullptr});
+  e.unmask(id);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> firing;
+  for (int t = 0; t < 2; ++t)
+    firing.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) e.trigger(id);
+    });
+  uint64_t stale = 0;
+  for (int round = 0; round < 3000; ++round) {
+    e.set_sink(id, eventfd_nb());
+    e.set_sink(id, eventfd_nb());  // closes the first: its number is free now
+    UniqueFd canary = eventfd_nb();  // most likely takes that number
+    std::this_thread::yield();
+    stale += drain(canary.get());
+  }
+  stop.store(true);
+  for (auto& t : firing) t.join();
+  EXPECT_EQ(stale, 0U) << "deliveries wrote to a closed sink's number";
+  EXPECT_GT(e.stats(id).delivered, 0U);
+}
+
 TEST(Engine, BusyPollAndPinnedRelayThreadDeliver) {
   Engine e(threads(1, true, {0}));
   const RouteId id = e.add({"dev", 0, Policy::relay, nullptr});

@@ -6,8 +6,12 @@
 //
 // Data plane: relay threads wait in epoll on the routes' relay eventfds. A
 // fire on an unmasked route is one atomic load and one eventfd write to the
-// sink; a fire on a masked route latches the pending bit, and unmask replays
-// it. Nothing on that path allocates, locks or logs.
+// sink, bracketed by a per-route count of deliveries under way (the grace
+// period that lets set_sink/remove close a replaced sink whatever thread
+// delivers: relay, a device's worker, the control thread replaying at
+// unmask); a fire on a masked route latches the pending bit, and unmask
+// replays it. Nothing on that path allocates, locks or logs. Sinks must be
+// non-blocking eventfds: callers check that where a peer's fd enters.
 //
 // Modes: in relay mode the device signals the route's relay eventfd; in
 // direct mode the device signals the sink itself (VFIO SET_IRQS with the
@@ -110,7 +114,8 @@ class Engine {
   void set_sink(RouteId id, UniqueFd sink);
   // The eventfd the device signals in relay mode (owned by the engine).
   [[nodiscard]] int relay_fd(RouteId id) const;
-  // adaptive: routes quiet for adaptive_quiet go back to direct.
+  // adaptive: routes quiet for adaptive_quiet go back to direct. Also closes
+  // replaced sinks that a busy route could not close at once.
   void housekeeping(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   // --- data plane (any thread, lock-free unless a mode switch is due) ---
@@ -136,6 +141,7 @@ class Engine {
   Route& at(RouteId id) const;
   void fire(Route& r, uint64_t count);
   void deliver(Route& r);
+  void retire_sinks(Route& r);
   void switch_mode(Route& r, Mode to);
   void quiesce();
   void relay_loop(RelayThread& t);
