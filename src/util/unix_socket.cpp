@@ -88,6 +88,7 @@ ssize_t recv_with_fds(int sock, void* data, size_t size, std::vector<UniqueFd>& 
   msg.msg_controllen = CMSG_SPACE(sizeof(int) * std::min(max_fds, kMaxPassedFds));
   const ssize_t n = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
   if (n < 0) return n;
+  const size_t before = fds.size();
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
       for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
@@ -95,7 +96,8 @@ ssize_t recv_with_fds(int sock, void* data, size_t size, std::vector<UniqueFd>& 
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
         fds.emplace_back(fd);
       }
-  truncated = msg.msg_flags & MSG_CTRUNC;
+  // CMSG_SPACE rounds up: a buffer for an odd count holds one more fd.
+  truncated = (msg.msg_flags & MSG_CTRUNC) || fds.size() - before > max_fds;
   return n;
 }
 

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::vfio_user {
@@ -26,9 +28,8 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How long the rest of a message may take once its first byte came: a
-// client that stalls mid-message is cut off rather than blocking the
-// control thread.
+// How long a whole message may take once its first byte came: a client
+// that stalls or trickles is cut off rather than blocking the control thread.
 constexpr int kMessageTimeoutMs = 1000;
 constexpr const char* kClientClosed = "client closed the connection";
 
@@ -154,6 +155,7 @@ void Server::on_readable() {
     Message& m = in_;
     while (conn_ && receive(m, false)) {
       dispatch(m);
+      m.fds.clear();  // what the handler did not take is closed now, not at the next message
       while (conn_ && !deferred_.empty()) {
         Message d = std::move(deferred_.front());
         deferred_.pop_front();
@@ -169,18 +171,24 @@ void Server::on_readable() {
   if (conn_) wait_readable();
 }
 
-// Reads exactly `size` bytes, waiting at most kMessageTimeoutMs for each
-// part; fds that come with them are kept.
-void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds) {
+// Reads exactly `size` bytes by `deadline`, the whole message's: a client
+// that sends a byte now and then cannot hold the control thread for longer
+// than that; fds that come with them are kept, up to kMaxMsgFds over all the
+// parts of a message.
+void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds,
+                        std::chrono::steady_clock::time_point deadline) {
   size_t got = 0;
   while (got < size) {
     bool truncated = false;
-    const ssize_t n = recv_with_fds(conn_.get(), to + got, size - got, fds, MSG_DONTWAIT, truncated, kMaxMsgFds);
+    const ssize_t n = recv_with_fds(conn_.get(), to + got, size - got, fds, MSG_DONTWAIT, truncated,
+                                    kMaxMsgFds - std::min<size_t>(fds.size(), kMaxMsgFds));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       pollfd p{conn_.get(), POLLIN, 0};
-      const int r = ::poll(&p, 1, kMessageTimeoutMs);
-      if (r == 0) throw ProtocolError("a message stalled after " + std::to_string(got) + " of " + std::to_string(size) + " bytes");
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0)
+        throw ProtocolError("a message was not complete within " + std::to_string(kMessageTimeoutMs) + " ms (" +
+                            std::to_string(got) + " of " + std::to_string(size) + " bytes)");
       continue;
     }
     if (n == 0) throw std::runtime_error(kClientClosed);
@@ -199,12 +207,13 @@ bool Server::receive(Message& m, bool block) {
   }
   m.payload.clear();
   m.fds.clear();
-  read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kMessageTimeoutMs);
+  read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds, deadline);
   if (m.hdr.size < sizeof(Header) || m.hdr.size > kMaxMessage)
     throw ProtocolError(std::string(command_name(m.hdr.command)) + " message of " + std::to_string(m.hdr.size) +
                         " bytes (16.." + std::to_string(kMaxMessage) + " allowed)");
   m.payload.resize(m.hdr.size - sizeof(Header));
-  read_exact(m.payload.data(), m.payload.size(), m.fds);
+  read_exact(m.payload.data(), m.payload.size(), m.fds, deadline);
   ++stats_.messages;
   return true;
 }
@@ -392,6 +401,15 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
   DmaWindow w{d.address, d.size, nullptr, (d.flags & kDmaFlagRead) != 0, (d.flags & kDmaFlagWrite) != 0};
   Mapping map;
   if (!m.fds.empty()) {
+    // The fd's real size bounds the window: a mapping past the end of the
+    // file would fault (SIGBUS) on the first touch, in whichever thread.
+    struct stat st{};
+    if (d.offset > UINT64_MAX - d.size) throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + " wraps");
+    if (::fstat(m.fds[0].get(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw Error(EINVAL, what + ": its fd is not a file that can back memory (memfd, tmpfs, hugetlbfs)");
+    if (static_cast<uint64_t>(st.st_size) < d.offset + d.size)
+      throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + ": the file has only " +
+                              hex(static_cast<uint64_t>(st.st_size)) + " bytes");
     const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
     const uint64_t skew = d.offset % kPageSizes;
     void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),
@@ -518,6 +536,13 @@ void Server::set_irqs(Message& m, Reply& /*r*/) {
     if (!m.fds.empty() && m.fds.size() != s.count)
       throw Error(EINVAL, "SET_IRQS for " + std::to_string(s.count) + " vectors with " + std::to_string(m.fds.size()) + " eventfds");
     std::vector<UniqueFd> fds = std::move(m.fds);
+    for (uint32_t i = 0; i < fds.size(); ++i) {
+      try {
+        fds[i] = checked_peer_eventfd(std::move(fds[i]), "SET_IRQS vector " + std::to_string(s.start + i));
+      } catch (const std::invalid_argument& e) {
+        throw Error(EINVAL, e.what());
+      }
+    }
     fds.resize(s.count);
     device_.set_irq_eventfds(s.index, s.start, std::move(fds));
     return;
@@ -634,6 +659,10 @@ void Server::disconnect(const std::string& why) {
     spdlog::error("vfio-user: {}: releasing the client's state: {}", device_.name(), e.what());
   }
   deferred_.clear();
+  // The last message's fds (a VMM's guest RAM memfd, say) go with the
+  // client, not with the next one.
+  in_.fds.clear();
+  reply_.fds.clear();
   negotiated_ = false;
   if (watch_) {
     boost::system::error_code ignored;

@@ -359,7 +359,13 @@ void VirtioNetPci::virtio_reset() {
 void VirtioNetPci::rebuild_memory() {
   device_.set_memory(nullptr);
   memory_.clear();
-  for (const auto& w : windows_) memory_.add_host_region(w.iova, w.size, w.iova, w.host);
+  // Each window keeps the client's permissions: a read-only window (mapped
+  // PROT_READ by the server) is never written through, a window with no
+  // access flags is not guest memory at all.
+  for (const auto& w : windows_) {
+    const uint8_t perm = (w.readable ? virtio::kIotlbRead : 0) | (w.writable ? virtio::kIotlbWrite : 0);
+    if (perm != 0) memory_.add_host_region(w.iova, w.size, w.iova, w.host, perm);
+  }
   device_.set_memory(&memory_);
 }
 

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 
@@ -129,7 +130,7 @@ struct Backend::Message {
 
 Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode)
     : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), acceptor_(io), retry_(io),
-      miss_watch_(io, ::dup(iotlb_.miss_fd())) {
+      err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())) {
   watch_misses();
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
@@ -215,13 +216,16 @@ void Backend::on_readable() {
                               : sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size;
       uint8_t buf[kMaxPayload + sizeof(Header)];
       bool truncated = false;
-      const ssize_t n = recv_with_fds(conn_.get(), buf, want - inbuf_.size(), infds_, MSG_DONTWAIT, truncated, kMaxFds);
+      // The fds of one message are capped over all its parts: a message
+      // trickled a byte per sendmsg must not collect 8 fds with each.
+      const ssize_t n = recv_with_fds(conn_.get(), buf, want - inbuf_.size(), infds_, MSG_DONTWAIT, truncated,
+                                      kMaxFds - infds_.size());
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
       if (n <= 0) {
         disconnect(n == 0 ? "front-end closed the connection" : std::string("read error: ") + std::strerror(errno));
         return;
       }
-      if (truncated) throw ProtocolError("more than 8 fds with one message");
+      if (truncated) throw ProtocolError("more than " + std::to_string(kMaxFds) + " fds with one message");
       inbuf_.insert(inbuf_.end(), buf, buf + n);
       if (inbuf_.size() == sizeof(Header)) {
         Header h;
@@ -387,7 +391,10 @@ void Backend::handle(Message& m) {
       if (m.fds.size() != (no_fd ? 0U : 1U))
         throw ProtocolError(what + " with " + std::to_string(m.fds.size()) + " fds and the no-fd flag " +
                             (no_fd ? "set" : "clear"));
-      UniqueFd fd = no_fd ? UniqueFd() : std::move(m.fds[0]);
+      // Eventfds only, used non-blocking: one fd given as two queues' kick
+      // must not leave a worker blocked in read() once the first drained it.
+      UniqueFd fd = checked_peer_eventfd(no_fd ? UniqueFd() : std::move(m.fds[0]),
+                                         what + " for queue " + std::to_string(q));
       if (r == kSetVringKick) {
         if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
         device_.stop();
@@ -397,7 +404,9 @@ void Backend::handle(Message& m) {
       } else if (r == kSetVringCall) {
         device_.set_queue_call(q, std::move(fd));
       } else {
-        kept_fds_.push_back(std::move(fd));
+        // Never signalled (the device reports no ring errors), but held: one
+        // per queue, the last one given, so a peer cannot pile them up.
+        err_fds_[q] = std::move(fd);
       }
       break;
     }
@@ -562,7 +571,7 @@ void Backend::disconnect(const std::string& why) {
   protocol_features_ = 0;
   protocol_negotiated_ = false;
   status_ = 0;
-  kept_fds_.clear();
+  for (auto& fd : err_fds_) fd.reset();
   backend_req_.reset();
   memory_.set_iotlb(nullptr);
   access_platform_ = false;
@@ -587,12 +596,12 @@ void Backend::disconnect(const std::string& why) {
 void Backend::iotlb_message(const IotlbMsg& msg) {
   spdlog::debug("vhost-user: {}: IOTLB type {} iova 0x{:x} size 0x{:x} uaddr 0x{:x} perm {}", device_.config().name,
                 msg.type, msg.iova, msg.size, msg.uaddr, msg.perm);
+  // Without ACCESS_PLATFORM ring addresses are not IOVAs: a table nobody
+  // reads would only be memory and work the peer makes the daemon spend.
+  if (!access_platform_) throw ProtocolError("IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM negotiated");
   switch (msg.type) {
     case kIotlbUpdate:
-      if (msg.size == 0 || msg.iova + msg.size < msg.iova || !(msg.perm & 3U))
-        throw ProtocolError("IOTLB update with size " + std::to_string(msg.size) + " and permission " +
-                            std::to_string(msg.perm));
-      iotlb_.update({msg.iova, msg.size, msg.uaddr, msg.perm});
+      iotlb_.update({msg.iova, msg.size, msg.uaddr, msg.perm});  // checked there: size, wrap, permission
       if (iotlb_.retired() > 64 || device_.waiting_for_translations()) {
         // Old tables freed, and pairs that waited for their rings started,
         // from a stopped device.

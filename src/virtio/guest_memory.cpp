@@ -1,8 +1,11 @@
 #include "sriovd/virtio/guest_memory.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
@@ -15,8 +18,7 @@ namespace {
 // the part of an IOTLB entry inside one memory region. Valid while the
 // memory (epoch) and the IOTLB (generation) are what they were.
 struct IovaCache {
-  const void* mem = nullptr;
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;  // unique per map version (next_translation_version), so no object check
   uint64_t generation = 0;
   uint64_t iova = 0;
   uint64_t size = 0;
@@ -25,7 +27,17 @@ struct IovaCache {
 };
 thread_local IovaCache t_iova;
 
+std::atomic<uint64_t> g_version{1};
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 }  // namespace
+
+uint64_t next_translation_version() { return g_version.fetch_add(1, std::memory_order_relaxed); }
 
 GuestMemory::~GuestMemory() { clear(); }
 
@@ -34,7 +46,7 @@ void GuestMemory::clear() {
   mappings_.clear();
   regions_.clear();
   last_hit_ = 0;
-  ++epoch_;
+  epoch_ = next_translation_version();
 }
 
 bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
@@ -51,50 +63,68 @@ bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
       }
     }
     last_hit_ = 0;
-    ++epoch_;
+    epoch_ = next_translation_version();
     return true;
   }
   return false;
 }
 
-void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host) {
-  if (size == 0) throw std::invalid_argument("guest memory region of size 0");
-  if (guest_addr + size < guest_addr) throw std::invalid_argument("guest memory region wraps around");
+void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host, uint8_t perm) {
+  const std::string what = "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ")";
+  if (size == 0) throw std::invalid_argument(what + " is empty");
+  if (guest_addr > UINT64_MAX - size) throw std::invalid_argument(what + " wraps around");
+  if (user_addr > UINT64_MAX - size)
+    throw std::invalid_argument(what + " at front-end address " + hex(user_addr) + " wraps around");
   for (const auto& r : regions_)
     if (guest_addr < r.guest_addr + r.size && r.guest_addr < guest_addr + size)
-      throw std::invalid_argument("guest memory regions overlap at 0x" + std::to_string(guest_addr));
-  regions_.push_back({guest_addr, size, user_addr, static_cast<uint8_t*>(host)});
-  ++epoch_;
+      throw std::invalid_argument(what + " overlaps [" + hex(r.guest_addr) + ", +" + hex(r.size) + ")");
+  regions_.push_back({guest_addr, size, user_addr, static_cast<uint8_t*>(host), perm});
+  epoch_ = next_translation_version();
 }
 
 void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
-  void* p = ::mmap(nullptr, size + mmap_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) throw_errno("mapping guest memory region of " + std::to_string(size) + " bytes");
+  const std::string what = "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ") at fd offset " +
+                           hex(mmap_offset);
+  if (size == 0 || mmap_offset > UINT64_MAX - size) throw std::invalid_argument(what + ": empty or wrapping");
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) throw_errno(what + ": fstat of its fd");
+  // A device node or socket has no size to check a mapping against.
+  if (!S_ISREG(st.st_mode)) throw std::invalid_argument(what + ": its fd is not a file (memfd, tmpfs, hugetlbfs)");
+  if (static_cast<uint64_t>(st.st_size) < mmap_offset + size)
+    throw std::invalid_argument(what + ": its file has only " + hex(static_cast<uint64_t>(st.st_size)) + " bytes");
+  // mmap wants a page-aligned file offset: map from the page the region starts in.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t skew = mmap_offset % page;
+  if (size > SIZE_MAX - skew) throw std::invalid_argument(what + ": too large to map");
+  const size_t length = size + skew;
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(mmap_offset - skew));
+  if (p == MAP_FAILED) throw_errno("mapping " + what);
   try {
-    add_host_region(guest_addr, size, user_addr, static_cast<uint8_t*>(p) + mmap_offset);
+    add_host_region(guest_addr, size, user_addr, static_cast<uint8_t*>(p) + skew);
   } catch (...) {
-    ::munmap(p, size + mmap_offset);
+    ::munmap(p, length);
     throw;
   }
-  mappings_.push_back({p, size + mmap_offset});
+  mappings_.push_back({p, length});
 }
 
-uint8_t* GuestMemory::translate(uint64_t gpa, uint64_t len, bool device_writes) const {
-  if (!iotlb_) return translate_gpa(gpa, len);
+uint8_t* GuestMemory::translate_perm(uint64_t gpa, uint64_t len, uint8_t need) const {
+  if (!iotlb_) return translate_gpa(gpa, len, need);
   const uint64_t generation = iotlb_->generation();
-  const uint8_t need = device_writes ? kIotlbWrite : kIotlbRead;
   IovaCache& c = t_iova;
-  if (c.mem == this && c.epoch == epoch_ && c.generation == generation && gpa >= c.iova && len <= c.size &&
-      gpa - c.iova <= c.size - len && (c.perm & need))
+  if (c.epoch == epoch_ && c.generation == generation && gpa >= c.iova && len <= c.size &&
+      gpa - c.iova <= c.size - len && (c.perm & need) == need)
     return c.host + (gpa - c.iova);
   IotlbEntry e;
-  if (!iotlb_->lookup_entry(gpa, len, device_writes, e)) return nullptr;
+  if (!iotlb_->lookup_entry(gpa, len, need, e)) return nullptr;
   const uint64_t u = e.uaddr + (gpa - e.iova);
   for (const auto& r : regions_) {
-    if (u < r.user_addr || len > r.size || u - r.user_addr > r.size - len) continue;
+    if (u < r.user_addr || len > r.size || u - r.user_addr > r.size - len || (r.perm & need) != need) continue;
+    // Entries are checked not to wrap when they arrive (Iotlb::update).
     const uint64_t begin = std::max(e.uaddr, r.user_addr);
     const uint64_t end = std::min(e.uaddr + e.size, r.user_addr + r.size);
-    c = {this, epoch_, generation, e.iova + (begin - e.uaddr), end - begin, r.host + (begin - r.user_addr), e.perm};
+    c = {epoch_, generation, e.iova + (begin - e.uaddr), end - begin, r.host + (begin - r.user_addr),
+         static_cast<uint8_t>(e.perm & r.perm)};
     return r.host + (u - r.user_addr);
   }
   return nullptr;
@@ -114,9 +144,9 @@ bool GuestMemory::iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) co
   return true;
 }
 
-uint8_t* GuestMemory::translate_gpa(uint64_t gpa, uint64_t len) const {
+uint8_t* GuestMemory::translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const {
   auto inside = [&](const MemoryRegion& r) {
-    return gpa >= r.guest_addr && len <= r.size && gpa - r.guest_addr <= r.size - len;
+    return gpa >= r.guest_addr && len <= r.size && gpa - r.guest_addr <= r.size - len && (r.perm & need) == need;
   };
   if (last_hit_ < regions_.size() && inside(regions_[last_hit_]))
     return regions_[last_hit_].host + (gpa - regions_[last_hit_].guest_addr);

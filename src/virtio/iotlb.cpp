@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/virtio/guest_memory.hpp"
 
 namespace sriovd::virtio {
 
@@ -21,7 +23,7 @@ thread_local LastHit t_last;
 
 }  // namespace
 
-Iotlb::Iotlb() : owned_(std::make_unique<Table>()) {
+Iotlb::Iotlb() : owned_(std::make_unique<Table>()), generation_(next_translation_version()) {
   current_.store(owned_.get());
   miss_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!miss_fd_) throw_errno("eventfd for IOTLB misses");
@@ -31,26 +33,43 @@ Iotlb::~Iotlb() = default;
 
 void Iotlb::publish(std::unique_ptr<Table> next) {
   current_.store(next.get(), std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.store(next_translation_version(), std::memory_order_release);
   retired_.push_back(std::move(owned_));
   owned_ = std::move(next);
 }
 
 void Iotlb::update(const IotlbEntry& e) {
-  if (e.size == 0 || e.iova + e.size < e.iova) throw std::invalid_argument("IOTLB entry of size 0 or wrapping");
+  if (e.size == 0 || e.iova > UINT64_MAX - e.size || e.uaddr > UINT64_MAX - e.size || !(e.perm & (kIotlbRead | kIotlbWrite)))
+    throw std::invalid_argument("IOTLB update of " + std::to_string(e.size) + " bytes at IOVA " + std::to_string(e.iova) +
+                                " (front-end address " + std::to_string(e.uaddr) + ", permission " +
+                                std::to_string(e.perm) + "): empty, without permission, or wrapping");
+  // The table stays sorted: one copy, the new entry put in its place, no
+  // sort. Entries that overlap it are replaced.
+  const auto keep = [&](const IotlbEntry& x) { return x.iova + x.size <= e.iova || x.iova >= e.iova + e.size; };
+  const auto kept = static_cast<size_t>(std::count_if(owned_->begin(), owned_->end(), keep));
+  bool evict = kept >= kMaxEntries;  // full: the entry after the new one goes
   auto next = std::make_unique<Table>();
-  next->reserve(owned_->size() + 1);
-  for (const auto& x : *owned_)
-    if (x.iova + x.size <= e.iova || x.iova >= e.iova + e.size) next->push_back(x);
-  next->push_back(e);
-  std::sort(next->begin(), next->end(), [](const IotlbEntry& a, const IotlbEntry& b) { return a.iova < b.iova; });
+  next->reserve(std::min(kept + 1, kMaxEntries));
+  bool placed = false;
+  for (const auto& x : *owned_) {
+    if (!keep(x)) continue;
+    if (!placed && x.iova > e.iova) {
+      next->push_back(e);
+      placed = true;
+      if (std::exchange(evict, false)) continue;
+    }
+    next->push_back(x);
+  }
+  if (!placed) next->push_back(e);
+  if (evict) next->erase(next->end() - 2);  // nothing after it: the one before
   publish(std::move(next));
 }
 
 void Iotlb::invalidate(uint64_t iova, uint64_t size) {
+  const uint64_t end = size > UINT64_MAX - iova ? UINT64_MAX : iova + size;  // a range to the top is the top
   auto next = std::make_unique<Table>();
   for (const auto& x : *owned_)
-    if (x.iova + x.size <= iova || x.iova >= iova + size) next->push_back(x);
+    if (x.iova + x.size <= iova || x.iova >= end) next->push_back(x);
   publish(std::move(next));
 }
 
@@ -60,11 +79,10 @@ void Iotlb::reclaim() { retired_.clear(); }
 
 size_t Iotlb::size() const { return owned_->size(); }
 
-bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& out) const {
+bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, uint8_t need, IotlbEntry& out) const {
   const Table* t = current_.load(std::memory_order_acquire);
-  const uint8_t need = write ? kIotlbWrite : kIotlbRead;
   auto covers = [&](const IotlbEntry& e) {
-    return iova >= e.iova && len <= e.size && iova - e.iova <= e.size - len && (e.perm & need);
+    return iova >= e.iova && len <= e.size && iova - e.iova <= e.size - len && (e.perm & need) == need;
   };
   if (t_last.table == t && t_last.index < t->size() && covers((*t)[t_last.index])) {
     out = (*t)[t_last.index];
@@ -81,12 +99,12 @@ bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& ou
   }
   // A range over several entries (a ring in page-sized mappings) is one
   // range if they follow each other in IOVA and in the front-end's space.
-  if (iova - it->iova >= it->size || !(it->perm & need)) return false;
+  if (iova - it->iova >= it->size || (it->perm & need) != need) return false;
   const uint64_t start = it->uaddr + (iova - it->iova);
   uint64_t covered = it->size - (iova - it->iova);
   uint8_t perm = it->perm;
   for (auto next = it + 1; covered < len; ++next) {
-    if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered || !(next->perm & need))
+    if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered || (next->perm & need) != need)
       return false;
     covered += next->size;
     perm &= next->perm;
@@ -97,7 +115,7 @@ bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& ou
 
 bool Iotlb::lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const {
   IotlbEntry e;
-  if (!lookup_entry(iova, len, write, e)) return false;
+  if (!lookup_entry(iova, len, write ? kIotlbWrite : kIotlbRead, e)) return false;
   uaddr = e.uaddr + (iova - e.iova);
   return true;
 }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
@@ -84,6 +85,10 @@ struct NetDevice::RxHold {
   std::vector<uint8_t> piece = std::vector<uint8_t>(kMaxPacket);
 };
 
+// Chains (packets, commands) one pass over a queue takes before the worker
+// looks at its events again.
+constexpr unsigned kPassBudget = 256;
+
 struct NetDevice::Worker {
   unsigned pair = 0;
   UniqueFd epoll;
@@ -91,6 +96,9 @@ struct NetDevice::Worker {
   int tap_fd = -1;
   bool tap_armed = true;   // watching the port for received packets
   bool tx_blocked = false;  // the port had no room: watching it for room
+  // Queues whose last pass ran out of budget: served again after the next
+  // look at the stop event, without waiting for a kick.
+  bool tx_more = false, rx_more = false, ctrl_more = false;
   std::thread thread;
   RxHold* rx = nullptr;  // the pair's received packet waiting for buffers (outlives the worker)
   // Preallocated: nothing on the data path allocates.
@@ -391,7 +399,10 @@ void NetDevice::run_pair(Worker& w) {
   if (w.pair == 0) do_ctrl(w);
   epoll_event events[8];
   for (;;) {
-    const int n = ::epoll_wait(w.epoll.get(), events, 8, -1);
+    // Work left over from a pass that hit its budget: look for events (the
+    // stop event among them) without sleeping, then go on with it.
+    const bool more = w.tx_more || w.rx_more || w.ctrl_more;
+    const int n = ::epoll_wait(w.epoll.get(), events, 8, more ? 0 : -1);
     for (int i = 0; i < n; ++i) {
       uint64_t count;
       switch (events[i].data.u64) {
@@ -423,6 +434,9 @@ void NetDevice::run_pair(Worker& w) {
       }
     }
     if (broken_.load(std::memory_order_relaxed)) return;
+    if (std::exchange(w.tx_more, false)) do_tx(w);
+    if (std::exchange(w.rx_more, false)) do_rx(w);
+    if (std::exchange(w.ctrl_more, false)) do_ctrl(w);
   }
 }
 
@@ -433,7 +447,13 @@ bool NetDevice::do_tx(Worker& w) {
   auto& iov = w.tx_iov;
   Chain c;
   bool any = false;
-  for (;;) {
+  for (unsigned budget = kPassBudget;; --budget) {
+    // A guest that keeps its ring full must not keep the worker from its
+    // stop event: the rest is served on the next pass.
+    if (budget == 0) {
+      w.tx_more = true;
+      break;
+    }
     if (!q.ring->pop(c, segs)) {
       // Ask for a kick before sleeping; buffers that slipped in meanwhile
       // are taken now. A stalled ring waits for its IOTLB answer instead.
@@ -485,7 +505,11 @@ bool NetDevice::do_rx(Worker& w) {
   // A pair the driver did not activate (MQ) takes nothing.
   if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
-  for (;;) {
+  for (unsigned budget = kPassBudget;; --budget) {
+    if (budget == 0) {
+      w.rx_more = true;
+      break;
+    }
     RxHold& rx = *w.rx;
     if (rx.pending == 0 && rx.cutter.active()) {
       // The next segment of a GSO packet being cut for this driver.
@@ -594,7 +618,11 @@ void NetDevice::do_ctrl(Worker& w) {
   if (!q.ring) return;
   Chain c;
   bool any = false;
-  for (;;) {
+  for (unsigned budget = kPassBudget;; --budget) {
+    if (budget == 0) {
+      w.ctrl_more = true;
+      break;
+    }
     if (!q.ring->pop(c, w.ctrl_segs)) {
       if (q.ring->broken() || q.ring->stalled() || !q.ring->enable_kicks()) break;
       continue;

@@ -191,7 +191,7 @@ class SplitQueue final : public Virtqueue {
     const RingLayout l = split_layout(size);
     desc_ = reinterpret_cast<SplitDesc*>(mem.translate(rings.desc, l.desc_bytes));
     avail_ = reinterpret_cast<uint16_t*>(mem.translate(rings.driver, l.driver_bytes));
-    used_ = mem.translate(rings.device, l.device_bytes);
+    used_ = mem.translate_rw(rings.device, l.device_bytes);
     if (!desc_ || !avail_ || !used_) throw std::invalid_argument("split ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 2 || rings.device % 4)
       throw std::invalid_argument("split ring parts are misaligned (§2.7: 16, 2, 4)");
@@ -364,9 +364,10 @@ class PackedQueue final : public Virtqueue {
   PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base,
               uint8_t* inflight)
       : mem_(mem), size_(size), event_idx_(event_idx) {
-    desc_ = reinterpret_cast<PackedDesc*>(mem.translate(rings.desc, 16ULL * size));
+    // The device writes used descriptors back into the ring (§2.8.2).
+    desc_ = reinterpret_cast<PackedDesc*>(mem.translate_rw(rings.desc, 16ULL * size));
     driver_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.driver, 4));
-    device_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.device, 4));
+    device_ = reinterpret_cast<EventSuppress*>(mem.translate_rw(rings.device, 4));
     if (!desc_ || !driver_ || !device_) throw std::invalid_argument("packed ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 4 || rings.device % 4)
       throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");

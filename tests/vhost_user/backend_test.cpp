@@ -1,6 +1,7 @@
 // The vhost-user back-end against a hand-written front-end: well-formed
 // messages get their replies; each malformed one ends only that connection,
 // counted and logged, and the next front-end is served.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -68,6 +69,7 @@ class Frontend {
     Header h{request, kVersion, size};
     ASSERT_EQ(::send(fd_.get(), &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
   }
+  [[nodiscard]] int fd() const { return fd_.get(); }
   bool closed_by_peer() {
     char c;
     const ssize_t n = ::recv(fd_.get(), &c, 1, 0);
@@ -210,6 +212,46 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
          VringAddr a{0, 0, 0x1000, 0x2000, 0x3000, 0};
          f.send(kSetVringAddr, &a, sizeof a);
        }, "a ring outside the shared memory"},
+      // Issue 11, item 1: offset + size wrapping made one mapped page claim 2^63 bytes.
+      {"memory region whose offset and size wrap", [&](Frontend& f) {
+         UniqueFd m(::memfd_create("wrap", MFD_CLOEXEC));
+         ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
+         MemTable t{};
+         t.nregions = 1;
+         t.regions[0] = {0, 1ULL << 63U, 0x7f0000000000, (1ULL << 63U) + 0x1000};
+         f.send(kSetMemTable, &t, 8 + sizeof(MemRegion), {m.get()});
+       }, "empty or wrapping"},
+      // Item 4: a region larger than its memfd took SIGBUS on the first touch.
+      {"memory region larger than its memfd", [&](Frontend& f) {
+         UniqueFd m(::memfd_create("small", MFD_CLOEXEC));
+         ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
+         SingleMemRegion r{0, {0, 1 << 20, 0x7f0000000000, 0}};
+         f.send(kAddMemReg, &r, sizeof r, {m.get()});
+       }, "its file has only 0x1000 bytes"},
+      // Item 7: kick and call fds must be eventfds.
+      {"kick fd that is a pipe", [&](Frontend& f) {
+         int p[2];
+         ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+         UniqueFd r(p[0]), w(p[1]);
+         const uint64_t q0 = 0;
+         f.send(kSetVringKick, &q0, sizeof q0, {r.get()});
+       }, "SET_VRING_KICK (12) for queue 0: the fd is not an eventfd"},
+      // Item 13: IOTLB messages only when ACCESS_PLATFORM was negotiated.
+      {"IOTLB update without ACCESS_PLATFORM", [&](Frontend& f) {
+         IotlbMsg m{0x1000, 0x1000, 0x7f0000000000, 3, kIotlbUpdate, {}};
+         f.send(kIotlbMsg, &m, sizeof m);
+       }, "IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM"},
+      // Item 12: the fds of one message are capped over all its parts.
+      {"fds trickled with a message a byte at a time", [&](Frontend& f) {
+         Header h{kSetFeatures, kVersion, 8};
+         uint8_t bytes[sizeof h + 8] = {};
+         std::memcpy(bytes, &h, sizeof h);
+         std::vector<int> eight(8, e1.get());
+         for (size_t i = 0; i < 3; ++i) {
+           const iovec iov{bytes + i, 1};
+           if (send_with_fds(f.fd(), {&iov, 1}, eight) != 1) break;  // refused by now
+         }
+       }, "more than 8 fds with one message"},
   };
   uint64_t errors = 0;
   for (const auto& c : cases) {
@@ -228,6 +270,52 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
     next.send(kGetFeatures, nullptr, 0);
     EXPECT_TRUE(next.reply_u64().has_value());
   }
+}
+
+// Item 7: one blocking eventfd given as the RX and the TX kick of a pair
+// woke the worker for both; the first read drained it and the second
+// blocked forever, and the next stop() joined that worker. Kick and call
+// fds are made non-blocking where they enter (the flag is on the shared
+// open file, so the front-end's own copy shows it).
+TEST_F(BackendTest, KickAndCallFdsAreMadeNonBlocking) {
+  Frontend f(dir.file("vnet.sock"));
+  UniqueFd kick(::eventfd(0, EFD_CLOEXEC)), call(::eventfd(0, EFD_CLOEXEC));
+  ASSERT_FALSE(::fcntl(kick.get(), F_GETFL) & O_NONBLOCK);
+  const uint64_t proto = kProtoReplyAck;
+  f.send(kSetProtocolFeatures, &proto, sizeof proto);
+  for (uint64_t q : {0ULL, 1ULL}) {
+    f.send(kSetVringKick, &q, sizeof q, {kick.get()}, kVersion | kFlagNeedReply);
+    EXPECT_EQ(f.reply_u64(), 0U);
+  }
+  const uint64_t q0 = 0;
+  f.send(kSetVringCall, &q0, sizeof q0, {call.get()}, kVersion | kFlagNeedReply);
+  EXPECT_EQ(f.reply_u64(), 0U);
+  EXPECT_TRUE(::fcntl(kick.get(), F_GETFL) & O_NONBLOCK);
+  EXPECT_TRUE(::fcntl(call.get(), F_GETFL) & O_NONBLOCK);
+}
+
+// Item 12: every SET_VRING_ERR fd used to be kept for the connection's
+// life; now one per queue, the last one given.
+TEST_F(BackendTest, VringErrorFdsDoNotPileUp) {
+  auto open_fds = [] {
+    size_t n = 0;
+    for (int fd = 0; fd < 4096; ++fd)
+      if (::fcntl(fd, F_GETFD) >= 0) ++n;
+    return n;
+  };
+  Frontend f(dir.file("vnet.sock"));
+  const uint64_t proto = kProtoReplyAck;
+  f.send(kSetProtocolFeatures, &proto, sizeof proto);
+  f.send(kGetFeatures, nullptr, 0);  // a round trip: the connection is accepted
+  ASSERT_TRUE(f.reply_u64().has_value());
+  const size_t before = open_fds();
+  for (int i = 0; i < 200; ++i) {
+    UniqueFd err(::eventfd(0, EFD_CLOEXEC));
+    const uint64_t q = i % 2;
+    f.send(kSetVringErr, &q, sizeof q, {err.get()}, kVersion | kFlagNeedReply);
+    ASSERT_EQ(f.reply_u64(), 0U);
+  }
+  EXPECT_LE(open_fds(), before + 2) << "the back-end keeps every SET_VRING_ERR fd";
 }
 
 // Client mode: the front-end listens (as QEMU with server=on does), sriovd

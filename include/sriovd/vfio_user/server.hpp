@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -73,7 +74,7 @@ class Server {
   void on_readable();
   // One whole message; false if nothing is waiting (and !block).
   bool receive(Message& m, bool block);
-  void read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds);
+  void read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds, std::chrono::steady_clock::time_point deadline);
   void dispatch(Message& m);
   void handle(Message& m, Reply& r);
   void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);

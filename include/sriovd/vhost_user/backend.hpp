@@ -81,7 +81,7 @@ class Backend {
   uint64_t protocol_features_ = 0;
   bool protocol_negotiated_ = false;
   uint8_t status_ = 0;
-  std::vector<UniqueFd> kept_fds_;  // vring error fds
+  std::vector<UniqueFd> err_fds_;  // SET_VRING_ERR's, one per queue
   UniqueFd backend_req_;            // the back-end channel (SET_BACKEND_REQ_FD)
   virtio::Iotlb iotlb_;             // VIRTIO_F_ACCESS_PLATFORM translations
   asio::posix::stream_descriptor miss_watch_;

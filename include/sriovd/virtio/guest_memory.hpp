@@ -19,7 +19,14 @@ struct MemoryRegion {
   uint64_t size = 0;
   uint64_t user_addr = 0;  // the front-end's virtual address (vhost-user ring addresses use it)
   uint8_t* host = nullptr;
+  uint8_t perm = kIotlbRead | kIotlbWrite;  // what the device may do here (a vfio-user window's flags)
 };
+
+// A process-wide counter for the versions of memory maps and IOTLB tables:
+// a cached translation names the version it was made under, and no two
+// objects ever share one (a new GuestMemory at a freed one's address must
+// not hit the old one's cache entries).
+uint64_t next_translation_version();
 
 class GuestMemory {
  public:
@@ -28,11 +35,17 @@ class GuestMemory {
   GuestMemory(const GuestMemory&) = delete;
   GuestMemory& operator=(const GuestMemory&) = delete;
 
-  // Maps `size` bytes of `fd` from `mmap_offset` as guest [guest_addr, +size).
-  // Throws on overlap, zero size, or a failed mmap.
+  // The one place a peer's memory enters (vhost-user regions): maps `size`
+  // bytes of `fd` from `mmap_offset` as guest [guest_addr, +size). Throws
+  // std::invalid_argument, naming the region, on a zero size, any sum that
+  // wraps, overlap, an fd that is not a regular file (memfd, hugetlbfs,
+  // tmpfs) or one whose size (fstat) does not cover offset + size; a
+  // SystemError on a failed mmap.
   void add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset);
-  // Memory the caller owns (tests, the in-process front-end).
-  void add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host);
+  // Memory mapped by the caller (tests, the in-process front-end, a
+  // vfio-user DMA window the server mapped with `perm`'s protection).
+  void add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host,
+                       uint8_t perm = kIotlbRead | kIotlbWrite);
   void clear();
   // Unmaps the region at [guest_addr, guest_addr + size) that add_*_region
   // made (vhost-user REM_MEM_REG); false if there is none.
@@ -42,7 +55,16 @@ class GuestMemory {
   // With an IOTLB (VIRTIO_F_ACCESS_PLATFORM) the address is an IOVA: the
   // IOTLB gives the front-end address (checking `device_writes` against
   // the entry's permission), and the memory table the pointer.
-  [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len, bool device_writes = false) const;
+  // Either way the region must allow the access (a read-only vfio-user
+  // window is never written through).
+  [[nodiscard]] uint8_t* translate(uint64_t gpa, uint64_t len, bool device_writes = false) const {
+    return translate_perm(gpa, len, device_writes ? kIotlbWrite : kIotlbRead);
+  }
+  // For ring parts the device reads and writes (used ring, packed ring).
+  [[nodiscard]] uint8_t* translate_rw(uint64_t gpa, uint64_t len) const {
+    return translate_perm(gpa, len, kIotlbRead | kIotlbWrite);
+  }
+  [[nodiscard]] uint8_t* translate_perm(uint64_t gpa, uint64_t len, uint8_t need) const;
   // After translate() failed: was it an IOTLB miss (then reported to the
   // IOTLB, and worth a retry once it is answered) rather than a bad address?
   [[nodiscard]] bool iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) const;
@@ -60,10 +82,10 @@ class GuestMemory {
     void* base = nullptr;
     size_t length = 0;
   };
-  [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len) const;
+  [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const;
   std::vector<MemoryRegion> regions_;
   Iotlb* iotlb_ = nullptr;
-  uint64_t epoch_ = 1;  // changes with the regions: cached translations check it
+  uint64_t epoch_ = next_translation_version();  // changes with the regions: cached translations check it
   std::vector<Mapping> mappings_;
   mutable size_t last_hit_ = 0;
 };

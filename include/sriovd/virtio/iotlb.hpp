@@ -39,8 +39,16 @@ class Iotlb {
   Iotlb(const Iotlb&) = delete;
   Iotlb& operator=(const Iotlb&) = delete;
 
+  // At most this many translations: a front-end that sends more has the
+  // one after the new entry's place evicted (it is asked for again on a
+  // miss, as an IOMMU's IOTLB would). Bounds both the memory a peer can
+  // make the daemon hold and the copy each update costs.
+  static constexpr size_t kMaxEntries = 4096;
+
   // --- control plane ---
   // Adds a translation; one that overlaps existing ones replaces them.
+  // Throws std::invalid_argument, naming it, for an empty entry, one
+  // without permission, or one whose IOVA or front-end range wraps.
   void update(const IotlbEntry& e);
   // Drops every translation overlapping [iova, iova + size).
   void invalidate(uint64_t iova, uint64_t size);
@@ -56,7 +64,8 @@ class Iotlb {
   bool lookup(uint64_t iova, uint64_t len, bool write, uint64_t& uaddr) const;
   // The same, giving the whole translation that covers the range (for a
   // caller that caches it): out.iova <= iova, and [iova, iova + len) inside.
-  bool lookup_entry(uint64_t iova, uint64_t len, bool write, IotlbEntry& out) const;
+  // `need`: kIotlbRead, kIotlbWrite or both (a ring part read and written).
+  bool lookup_entry(uint64_t iova, uint64_t len, uint8_t need, IotlbEntry& out) const;
   // Changes with every table published: a cached translation is valid
   // only for the generation it was made under.
   [[nodiscard]] uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
@@ -78,7 +87,7 @@ class Iotlb {
   std::atomic<const Table*> current_;
   std::unique_ptr<Table> owned_;
   std::vector<std::unique_ptr<Table>> retired_;
-  std::atomic<uint64_t> generation_{1};
+  std::atomic<uint64_t> generation_;  // from next_translation_version(): unique in the process
   std::atomic<uint64_t> miss_slot_{0};  // iova | 1 (read) or | 2 (write) in the low bits; 0: none
   std::atomic<uint64_t> misses_{0};
   UniqueFd miss_fd_;
