@@ -492,7 +492,9 @@ TEST_F(VfProxyTest, TwoHundredConnectCyclesLeakNothing) {
     (void)c.region(0);  // receives the BAR fd
   };
   cycle();  // first use allocates what stays (relay eventfds pool, etc.)
-  for (int i = 0; i < 100 && engine.size() != 0; ++i) std::this_thread::sleep_for(5ms);
+  // Until the server has let go of the client entirely (routes first, then
+  // its last message's fds).
+  ASSERT_TRUE(test::wait_until([&] { return engine.size() == 0 && !exported->server->connected(); }, 2s));
   const size_t fds_before = open_fds();
   const size_t maps_before = mappings();
   const size_t rss_before = rss_kib();
