@@ -8,20 +8,17 @@
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::control {
 
 Client::Client(const std::string& socket_path, std::chrono::milliseconds timeout)
     : path_(socket_path), timeout_(timeout) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path)
-    throw std::runtime_error("control socket path too long: " + socket_path);
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd_) throw_errno("socket() for " + socket_path);
-  if (::connect(fd_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
-    throw_errno("cannot connect to " + socket_path + " (is sriovd running?)");
+  try {
+    fd_ = connect_unix(socket_path, "control socket");
+  } catch (const SystemError& e) {
+    throw SystemError(e.code().value(), std::string(e.what()) + " (is sriovd running?)");
+  }
 }
 
 void Client::write_all(const std::string& bytes) {

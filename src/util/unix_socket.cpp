@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -75,6 +76,30 @@ ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int>
   do n = ::sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n;
+}
+
+UniqueFd connect_unix(const std::string& path, const std::string& what, bool nonblocking) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path)
+    throw SystemError(ENAMETOOLONG, what + " path " + path + " is longer than " +
+                                        std::to_string(sizeof addr.sun_path - 1) + " bytes");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0));
+  if (!fd) throw_errno("socket for " + what);
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) throw_errno("connecting to " + what + " " + path);
+  return fd;
+}
+
+void limit_send_wait(int fd, int limit_ms) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK)) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const timeval tv{limit_ms / 1000, (limit_ms % 1000) * 1000};
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) throw_errno("SO_SNDTIMEO on a peer's socket");
 }
 
 ssize_t recv_with_fds(int sock, void* data, size_t size, std::vector<UniqueFd>& fds, int flags, bool& truncated,

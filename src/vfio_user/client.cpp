@@ -29,14 +29,7 @@ T load(const std::vector<uint8_t>& p, size_t at = 0) {
 }  // namespace
 
 Client::Client(const std::string& socket_path, nlohmann::json capabilities) {
-  sock_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!sock_) throw_errno("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket_path.size() >= sizeof addr.sun_path) throw Error(ENAMETOOLONG, "socket path " + socket_path);
-  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  if (::connect(sock_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    throw SystemError(errno, "connecting to " + socket_path);
+  sock_ = connect_unix(socket_path, "vfio-user socket");
   if (capabilities.is_null())
     capabilities = {{"capabilities", {{"max_msg_fds", kMaxMsgFds}, {"max_data_xfer_size", kMaxDataXfer}}}};
   const std::string text = capabilities.dump();

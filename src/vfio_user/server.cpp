@@ -121,6 +121,7 @@ void Server::accept_next() {
 }
 
 void Server::adopt(UniqueFd fd) {
+  limit_send_wait(fd.get());
   conn_ = std::move(fd);
   ++stats_.connections;
   negotiated_ = false;

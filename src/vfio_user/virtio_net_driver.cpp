@@ -372,12 +372,7 @@ int VirtioNetDriver::wait(pollfd* fds, nfds_t count, int timeout_ms) {
 // process's virtual addresses), base, kick and call eventfds, enable.
 void VirtioNetDriver::bring_up_vhost_user() {
   namespace vu = vhost_user;
-  vhost_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (vhost_socket_.size() >= sizeof a.sun_path) throw std::invalid_argument("socket path too long: " + vhost_socket_);
-  std::memcpy(a.sun_path, vhost_socket_.c_str(), vhost_socket_.size() + 1);
-  if (::connect(vhost_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw SystemError(errno, "connecting to " + vhost_socket_);
+  vhost_ = connect_unix(vhost_socket_, "vhost-user socket");
   timeval tv{5, 0};
   ::setsockopt(vhost_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   if (options_.queue_pairs > 1)

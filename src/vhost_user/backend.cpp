@@ -150,13 +150,15 @@ void Backend::connect_later(std::chrono::milliseconds delay) {
 }
 
 // Client mode: the front-end listens; a missing or refusing socket is
-// tried again every second (a VMM that is starting, or restarting).
+// tried again every second (a VMM that is starting, or restarting). The
+// connect never blocks the control thread: a listener that does not accept
+// (a full backlog) is one more try later.
 void Backend::try_connect() {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path_.c_str(), std::min(path_.size() + 1, sizeof addr.sun_path));
-  if (!fd || ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  UniqueFd fd;
+  try {
+    fd = connect_unix(path_, "vhost-user front-end socket", true);
+  } catch (const SystemError& e) {
+    if (e.code().value() == ENAMETOOLONG) throw;  // no retry mends that
     connect_later(std::chrono::seconds(1));
     return;
   }
@@ -164,6 +166,7 @@ void Backend::try_connect() {
 }
 
 void Backend::adopt(UniqueFd fd) {
+  limit_send_wait(fd.get());
   conn_ = std::move(fd);
   ++stats_.connections;
   watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());

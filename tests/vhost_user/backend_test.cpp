@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "sriovd/util/error.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
@@ -360,6 +361,41 @@ TEST(BackendSteering, PortQueuesFollowTheEnabledRxVrings) {
   EXPECT_EQ(port.active.load(), 2U);
   enable(2, 0);
   EXPECT_EQ(port.active.load(), 1U);
+}
+
+// Item 9: a VMM that listens with a full backlog and never accepts. The
+// connect was blocking, on the control thread (here: in the constructor);
+// now it fails at once, is tried again every second, and the io thread
+// stays free.
+TEST(BackendClientMode, AListenerThatNeverAcceptsDoesNotBlock) {
+  sriovd::test::TempDir dir;
+  const std::string path = dir.file("stuck.sock");
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener.get(), 0), 0);
+  // Fill the backlog with connections nobody accepts.
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 8; ++i) {
+    try {
+      fillers.push_back(connect_unix(path, "filler", true));
+    } catch (const SystemError&) {
+      break;  // full
+    }
+  }
+  ASSERT_LT(fillers.size(), 8U) << "the backlog never filled";
+  virtio::NetConfig nc;
+  nc.name = "client-stuck";
+  auto made = std::async(std::launch::async, [&] {
+    return std::make_unique<test::BackendRunner>(nc, std::make_unique<NullPort>(), path, Backend::Mode::client);
+  });
+  ASSERT_EQ(made.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "connecting to a listener that never accepts blocked";
+  auto vu = made.get();
+  EXPECT_EQ(vu->on_io([&] { return vu->backend.stats().connections; }), 0U);
+  fillers.clear();
 }
 
 TEST(BackendClientMode, ConnectsRetriesAndReconnects) {

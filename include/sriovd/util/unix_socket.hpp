@@ -22,6 +22,19 @@ namespace sriovd {
 void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path, mode_t mode,
                  const std::string& what);
 
+// A connected Unix stream socket to `path` (close-on-exec). Throws
+// SystemError naming `what` and the path: ENAMETOOLONG for a path that does
+// not fit sun_path (never truncated), or connect's errno. Non-blocking:
+// the socket is O_NONBLOCK and a listener that cannot take the connection
+// now (a full backlog: EAGAIN) fails at once instead of blocking the caller.
+UniqueFd connect_unix(const std::string& path, const std::string& what, bool nonblocking = false);
+
+// A peer's connection, for a server that replies with blocking sends:
+// blocking, but a send waits at most `limit` for a peer that does not read
+// its replies (SO_SNDTIMEO) and then fails with EAGAIN - the caller ends
+// that connection instead of the control thread waiting for ever.
+void limit_send_wait(int fd, int limit_ms = 1000);
+
 // The most fds one message may carry through these two (no allocation:
 // the control buffers are on the stack).
 inline constexpr size_t kMaxPassedFds = 16;
