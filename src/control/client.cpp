@@ -17,7 +17,7 @@ Client::Client(const std::string& socket_path, std::chrono::milliseconds timeout
   try {
     fd_ = connect_unix(socket_path, "control socket");
   } catch (const SystemError& e) {
-    throw SystemError(e.code().value(), std::string(e.what()) + " (is sriovd running?)");
+    throw SystemError(e.code().value(), "cannot connect to " + socket_path + " (is sriovd running?)");
   }
 }
 
