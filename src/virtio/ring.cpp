@@ -114,6 +114,17 @@ void publish(T& field, T value) {
   throw std::invalid_argument("inflight region left by the previous back-end is inconsistent: " + why);
 }
 
+// A buffer a previous back-end left in flight, as read once from the region.
+struct Resubmit {
+  uint16_t head;
+  uint16_t num;  // packed: descriptors in the chain
+  uint64_t counter;
+};
+
+void sort_by_counter(std::vector<Resubmit>& v) {
+  std::sort(v.begin(), v.end(), [](const Resubmit& a, const Resubmit& b) { return a.counter < b.counter; });
+}
+
 // Adds one buffer segment, checking its address and the read-then-write order.
 bool add_segment(const GuestMemory& mem, uint64_t addr, uint32_t len, bool writable, Chain& c,
                  std::span<Segment> segs, RingError& err) {
@@ -328,14 +339,20 @@ class SplitQueue final : public Virtqueue {
       }
       header_->used_idx = used_idx_;
     }
-    resubmit_.reserve(size_);
+    // The region is the front-end's memory: each entry is read once into
+    // a private list and sorted there (a comparator over shared counters
+    // could see them change mid-sort).
+    std::vector<Resubmit> order;
+    order.reserve(size_);
     for (uint16_t i = 0; i < size_; ++i) {
-      if (track_[i].inflight == 0) continue;
-      resubmit_.push_back(i);
-      counter_ = std::max(counter_, track_[i].counter + 1);
+      const Resubmit r{i, 0, std::atomic_ref<uint64_t>(track_[i].counter).load(std::memory_order_relaxed)};
+      if (std::atomic_ref<uint8_t>(track_[i].inflight).load(std::memory_order_relaxed) == 0) continue;
+      order.push_back(r);
+      counter_ = std::max(counter_, r.counter + 1);
     }
-    std::sort(resubmit_.begin(), resubmit_.end(),
-              [this](uint16_t a, uint16_t b) { return track_[a].counter < track_[b].counter; });
+    sort_by_counter(order);
+    resubmit_.reserve(order.size());
+    for (const Resubmit& r : order) resubmit_.push_back(r.head);
     recovered_ = resubmit_.size();
     last_avail_ = cached_avail_ = static_cast<uint16_t>(used_idx_ + resubmit_.size());
   }
@@ -462,8 +479,8 @@ class PackedQueue final : public Virtqueue {
     if (track_) {
       // The spec's order: the chain's entries back on the free list and
       // the new used position, then the used descriptor, then the commit.
-      const InflightPackedDesc& head = track_[c.inflight_entry];
-      if (head.last < size_) track_[head.last].next = header_->free_head;
+      const uint16_t last = std::atomic_ref<uint16_t>(track_[c.inflight_entry].last).load(std::memory_order_relaxed);
+      if (last < size_) track_[last].next = header_->free_head;
       header_->free_head = c.inflight_entry;
       header_->used_wrap_counter = used_wrap_;
       publish(header_->used_idx, next_used_);
@@ -548,13 +565,15 @@ class PackedQueue final : public Virtqueue {
 
   // A chain the previous back-end left in flight, from the region's copies.
   bool pop_resubmitted(Chain& c, std::span<Segment> segs) {
-    const uint16_t head = resubmit_[resubmit_pos_];
+    const Resubmit r = resubmit_[resubmit_pos_];
+    const uint16_t head = r.head;
     c = Chain{};
     RingError err = RingError::none;
     uint16_t e = head;
-    for (uint16_t k = 0; k < track_[head].num; ++k) {
+    for (uint16_t k = 0; k < r.num; ++k) {
       if (e >= size_) return fail(RingError::bad_head);
-      const InflightPackedDesc& d = track_[e];
+      InflightPackedDesc d;  // one copy of the entry, then only the copy
+      std::memcpy(&d, &track_[e], sizeof d);
       if (d.flags & kDescIndirect) {
         if (c.count > 0) return fail(RingError::bad_indirect);
         if (!add_indirect<PackedDesc>(mem_, d.addr, d.len, c, segs, err)) return fail_or_stall(err);
@@ -564,7 +583,7 @@ class PackedQueue final : public Virtqueue {
       c.id = d.id;
       e = d.next;
     }
-    c.slots = track_[head].num;
+    c.slots = r.num;
     c.inflight_entry = head;
     c.resubmitted = true;
     ++resubmit_pos_;
@@ -609,18 +628,22 @@ class PackedQueue final : public Virtqueue {
       track_[e].inflight = 0;
       e = track_[e].next;
     }
+    // Each entry's count and counter are copied once, checked, and only the
+    // copies used from here on: the front-end may rewrite the region at any
+    // time, and a re-read count would walk past the ring.
     uint32_t slots = 0;
     resubmit_.reserve(size_);
     for (uint16_t i = 0; i < size_; ++i) {
-      if (track_[i].inflight == 0) continue;
-      if (track_[i].num == 0 || track_[i].num > size_) bad_inflight("an entry in flight has " + std::to_string(track_[i].num) + " descriptors");
-      slots += track_[i].num;
-      resubmit_.push_back(i);
-      counter_ = std::max(counter_, track_[i].counter + 1);
+      if (std::atomic_ref<uint8_t>(track_[i].inflight).load(std::memory_order_relaxed) == 0) continue;
+      const Resubmit r{i, std::atomic_ref<uint16_t>(track_[i].num).load(std::memory_order_relaxed),
+                       std::atomic_ref<uint64_t>(track_[i].counter).load(std::memory_order_relaxed)};
+      if (r.num == 0 || r.num > size_) bad_inflight("an entry in flight has " + std::to_string(r.num) + " descriptors");
+      slots += r.num;
+      resubmit_.push_back(r);
+      counter_ = std::max(counter_, r.counter + 1);
     }
     if (slots > size_) bad_inflight(std::to_string(slots) + " descriptors in flight in a ring of " + std::to_string(size_));
-    std::sort(resubmit_.begin(), resubmit_.end(),
-              [this](uint16_t a, uint16_t b) { return track_[a].counter < track_[b].counter; });
+    sort_by_counter(resubmit_);
     recovered_ = resubmit_.size();
     next_used_ = signalled_ = header_->used_idx;
     used_wrap_ = header_->used_wrap_counter != 0;
@@ -644,7 +667,7 @@ class PackedQueue final : public Virtqueue {
   InflightPackedHeader* header_ = nullptr;
   InflightPackedDesc* track_ = nullptr;
   uint64_t counter_ = 1;
-  std::vector<uint16_t> resubmit_;
+  std::vector<Resubmit> resubmit_;
   size_t resubmit_pos_ = 0;
 };
 

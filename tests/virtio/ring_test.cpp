@@ -372,3 +372,53 @@ TYPED_TEST(Rings, TwoThreadsHandOverEveryBuffer) {
 
 }  // namespace
 }  // namespace sriovd::virtio
+
+namespace sriovd::virtio {
+namespace {
+
+// Issue 11, item 5: after recovery validated the inflight region, the
+// front-end rewrote an entry's descriptor count (and counters) in the
+// shared region; the re-read count overran the descriptor ring on push.
+// The device now uses the copies it validated.
+TEST(InflightRegion, ACountRewrittenAfterRecoveryIsNotReadAgain) {
+  Guest g;
+  constexpr uint16_t kSize = 8;
+  PackedDriver driver(g.at(kBase), kBase, kSize);
+  alignas(64) std::array<uint8_t, inflight_queue_bytes(kSize)> region{};
+  std::array<Segment, 16> segs{};
+  {
+    auto before = make_packed_queue(g.mem, kSize, driver.addresses(), false, Barriers::one_way, 0, region.data());
+    const Buffer b{kData, 64, false};
+    ASSERT_GE(driver.add({&b, 1}), 0);
+    Chain c;
+    ASSERT_TRUE(before->pop(c, segs));  // taken, never returned: the crash
+  }
+  auto after = make_packed_queue(g.mem, kSize, driver.addresses(), false, Barriers::one_way, 0, region.data());
+  ASSERT_EQ(after->recovered(), 1U);
+  // The front-end rewrites every entry's count and counter.
+  for (uint16_t i = 0; i < kSize; ++i) {
+    uint8_t* e = region.data() + 32 + 32 * i;
+    const uint16_t huge = 0xffff;
+    const uint64_t counter = 0x8000000000000000ULL - i;
+    std::memcpy(e + 6, &huge, 2);
+    std::memcpy(e + 8, &counter, 8);
+  }
+  Chain c;
+  ASSERT_TRUE(after->pop(c, segs));
+  EXPECT_TRUE(c.resubmitted);
+  EXPECT_EQ(c.slots, 1U);  // the count recovery checked, not the one rewritten
+  after->push(c, 0);
+  uint32_t id = 0, len = 0;
+  EXPECT_TRUE(driver.take_used(id, len));
+  // And the ring goes on: a new buffer, taken and returned.
+  const Buffer b{kData, 64, false};
+  ASSERT_GE(driver.add({&b, 1}), 0);
+  ASSERT_TRUE(after->pop(c, segs));
+  EXPECT_FALSE(c.resubmitted);
+  after->push(c, 0);
+  EXPECT_TRUE(driver.take_used(id, len));
+  EXPECT_FALSE(after->broken());
+}
+
+}  // namespace
+}  // namespace sriovd::virtio
