@@ -67,7 +67,8 @@ void print_devices(const json& r) {
                                       ? "tap " + field(b, "name")
                                       : "vf " + field(b, "pf") + "/" + field(b, "vf");
       virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
-                  field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend, field(d, "state")});
+                  field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend,
+                  d.contains("reason") ? field(d, "state") + ": " + field(d, "reason") : field(d, "state")});
     }
     std::fputs("\n", stdout);
     std::fputs(virtio.render().c_str(), stdout);

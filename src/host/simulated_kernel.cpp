@@ -7,7 +7,10 @@
 
 #include <net/if.h>
 #include <netlink/route/link/veth.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
@@ -90,17 +93,42 @@ SimulatedKernel::SimulatedKernel(std::string dir, const std::vector<config::Simu
   }
 }
 
+namespace {
+
+// A simulated VF's veth names the process that made it in its alias: one a
+// SIGKILLed daemon left is found at the next start and made anew, while a
+// live daemon's, or a link that is not ours, is left alone and named.
+constexpr const char* kVethAliasPrefix = "sriovd-sim pid=";
+
+// The pid in an alias of ours, or 0 (not ours).
+pid_t veth_owner(rtnl_link* l) {
+  const char* a = rtnl_link_get_ifalias(l);
+  const std::string alias = a ? a : "";
+  if (alias.rfind(kVethAliasPrefix, 0) != 0) return 0;
+  try {
+    return static_cast<pid_t>(std::stol(alias.substr(std::string(kVethAliasPrefix).size())));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+void delete_link(nl_sock* sk, const std::string& name) {
+  const nl::Link link(rtnl_link_alloc());
+  rtnl_link_set_name(link.get(), name.c_str());
+  rtnl_link_delete(sk, link.get());  // takes the peer with it
+}
+
+}  // namespace
+
 SimulatedKernel::~SimulatedKernel() {
   std::error_code ec;
   fs::remove_all(dir_, ec);
   if (veths_.empty()) return;
   try {
     const nl::Sock sk = nl::route_socket();
-    for (const auto& name : veths_) {
-      const nl::Link link(rtnl_link_alloc());
-      rtnl_link_set_name(link.get(), name.c_str());
-      rtnl_link_delete(sk.get(), link.get());  // takes the peer with it
-    }
+    for (const auto& name : veths_) delete_link(sk.get(), name);
   } catch (const std::exception&) {
   }
 }
@@ -116,18 +144,28 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
   for (const auto& v : veths_)
     if (v == name) return name;
   const nl::Sock sk = nl::route_socket();
-  const int err = rtnl_link_veth_add(sk.get(), name.c_str(), (name + "p").c_str(), ::getpid());
-  if (err == 0) {
-    for (const std::string& n : {name, name + "p"}) {
-      const nl::Link orig = nl::get_link(sk.get(), n);
-      if (!orig) continue;
-      const nl::Link change(rtnl_link_alloc());
-      rtnl_link_set_flags(change.get(), IFF_UP);
-      rtnl_link_change(sk.get(), orig.get(), change.get(), 0);
-    }
+  if (const nl::Link old = nl::get_link(sk.get(), name)) {
+    const pid_t owner = veth_owner(old.get());
+    if (owner == 0)
+      throw std::runtime_error("simulated VF netdev " + name + ": a link of that name exists and is not sriovd's");
+    if (owner != ::getpid() && process_alive(owner))
+      throw std::runtime_error("simulated VF netdev " + name + " belongs to sriovd pid " + std::to_string(owner) +
+                               ", which is running");
+    delete_link(sk.get(), name);  // a crashed run's
   }
+  int err = rtnl_link_veth_add(sk.get(), name.c_str(), (name + "p").c_str(), ::getpid());
   if (err < 0) throw std::runtime_error("creating the veth for simulated VF netdev " + name + ": " + nl_geterror(err));
   veths_.push_back(name);
+  const std::string alias = kVethAliasPrefix + std::to_string(::getpid());
+  for (const std::string& n : {name, name + "p"}) {
+    const nl::Link orig = nl::get_link(sk.get(), n);
+    if (!orig) continue;
+    const nl::Link change(rtnl_link_alloc());
+    rtnl_link_set_flags(change.get(), IFF_UP);
+    rtnl_link_set_ifalias(change.get(), alias.c_str());
+    if (err = rtnl_link_change(sk.get(), orig.get(), change.get(), 0); err < 0)
+      throw std::runtime_error("simulated VF netdev " + n + ": setting its owner and bringing it up: " + nl_geterror(err));
+  }
   return name;
 }
 

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "sriovd/control/client.hpp"
@@ -672,6 +673,54 @@ TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
   EXPECT_THAT(macvtaps(), Not(HasSubstr(link + "@")));
   EXPECT_THAT(daemon_->log(), HasSubstr("deleted macvtap " + link));
   stop(SIGTERM);
+}
+
+// Issue 11, item 17: a SIGKILLed daemon (as the watchdog does after a hang)
+// left its simulated VF netdevs (veths) behind; the next start could not
+// create them and the VF-backed device stayed "not served". The veth names
+// its maker in its alias: a dead one's is made anew. A device that cannot
+// be served says why in `sriovctl devices`.
+TEST_F(Daemon, SimulatedVfNetdevsOfACrashedRunAreMadeAnew) {
+  const std::string ns = "sriovd-vt" + std::to_string(::getpid());
+  const auto made = test::run({"/sbin/ip", "netns", "add", ns});
+  if (made.exit_code != 0) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << made.output;
+  struct Netns {
+    std::string name;
+    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
+  } netns{ns};
+  const std::vector<std::string> in_ns = {"/sbin/ip", "netns", "exec", ns};
+  dir_.write("sriovd.yaml", config_text(socket(), 2) +
+                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " +
+                                dir_.file("run/vfb0.sock") + ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1}}\n");
+  auto state = [&] { return request({{"cmd", "devices"}})["result"]["virtio_devices"][0].value("state", ""); };
+  start({}, in_ns);
+  ASSERT_NE(state(), "not served") << daemon_->log();
+  daemon_->signal(SIGKILL);
+  ASSERT_TRUE(daemon_->wait_for(10s));
+  const auto left = test::run({"/sbin/ip", "-n", ns, "-d", "link", "show"}).output;
+  ASSERT_THAT(left, HasSubstr("alias sriovd-sim pid=")) << "a crash leaves the veth, with its owner";
+  start({}, in_ns);
+  EXPECT_NE(state(), "not served") << daemon_->log();
+  // A link of that name that is not sriovd's is named, never taken over.
+  daemon_->signal(SIGKILL);
+  ASSERT_TRUE(daemon_->wait_for(10s));
+  std::istringstream links(test::run({"/sbin/ip", "-n", ns, "-o", "link", "show"}).output);
+  int renamed = 0;
+  for (std::string line; std::getline(links, line);) {
+    if (line.find("alias sriovd-sim pid=") == std::string::npos) continue;
+    const auto from = line.find(": ") + 2;
+    const std::string name = line.substr(from, line.find('@', from) - from);
+    ASSERT_EQ(test::run({"/sbin/ip", "-n", ns, "link", "set", name, "alias", "someone-else"}).exit_code, 0) << name;
+    ++renamed;
+  }
+  ASSERT_EQ(renamed, 2) << "the VF's side and the wire side";
+  start({}, in_ns);
+  EXPECT_EQ(state(), "not served");
+  const auto shown = test::run({SRIOVCTL_BIN, "--socket", socket(), "devices"});
+  EXPECT_THAT(shown.output, HasSubstr("not served: ")) << shown.output;
+  EXPECT_THAT(shown.output, HasSubstr("is not sriovd's")) << shown.output;
+  daemon_->signal(SIGTERM);
+  ASSERT_TRUE(daemon_->wait_for(10s));
 }
 
 TEST(SriovdCli, CheckConfigVersionAndUsage) {
