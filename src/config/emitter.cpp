@@ -1,9 +1,23 @@
 #include <yaml-cpp/yaml.h>
 
+#include <cstdio>
+
 #include "sriovd/config/loader.hpp"
 
 namespace sriovd::config {
 namespace {
+
+void emit_access(YAML::Emitter& out, const SocketAccess& a) {
+  if (a == SocketAccess{}) return;
+  out << YAML::Key << "access" << YAML::Value << YAML::BeginMap;
+  if (!a.user.empty()) out << YAML::Key << "user" << YAML::Value << a.user;
+  if (!a.group.empty()) out << YAML::Key << "group" << YAML::Value << a.group;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "0%o", a.mode);
+  out << YAML::Key << "mode" << YAML::Value << YAML::DoubleQuoted << mode;
+  if (!a.allowed_uids.empty()) out << YAML::Key << "allowed_uids" << YAML::Value << YAML::Flow << a.allowed_uids;
+  out << YAML::EndMap;
+}
 
 void emit_pf_ref(YAML::Emitter& out, const PfRef& ref) {
   if (ref.address)
@@ -32,6 +46,7 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
     if (!a.socket.empty()) out << YAML::Key << "socket" << YAML::Value << a.socket;
     out << YAML::Key << "msix_policy" << YAML::Value << to_string(a.msix_policy);
     out << YAML::Key << "max_vectors" << YAML::Value << a.max_vectors;
+    emit_access(out, a.access);
     out << YAML::EndMap;
   }
   out << YAML::EndMap;
@@ -52,6 +67,7 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   out << YAML::Key << "mtu" << YAML::Value << dev.mtu;
   if (dev.iommu_platform) out << YAML::Key << "iommu_platform" << YAML::Value << true;
   if (!dev.cpus.empty()) out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << dev.cpus;
+  emit_access(out, dev.access);
   out << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << to_string(dev.backend_kind);
   if (dev.backend_kind == BackendKind::tap) {

@@ -1,6 +1,7 @@
 #include "sriovd/config/loader.hpp"
 
 #include <grp.h>
+#include <pwd.h>
 #include <net/if.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -603,7 +604,7 @@ class Loader {
 
   std::optional<VfAssign> read_assign(const YAML::Node& node, const std::string& path,
                                       const SimulatedPf* sim) {
-    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "max_vectors"});
+    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "max_vectors", "access"});
     if (!m.valid()) return std::nullopt;
     VfAssign a;
     auto owner = m.string("owner", true);
@@ -625,6 +626,11 @@ class Loader {
       a.msix_policy = *p;
     const uint64_t max_vectors = sim ? sim->msix_vectors_per_vf : 2048;
     if (auto v = m.unsigned_in("max_vectors", 0, max_vectors)) a.max_vectors = static_cast<uint16_t>(*v);
+    if (m.has("access")) {
+      if (a.export_kind == ExportKind::none)
+        ctx_.error(m.where("access"), m.path_of("access"), "access is only used with 'export: vfio-user'");
+      a.access = read_access(m.get("access", false), m.path_of("access"));
+    }
     if (!owner) return std::nullopt;
     a.owner = *owner;
     if (socket) {
@@ -634,10 +640,56 @@ class Loader {
     return a;
   }
 
+  // access: {user, group, mode, allowed_uids} of a socket a VMM connects to.
+  SocketAccess read_access(const YAML::Node& node, const std::string& path) {
+    SocketAccess a;
+    Mapping m(ctx_, node, path, {"user", "group", "mode", "allowed_uids"});
+    if (!m.valid()) return a;
+    if (auto u = m.string("user")) {
+      a.user = *u;
+      std::vector<char> buf(16384);
+      passwd pw{};
+      passwd* found = nullptr;
+      if (getpwnam_r(u->c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found)
+        a.uid = found->pw_uid;
+      else if (!u->empty() && u->find_first_not_of("0123456789") == std::string::npos && u->size() < 10)
+        a.uid = static_cast<uid_t>(std::stoul(*u));
+      else
+        ctx_.error(m.where("user"), m.path_of("user"), "no such user '" + *u + "' on this host");
+    }
+    if (auto g = m.string("group")) {
+      a.group = *g;
+      std::vector<char> buf(16384);
+      group grp{};
+      group* found = nullptr;
+      if (getgrnam_r(g->c_str(), &grp, buf.data(), buf.size(), &found) == 0 && found)
+        a.gid = found->gr_gid;
+      else if (!g->empty() && g->find_first_not_of("0123456789") == std::string::npos && g->size() < 10)
+        a.gid = static_cast<gid_t>(std::stoul(*g));
+      else
+        ctx_.error(m.where("group"), m.path_of("group"), "no such group '" + *g + "' on this host");
+    }
+    if (auto mode = m.string("mode")) {
+      // Octal, as chmod takes it: "0660", "660". The owner must be able to
+      // use its own socket; nobody needs execute or setuid bits on one.
+      const bool digits = !mode->empty() && mode->size() <= 4 && mode->find_first_not_of("01234567") == std::string::npos;
+      const unsigned long v = digits ? std::stoul(*mode, nullptr, 8) : 0;
+      if (!digits || v > 0777 || (v & 0600) != 0600 || (v & 0111) != 0)
+        ctx_.error(m.where("mode"), m.path_of("mode"),
+                   "mode '" + *mode + "': octal file mode with read and write for the owner and no execute bits (e.g. \"0660\")");
+      else
+        a.mode = static_cast<uint32_t>(v);
+    }
+    for_each_item(ctx_, m, "allowed_uids", [&](const YAML::Node& n, const std::string& p) {
+      if (auto uid = Mapping::unsigned_value(ctx_, n, p, 0, UINT32_MAX - 1)) a.allowed_uids.push_back(static_cast<uid_t>(*uid));
+    });
+    return a;
+  }
+
   void read_virtio(const YAML::Node& node, const std::string& path) {
     Mapping m(ctx_, node, path,
               {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
-               "mtu", "iommu_platform", "cpus", "backend"});
+               "mtu", "iommu_platform", "cpus", "access", "backend"});
     if (!m.valid()) return;
     VirtioDevice dev;
     dev.where = m.where();
@@ -705,6 +757,7 @@ class Loader {
       }
       dev.iommu_platform = *iommu;
     }
+    if (m.has("access")) dev.access = read_access(m.get("access", false), m.path_of("access"));
     ok &= read_backend(m.get("backend", true), m.path_of("backend"), dev);
     if (ok && dev.backend_kind == BackendKind::vf && dev.vf.via == VfAttach::af_packet && dev.queue_pairs > 1 &&
         dev.transport != Transport::vhost_user) {

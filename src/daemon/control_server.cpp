@@ -160,23 +160,21 @@ void ControlServer::accept_next() {
       accept_next();
       return;
     }
-    ucred cred{};
-    socklen_t len = sizeof cred;
+    const std::optional<ucred> cred = peer_credentials(socket.native_handle());
     PeerCredentials peer;
-    if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-      peer = {cred.pid, cred.uid, cred.gid};
+    if (cred) peer = {cred->pid, cred->uid, cred->gid};
     const uint64_t id = next_session_++;
     auto session = std::make_shared<Session>(*this, id, std::move(socket), peer);
     sessions_.emplace(id, session);
     ++stats_.connections;
     ++stats_.active;
-    if (!allowed(peer.uid)) {
+    if (!cred || !allowed(peer.uid)) {
+      // Fails closed: a peer the kernel cannot name is not uid 0.
       ++stats_.rejected_peers;
-      spdlog::warn("control: refused peer pid {} uid {}: not in control.allowed_uids", peer.pid,
-                   peer.uid);
-      session->refuse(control::make_error(
-          control::errc::kPermissionDenied,
-          "peer uid " + std::to_string(peer.uid) + " is not in control.allowed_uids"));
+      const std::string why = cred ? "peer uid " + std::to_string(peer.uid) + " is not in control.allowed_uids"
+                                   : std::string("the peer's credentials cannot be read (SO_PEERCRED)");
+      spdlog::warn("control: refused peer pid {}: {}", peer.pid, why);
+      session->refuse(control::make_error(control::errc::kPermissionDenied, why));
     } else {
       session->start();
     }

@@ -9,6 +9,7 @@
 
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/logging.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
 #include "sriovd/virtio/macvtap.hpp"
@@ -364,6 +365,14 @@ irq::Policy policy_of(config::MsixPolicy p) {
 }
 }  // namespace
 
+namespace {
+// A socket a VMM connects to gets the file owner, group and mode its config
+// asks for (a VMM running as libvirt-qemu:kvm connects without root).
+void apply_access(const std::string& path, const config::SocketAccess& a, const std::string& what) {
+  set_socket_access(path, a.uid, a.gid, a.mode, what);
+}
+}  // namespace
+
 void Daemon::drop_vf_exports(const config::Config* next) {
   if (!next) {
     vf_exports_.clear();
@@ -386,9 +395,20 @@ void Daemon::drop_vf_exports(const config::Config* next) {
 void Daemon::sync_vf_exports() {
   for (const auto& w : wanted_exports(config_)) {
     if (host_->released(w.pf, w.index)) continue;
-    bool have = false;
-    for (const auto& e : vf_exports_) have = have || (e.pf == w.pf && e.index == w.index);
-    if (have) continue;
+    auto have = std::find_if(vf_exports_.begin(), vf_exports_.end(),
+                             [&](const VfExport& e) { return e.pf == w.pf && e.index == w.index; });
+    if (have != vf_exports_.end()) {
+      // Running: a reload's access applies to it (the next client).
+      if (have->server) {
+        have->server->set_allowed_uids(w.assign->access.allowed_uids);
+        try {
+          apply_access(have->socket, w.assign->access, "vfio-user socket");
+        } catch (const std::exception& ex) {
+          spdlog::error("vfio-user: {}", ex.what());
+        }
+      }
+      continue;
+    }
     VfExport e;
     e.pf = w.pf;
     e.index = w.index;
@@ -399,8 +419,10 @@ void Daemon::sync_vf_exports() {
       if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
       e.vf = vf->to_string();
       e.proxy = std::make_unique<vfio_user::VfProxy>(host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf);
-      // The control API's allow-list admits VMMs too (empty: the socket's 0660).
-      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, config_.control.allowed_uids);
+      // The export's own allow-list: a VMM allowed here may not use the
+      // control API, nor an operator's uid this VMM's socket.
+      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
+      apply_access(e.socket, w.assign->access, "vfio-user socket");
       spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(), w.index,
                    w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
     } catch (const std::exception& ex) {
@@ -472,8 +494,11 @@ void Daemon::drop_virtio(const config::Config* next) {
 // stop the others.
 void Daemon::start_virtio() {
   for (const auto& dev : config_.virtio_devices) {
-    if (std::any_of(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; }))
+    if (auto running = std::find_if(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; });
+        running != virtio_.end()) {
+      update_access(*running, dev.access);
       continue;
+    }
     VirtioExport e;
     e.name = dev.name;
     e.config = dev;
@@ -519,12 +544,15 @@ void Daemon::start_virtio() {
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {
           e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
-          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, config_.control.allowed_uids);
+          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
+          apply_access(dev.socket, dev.access, "vfio-user socket");
         } else {
           e.backend = std::make_unique<vhost_user::Backend>(
               io_, dev.socket, *e.device,
               dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
-                                                           : vhost_user::Backend::Mode::server);
+                                                           : vhost_user::Backend::Mode::server,
+              dev.access.allowed_uids);
+          if (dev.socket_mode == config::SocketMode::server) apply_access(dev.socket, dev.access, "vhost-user socket");
         }
       } catch (const std::exception& ex) {
         e.pci_server.reset();
@@ -536,6 +564,22 @@ void Daemon::start_virtio() {
       }
     }
     virtio_.push_back(std::move(e));
+  }
+}
+
+// A reload's socket access for a device that keeps running.
+void Daemon::update_access(VirtioExport& e, const config::SocketAccess& access) {
+  e.config.access = access;
+  try {
+    if (e.pci_server) {
+      e.pci_server->set_allowed_uids(access.allowed_uids);
+      apply_access(e.config.socket, access, "vfio-user socket");
+    } else if (e.backend) {
+      e.backend->set_allowed_uids(access.allowed_uids);
+      if (e.config.socket_mode == config::SocketMode::server) apply_access(e.config.socket, access, "vhost-user socket");
+    }
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio {}: {}", e.name, ex.what());
   }
 }
 

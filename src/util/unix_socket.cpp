@@ -78,6 +78,26 @@ ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int>
   return n;
 }
 
+std::optional<ucred> peer_credentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred) return std::nullopt;
+  return cred;
+}
+
+bool peer_admitted(const std::optional<ucred>& peer, std::span<const uid_t> allowed) {
+  if (!peer) return false;
+  if (allowed.empty()) return true;
+  return std::find(allowed.begin(), allowed.end(), peer->uid) != allowed.end();
+}
+
+void set_socket_access(const std::string& path, std::optional<uid_t> uid, std::optional<gid_t> gid, mode_t mode,
+                       const std::string& what) {
+  if ((uid || gid) && ::chown(path.c_str(), uid ? *uid : static_cast<uid_t>(-1), gid ? *gid : static_cast<gid_t>(-1)) != 0)
+    throw_errno("giving " + what + " " + path + " its owner and group");
+  if (::chmod(path.c_str(), mode) != 0) throw_errno("setting the mode of " + what + " " + path);
+}
+
 UniqueFd connect_unix(const std::string& path, const std::string& what, bool nonblocking) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

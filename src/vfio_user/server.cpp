@@ -98,21 +98,19 @@ void Server::accept_next() {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
       UniqueFd fd(socket.release());
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      const bool have_cred = ::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+      const std::optional<ucred> peer = peer_credentials(fd.get());
+      const long pid = peer ? peer->pid : -1L;
+      const long uid = peer ? static_cast<long>(peer->uid) : -1L;
       if (conn_) {
         ++stats_.refused_peers;
-        spdlog::warn("vfio-user: {}: refused a second client (pid {}) while one is connected", device_.name(),
-                     have_cred ? cred.pid : -1);
-      } else if (!allowed_uids_.empty() &&
-                 (!have_cred || std::find(allowed_uids_.begin(), allowed_uids_.end(), cred.uid) == allowed_uids_.end())) {
+        spdlog::warn("vfio-user: {}: refused a second client (pid {}) while one is connected", device_.name(), pid);
+      } else if (!peer_admitted(peer, allowed_uids_)) {
         ++stats_.refused_peers;
-        spdlog::warn("vfio-user: {}: refused a client with uid {}: not in the allow-list", device_.name(),
-                     have_cred ? static_cast<long>(cred.uid) : -1L);
+        stats_.last_error = peer ? "refused uid " + std::to_string(uid) + ": not in the export's allowed_uids"
+                                 : "refused a client whose credentials the kernel cannot give";
+        spdlog::warn("vfio-user: {}: {}", device_.name(), stats_.last_error);
       } else {
-        spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), have_cred ? cred.pid : -1,
-                     have_cred ? static_cast<long>(cred.uid) : -1L);
+        spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), pid, uid);
         adopt(std::move(fd));
       }
     }

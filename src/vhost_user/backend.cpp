@@ -128,8 +128,10 @@ struct Backend::Message {
   std::vector<UniqueFd> fds;
 };
 
-Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode)
-    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), acceptor_(io), retry_(io),
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode,
+                 std::vector<uid_t> allowed_uids)
+    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
+      acceptor_(io), retry_(io),
       err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())) {
   watch_misses();
   if (mode_ == Mode::client) {
@@ -162,7 +164,22 @@ void Backend::try_connect() {
     connect_later(std::chrono::seconds(1));
     return;
   }
+  // The VMM that listens is checked as a connecting one would be.
+  if (!admitted(fd.get())) {
+    connect_later(std::chrono::seconds(1));
+    return;
+  }
   adopt(std::move(fd));
+}
+
+bool Backend::admitted(int fd) {
+  const std::optional<ucred> peer = peer_credentials(fd);
+  if (peer_admitted(peer, allowed_uids_)) return true;
+  ++stats_.refused_peers;
+  stats_.last_error = peer ? "refused uid " + std::to_string(peer->uid) + ": not in the device's allowed_uids"
+                           : "refused a front-end whose credentials the kernel cannot give";
+  spdlog::warn("vhost-user: {}: {}", device_.config().name, stats_.last_error);
+  return false;
 }
 
 void Backend::adopt(UniqueFd fd) {
@@ -192,10 +209,12 @@ void Backend::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
+      UniqueFd fd(socket.release());
       if (conn_) {
+        ++stats_.refused_peers;
         spdlog::warn("vhost-user: {}: refused a second front-end while one is connected", device_.config().name);
-      } else {
-        adopt(UniqueFd(socket.release()));
+      } else if (admitted(fd.get())) {
+        adopt(std::move(fd));
       }
     }
     accept_next();

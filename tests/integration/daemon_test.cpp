@@ -779,6 +779,39 @@ TEST_F(Daemon, AssignedVfIsServedOverVfioUserAndReleasedWithIt) {
   EXPECT_EQ(again.device_info().num_irqs, 5U);
 }
 
+// Issue 11, item 16: each export has its own socket access - owner, group,
+// mode and the peer uids admitted - separate from the control API's, set at
+// creation and applied to a running export by a reload. A VMM allowed on
+// its socket may not use the control API, and the reverse.
+TEST_F(Daemon, EachExportHasItsOwnSocketAccessAndAReloadAppliesIt) {
+  auto configure = [&](const std::string& access) {
+    std::string text = config_text(socket(), 2, "  allowed_uids: [0]\n");
+    const std::string plain = "assign: {owner: vm1, socket: " + socket() + ".vf0}";
+    text.replace(text.find(plain), plain.size(),
+                 "assign: {owner: vm1, socket: " + socket() + ".vf0, access: " + access + "}");
+    dir_.write("sriovd.yaml", text);
+  };
+  const std::string vf0 = socket() + ".vf0";
+  configure("{user: nobody, group: nogroup, mode: \"0600\", allowed_uids: [65534]}");
+  start();
+  struct stat st{};
+  ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600U);
+  EXPECT_EQ(st.st_uid, 65534U);
+  // The test runs as root: on the control API's list, not on the export's.
+  EXPECT_THROW(vfio_user::Client c(vf0), std::exception);
+  json e = export_of(request({{"cmd", "devices"}}), vf0);
+  EXPECT_EQ(e["vfio_user"]["refused_peers"], 1) << e.dump();
+  EXPECT_THAT(e["vfio_user"].value("last_error", ""), HasSubstr("refused uid 0: not in the export's allowed_uids"));
+  // A reload gives the running export its new access.
+  configure("{mode: \"0660\", allowed_uids: [0]}");
+  ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
+  ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660U);
+  vfio_user::Client c(vf0);
+  EXPECT_EQ(c.device_info().num_regions, 9U);
+}
+
 // A VMM that dies mid-storm (SIGKILL) leaves nothing behind in the daemon:
 // its routes go, the export listens again, and the next client is served.
 TEST_F(Daemon, VfioUserClientCrashAndReconnect) {

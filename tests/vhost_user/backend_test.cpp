@@ -295,6 +295,30 @@ TEST_F(BackendTest, KickAndCallFdsAreMadeNonBlocking) {
   EXPECT_TRUE(::fcntl(call.get(), F_GETFL) & O_NONBLOCK);
 }
 
+// Item 16: vhost-user sockets checked no peer credentials. A front-end
+// whose uid is not on the device's list is refused at once; a reload's new
+// list applies to the next one.
+TEST(BackendPeers, AFrontEndNotOnTheAllowListIsRefused) {
+  sriovd::test::TempDir dir;
+  virtio::NetConfig nc;
+  nc.name = "vnet-peers";
+  test::BackendRunner vu(nc, std::make_unique<NullPort>(), dir.file("p.sock"), Backend::Mode::server,
+                         {::getuid() + 4242});
+  {
+    Frontend f(dir.file("p.sock"));
+    EXPECT_TRUE(f.closed_by_peer());
+  }
+  EXPECT_EQ(vu.on_io([&] { return vu.backend.stats().refused_peers; }), 1U);
+  EXPECT_EQ(vu.on_io([&] { return vu.backend.stats().connections; }), 0U);
+  vu.on_io([&] {
+    vu.backend.set_allowed_uids({::getuid()});
+    return 0;
+  });
+  Frontend f(dir.file("p.sock"));
+  f.send(kGetFeatures, nullptr, 0);
+  EXPECT_TRUE(f.reply_u64().has_value());
+}
+
 // Item 12: every SET_VRING_ERR fd used to be kept for the connection's
 // life; now one per queue, the last one given.
 TEST_F(BackendTest, VringErrorFdsDoNotPileUp) {

@@ -63,8 +63,8 @@ class EventPort : public virtio::PacketPort {
 class BackendRunner {
  public:
   BackendRunner(const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port, const std::string& socket,
-                Backend::Mode mode = Backend::Mode::server)
-      : engine(no_relay()), device(nc, engine, std::move(port)), backend(io, socket, device, mode),
+                Backend::Mode mode = Backend::Mode::server, std::vector<uid_t> allowed_uids = {})
+      : engine(no_relay()), device(nc, engine, std::move(port)), backend(io, socket, device, mode, std::move(allowed_uids)),
         runner([this] { io.run(); }) {}
   ~BackendRunner() {
     io.stop();

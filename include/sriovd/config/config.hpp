@@ -66,12 +66,29 @@ struct Control {
   std::vector<uid_t> allowed_uids;    // empty: any peer the socket mode admits
 };
 
+// Who may use one of the sockets a VMM connects to (a vfio-user export, a
+// vhost-user or virtio-pci device): the file's owner, group and mode, set
+// at creation and on reload, and the peer uids (SO_PEERCRED) admitted. An
+// empty list admits any peer whose credentials the kernel can give (the
+// file mode is the gate); a list admits exactly those uids. A peer whose
+// credentials cannot be read is always refused.
+struct SocketAccess {
+  std::vector<uid_t> allowed_uids;
+  std::string user;              // socket file owner; empty: the daemon's
+  std::optional<uid_t> uid;      // resolved from user
+  std::string group;             // socket file group; empty: the daemon's
+  std::optional<gid_t> gid;      // resolved from group
+  uint32_t mode = 0660;
+  bool operator==(const SocketAccess&) const = default;
+};
+
 struct VfAssign {
   std::string owner;
   ExportKind export_kind = ExportKind::vfio_user;
   std::string socket;                 // required when export_kind is vfio_user
   MsixPolicy msix_policy = MsixPolicy::adaptive;
   uint16_t max_vectors = 0;           // 0: as many as the VF has
+  SocketAccess access;
   SourceLocation socket_where;
 };
 
@@ -156,6 +173,9 @@ struct VirtioDevice {
   bool iommu_platform = false;
   // Queue pair i's worker runs on cpus[i % n]; empty: not pinned.
   std::vector<uint16_t> cpus;
+  // Its socket's owner, group, mode and peers (server mode); in client mode
+  // allowed_uids is checked against the VMM that listens.
+  SocketAccess access;
   BackendKind backend_kind = BackendKind::tap;
   TapBackend tap;
   VfBackend vf;
@@ -168,6 +188,7 @@ struct VirtioDevice {
     auto key = [](const VirtioDevice& d) {
       return std::tie(d.name, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed, d.mac,
                       d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
+      // access is not part of it: a reload applies it to the running device.
     };
     return key(*this) == key(o);
   }

@@ -87,8 +87,10 @@ class Daemon {
     std::string not_served;  // why it is not served, when it is not
   };
   std::vector<VirtioExport> virtio_;
-  // Starts every configured virtio device that is not running.
+  // Starts every configured virtio device that is not running, and gives
+  // the running ones the config's socket access.
   void start_virtio();
+  void update_access(VirtioExport& e, const config::SocketAccess& access);
   // Stops the devices `next` no longer has or has with other settings
   // (all of them when next is null), and forgets those not served (the
   // next start_virtio tries them again).

@@ -1,9 +1,11 @@
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <sys/uio.h>
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +36,21 @@ UniqueFd connect_unix(const std::string& path, const std::string& what, bool non
 // its replies (SO_SNDTIMEO) and then fails with EAGAIN - the caller ends
 // that connection instead of the control thread waiting for ever.
 void limit_send_wait(int fd, int limit_ms = 1000);
+
+// The process on the other end of a connected Unix socket (SO_PEERCRED);
+// nullopt when the kernel cannot say.
+std::optional<ucred> peer_credentials(int fd);
+
+// Whether that peer may use a socket whose allow-list is `allowed`. Fails
+// closed: unknown credentials are never admitted. An empty list admits
+// every known peer (the socket file's owner, group and mode are the gate);
+// otherwise exactly the listed uids (root too only when listed).
+bool peer_admitted(const std::optional<ucred>& peer, std::span<const uid_t> allowed);
+
+// Gives the socket file at `path` its owner and group (unset: left as they
+// are) and mode; throws SystemError naming `what`.
+void set_socket_access(const std::string& path, std::optional<uid_t> uid, std::optional<gid_t> gid, mode_t mode,
+                       const std::string& what);
 
 // The most fds one message may carry through these two (no allocation:
 // the control buffers are on the stack).

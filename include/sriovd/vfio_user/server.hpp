@@ -38,12 +38,16 @@ struct ServerStats {
 
 class Server {
  public:
-  // allowed_uids empty: any peer the socket's mode (0660) lets in.
+  // allowed_uids: see peer_admitted (util/unix_socket.hpp); empty admits
+  // any peer whose credentials are known and the socket's mode lets in.
   Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // A reload's new list: the next client is checked against it (the one
+  // connected stays).
+  void set_allowed_uids(std::vector<uid_t> uids) { allowed_uids_ = std::move(uids); }
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.valid(); }
   [[nodiscard]] const ServerStats& stats() const { return stats_; }

@@ -9,6 +9,8 @@
 // connection with a logged reason and resets the device; the daemon and the
 // socket stay, and the front-end can connect again.
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -28,17 +30,23 @@ struct BackendStats {
   uint64_t connections = 0;
   uint64_t messages = 0;
   uint64_t protocol_errors = 0;
+  uint64_t refused_peers = 0;  // not admitted by allowed_uids, unknown credentials, or a second front-end
   std::string last_error;
 };
 
 class Backend {
  public:
   enum class Mode { server, client };
-  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode = Mode::server);
+  // allowed_uids: who may be the front-end (peer_admitted, util/unix_socket.hpp);
+  // in client mode the VMM that listens is checked.
+  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode = Mode::server,
+          std::vector<uid_t> allowed_uids = {});
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
+  // A reload's new list: applies to the next front-end.
+  void set_allowed_uids(std::vector<uid_t> uids) { allowed_uids_ = std::move(uids); }
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.valid(); }
   [[nodiscard]] const BackendStats& stats() const { return stats_; }
@@ -53,6 +61,7 @@ class Backend {
   void connect_later(std::chrono::milliseconds delay);
   void try_connect();
   void adopt(UniqueFd fd);
+  bool admitted(int fd);
   void wait_readable();
   void on_readable();
   void handle(Message& m);
@@ -71,6 +80,7 @@ class Backend {
   std::string path_;
   virtio::NetDevice& device_;
   Mode mode_;
+  std::vector<uid_t> allowed_uids_;
   asio::local::stream_protocol::acceptor acceptor_;
   asio::steady_timer retry_;
   std::unique_ptr<asio::posix::stream_descriptor> watch_;
