@@ -45,6 +45,7 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
     out << YAML::Key << "export" << YAML::Value << to_string(a.export_kind);
     if (!a.socket.empty()) out << YAML::Key << "socket" << YAML::Value << a.socket;
     out << YAML::Key << "msix_policy" << YAML::Value << to_string(a.msix_policy);
+    if (a.export_kind == ExportKind::vfio_user) out << YAML::Key << "bar_access" << YAML::Value << to_string(a.bar_access);
     out << YAML::Key << "max_vectors" << YAML::Value << a.max_vectors;
     emit_access(out, a.access);
     out << YAML::EndMap;

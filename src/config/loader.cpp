@@ -37,6 +37,7 @@ const char* to_string(MsixPolicy v) {
   }
   return "?";
 }
+const char* to_string(BarAccess v) { return v == BarAccess::mmap ? "mmap" : "trapped"; }
 const char* to_string(Transport v) { return v == Transport::vhost_user ? "vhost-user" : "vfio-user"; }
 const char* to_string(PackedRing v) {
   switch (v) {
@@ -604,7 +605,7 @@ class Loader {
 
   std::optional<VfAssign> read_assign(const YAML::Node& node, const std::string& path,
                                       const SimulatedPf* sim) {
-    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "max_vectors", "access"});
+    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "bar_access", "max_vectors", "access"});
     if (!m.valid()) return std::nullopt;
     VfAssign a;
     auto owner = m.string("owner", true);
@@ -624,6 +625,11 @@ class Loader {
                                                        {"relay", MsixPolicy::relay},
                                                        {"adaptive", MsixPolicy::adaptive}}))
       a.msix_policy = *p;
+    if (auto b = m.choice<BarAccess>("bar_access", {{"trapped", BarAccess::trapped}, {"mmap", BarAccess::mmap}})) {
+      a.bar_access = *b;
+      if (a.export_kind == ExportKind::none)
+        ctx_.error(m.where("bar_access"), m.path_of("bar_access"), "bar_access is only used with 'export: vfio-user'");
+    }
     const uint64_t max_vectors = sim ? sim->msix_vectors_per_vf : 2048;
     if (auto v = m.unsigned_in("max_vectors", 0, max_vectors)) a.max_vectors = static_cast<uint16_t>(*v);
     if (m.has("access")) {

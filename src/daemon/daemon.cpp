@@ -381,7 +381,8 @@ void Daemon::drop_vf_exports(const config::Config* next) {
   const auto keep = wanted_exports(*next);
   std::erase_if(vf_exports_, [&](const VfExport& e) {
     for (const auto& w : keep) {
-      if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket || policy_of(w.assign->msix_policy) != e.policy)
+      if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket ||
+          policy_of(w.assign->msix_policy) != e.policy || w.assign->bar_access != e.bar_access)
         continue;
       // Same VF, same export; its PF keeps its VFs only if num_vfs stays.
       for (const auto& pf : config_.physical_functions)
@@ -418,7 +419,10 @@ void Daemon::sync_vf_exports() {
       auto vf = host_->vf_address(w.pf_cfg->ref, w.index);
       if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
       e.vf = vf->to_string();
-      e.proxy = std::make_unique<vfio_user::VfProxy>(host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf);
+      e.bar_access = w.assign->bar_access;
+      e.proxy = std::make_unique<vfio_user::VfProxy>(
+          host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf,
+          e.bar_access == config::BarAccess::mmap ? vfio_user::BarMapping::device_fd : vfio_user::BarMapping::trapped);
       // The export's own allow-list: a VMM allowed here may not use the
       // control API, nor an operator's uid this VMM's socket.
       e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
@@ -439,7 +443,7 @@ json Daemon::vf_exports_json() const {
   json out = json::array();
   for (const auto& e : vf_exports_) {
     json j = {{"pf", e.pf.to_string()}, {"vf_index", e.index}, {"vf", e.vf}, {"socket", e.socket},
-              {"msix_policy", irq::to_string(e.policy)}};
+              {"msix_policy", irq::to_string(e.policy)}, {"bar_access", config::to_string(e.bar_access)}};
     if (!e.server) {
       j["state"] = "not served";
       j["reason"] = e.not_served;

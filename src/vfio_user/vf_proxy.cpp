@@ -80,10 +80,12 @@ void VfProxy::Vectors::detach(unsigned v) {
   routes_[v].reset();
 }
 
-VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq::Policy policy, std::string label)
+VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq::Policy policy, std::string label,
+                 BarMapping bars)
     : device_(std::move(device)),
       engine_(engine),
       policy_(policy),
+      bar_mapping_(bars),
       label_(std::move(label)),
       device_config_(read_config(*device_)),
       layout_(layout_of(device_config_, label_)),
@@ -126,7 +128,7 @@ RegionDescription VfProxy::region(uint32_t index) {
   d.flags = r.flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
   d.size = r.size;
   uint64_t offset = 0;
-  const int fd = r.mappable() ? device_->mmap_fd(index, offset) : -1;
+  const int fd = r.mappable() && bar_mapping_ == BarMapping::device_fd ? device_->mmap_fd(index, offset) : -1;
   if (fd < 0) return d;
   // What may be mapped: the device's own mappable areas (all of it, if it
   // gives none), minus the pages of the MSI-X table and PBA in this BAR.

@@ -189,6 +189,8 @@ const BadCase kCases[] = {
    4, 84, "virtio_devices[0].socket_mode: client mode is only for vhost-user (a vfio-user server always listens)"},
   {"UnknownSocketMode", kSystem + kVirtio + "    socket_mode: listen\n    backend: {type: tap, name: t0}\n", 8, 18,
    "virtio_devices[0].socket_mode: expected one of server, client, got 'listen'"},
+  {"UnknownBarAccess", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/vf0.sock, bar_access: direct}\n", 14, 65,
+   "physical_functions[0].vfs[0].assign.bar_access: expected one of trapped, mmap, got 'direct'"},
   {"SocketModeWithExecuteBits", kSystem + kVirtio + "    access: {mode: \"0775\"}\n    backend: {type: tap, name: t0}\n", 8, 20,
    "virtio_devices[0].access.mode: mode '0775': octal file mode with read and write for the owner and no execute bits (e.g. \"0660\")"},
   {"SocketModeNotOctal", kSystem + kVirtio + "    access: {mode: rw}\n    backend: {type: tap, name: t0}\n", 8, 20,

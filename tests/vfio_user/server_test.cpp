@@ -95,10 +95,10 @@ class Export {
 
 class VfProxyTest : public ::testing::Test {
  protected:
-  explicit VfProxyTest(irq::Policy policy = irq::Policy::relay) {
+  explicit VfProxyTest(irq::Policy policy = irq::Policy::relay, BarMapping bars = BarMapping::trapped) {
     auto dev = std::make_unique<SimulatedDevice>("0000:3b:02.0", 0x8086, 0x154c, kVectors);
     sim = dev.get();
-    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, "0000:3b:02.0");
+    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, "0000:3b:02.0", bars);
     exported = std::make_unique<Export>(*proxy, socket);
   }
   ~VfProxyTest() override { exported.reset(); }
@@ -155,7 +155,32 @@ TEST_F(VfProxyTest, DeviceAndRegionInfo) {
 // BAR0 is handed out through the device's fd with the MSI-X table page
 // (0x0) and PBA page (0x2000) left out of the sparse areas; what the client
 // writes through its mapping is what the device holds (zero-copy).
-TEST_F(VfProxyTest, BarIsMappedExceptTheMsixPages) {
+// bar_access: mmap - the operator lets the VMM map the BARs through the
+// VFIO device fd (zero-copy), all but the MSI-X pages.
+class VfProxyMapped : public VfProxyTest {
+ protected:
+  VfProxyMapped() : VfProxyTest(irq::Policy::relay, BarMapping::device_fd) {}
+};
+
+// The default (issue 11 item 15): no fd of the device leaves the daemon -
+// GET_REGION_INFO handed the client the VFIO device fd itself, and with it
+// VFIO ioctls past the MSI-X emulation and the virtual config space. Every
+// BAR access is a message the server checks.
+TEST_F(VfProxyTest, TrappedBarsHandOutNoFdAndServeEveryAccess) {
+  Client c(socket);
+  Client::Region bar = c.region(0);
+  EXPECT_FALSE(bar.fd.valid());
+  EXPECT_FALSE(bar.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
+  EXPECT_TRUE(bar.sparse.empty());
+  c.write32(0, 0x3010, 0xc0ffee);
+  uint32_t seen = 0;
+  sim->read(vfio::kBar0Region, 0x3010, &seen, 4);
+  EXPECT_EQ(seen, 0xc0ffeeU);
+  EXPECT_EQ(c.read32(0, 0x3010), 0xc0ffeeU);
+  EXPECT_EQ(proxy->bar_mapping(), BarMapping::trapped);
+}
+
+TEST_F(VfProxyMapped, BarIsMappedExceptTheMsixPages) {
   Client c(socket);
   Client::Region bar = c.region(0);
   ASSERT_TRUE(bar.fd.valid());

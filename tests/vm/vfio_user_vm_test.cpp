@@ -39,7 +39,8 @@ class VfioUserOnVfio : public ::testing::Test {
     auto dev = vfio::KernelDevice::open(device_address());
     raw = dev.get();
     kernel = raw;
-    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, device_address().to_string());
+    // The operator's bar_access: mmap (these tests map BAR0 through the passed fd).
+    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, device_address().to_string(), BarMapping::device_fd);
     server = std::make_unique<Server>(io, socket, *proxy);
     thread = std::thread([this] { io.run(); });
     client = std::make_unique<Client>(socket);

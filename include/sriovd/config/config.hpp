@@ -24,6 +24,10 @@ enum class HostMode { system, simulated };
 enum class LinkState { automatic, enable, disable };
 enum class ExportKind { none, vfio_user };
 enum class MsixPolicy { direct, relay, adaptive };
+// How a vfio-user client reaches a VF's BARs: every access through the
+// server (trapped), or mapped through the VFIO device fd handed to it
+// (mmap: zero-copy, and a kernel object the VMM then holds - README).
+enum class BarAccess { trapped, mmap };
 enum class Transport { vhost_user, vfio_user };
 enum class PackedRing { off, on, automatic };
 enum class BackendKind { tap, vf };
@@ -32,6 +36,7 @@ const char* to_string(HostMode);
 const char* to_string(LinkState);
 const char* to_string(ExportKind);
 const char* to_string(MsixPolicy);
+const char* to_string(BarAccess);
 const char* to_string(Transport);
 const char* to_string(PackedRing);
 const char* to_string(BackendKind);
@@ -87,6 +92,7 @@ struct VfAssign {
   ExportKind export_kind = ExportKind::vfio_user;
   std::string socket;                 // required when export_kind is vfio_user
   MsixPolicy msix_policy = MsixPolicy::adaptive;
+  BarAccess bar_access = BarAccess::trapped;
   uint16_t max_vectors = 0;           // 0: as many as the VF has
   SocketAccess access;
   SourceLocation socket_where;

@@ -102,6 +102,7 @@ class Daemon {
     std::string vf;  // its PCI address
     std::string socket;
     irq::Policy policy = irq::Policy::adaptive;
+    config::BarAccess bar_access = config::BarAccess::trapped;
     std::unique_ptr<vfio_user::VfProxy> proxy;
     std::unique_ptr<vfio_user::Server> server;
     std::string not_served;  // why, when it is not served

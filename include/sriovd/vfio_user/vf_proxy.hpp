@@ -1,9 +1,10 @@
 #pragma once
 // The VF proxy: a VFIO device (a VF on vfio-pci, or the simulated VF)
 // exported over vfio-user. The client sees the device's config space
-// through pci::VirtualConfig, maps its BARs through the device's own fd
-// (zero-copy) except the pages that hold the MSI-X table and PBA, which
-// are trapped and served by msix::MsixState. Each vector the client gives
+// through pci::VirtualConfig and reaches its BARs through the server, or,
+// when the operator allows it (BarMapping::device_fd), maps them through
+// the device's own fd (zero-copy) except the pages that hold the MSI-X
+// table and PBA, which are always trapped and served by msix::MsixState. Each vector the client gives
 // an eventfd becomes a route of the interrupt engine, with the VF's policy
 // (direct / relay / adaptive): VFIO's vector is bound to the route's relay
 // fd or, in direct mode, to the client's eventfd itself. DMA windows the
@@ -24,10 +25,18 @@
 
 namespace sriovd::vfio_user {
 
+// How the client reaches the BARs. trapped: every access is a REGION_READ/
+// WRITE served here, and no fd of the device leaves the daemon. device_fd:
+// the areas outside the MSI-X pages are mmap-able through the VFIO device
+// fd itself, handed to the client - zero-copy, but with it the VMM can
+// issue VFIO ioctls past this proxy (README, "bar_access").
+enum class BarMapping { trapped, device_fd };
+
 class VfProxy : public ExportedDevice {
  public:
   // `label` names the routes in listings (the VF's PCI address).
-  VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq::Policy policy, std::string label);
+  VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq::Policy policy, std::string label,
+          BarMapping bars = BarMapping::trapped);
   ~VfProxy() override;
 
   [[nodiscard]] const std::string& name() const override { return label_; }
@@ -53,6 +62,7 @@ class VfProxy : public ExportedDevice {
   [[nodiscard]] uint64_t vfio_reenables() const { return binder_.reenables(); }
   [[nodiscard]] unsigned vfio_enabled_vectors() const { return binder_.enabled(); }
   [[nodiscard]] size_t dma_windows() const { return dma_windows_; }
+  [[nodiscard]] BarMapping bar_mapping() const { return bar_mapping_; }
 
  private:
   // msix::VectorControl over routes that exist only for vectors in use.
@@ -85,6 +95,7 @@ class VfProxy : public ExportedDevice {
   std::unique_ptr<vfio::Device> device_;
   irq::Engine& engine_;
   irq::Policy policy_;
+  BarMapping bar_mapping_;
   std::string label_;
   std::vector<uint8_t> device_config_;
   pci::MsixLayout layout_;
