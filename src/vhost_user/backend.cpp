@@ -65,7 +65,6 @@ constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kP
                                       kProtoStatus | kProtoConfig | kProtoConfigureMemSlots | kProtoInflightShmfd;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
 constexpr uint32_t kConfigHeader = 12;          // offset, size, flags before the config bytes
-constexpr uint8_t kStatusDriverOk = 4;
 
 class ProtocolError : public std::runtime_error {
  public:

@@ -114,6 +114,15 @@ void publish(T& field, T value) {
   throw std::invalid_argument("inflight region left by the previous back-end is inconsistent: " + why);
 }
 
+// Aligned guest addresses can still land misaligned in the daemon: an IOTLB
+// entry (or a memory region) whose front-end address is not aligned like its
+// IOVA. The rings are read with atomic loads of their natural size, which
+// must not straddle.
+bool misaligned(const void* p, uintptr_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment != 0; }
+constexpr const char* kHostMisaligned =
+    "ring parts are misaligned where they are mapped (an IOTLB entry or memory region whose front-end address is "
+    "aligned differently from the guest address)";
+
 // A buffer a previous back-end left in flight, as read once from the region.
 struct Resubmit {
   uint16_t head;
@@ -206,6 +215,7 @@ class SplitQueue final : public Virtqueue {
     if (!desc_ || !avail_ || !used_) throw std::invalid_argument("split ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 2 || rings.device % 4)
       throw std::invalid_argument("split ring parts are misaligned (§2.7: 16, 2, 4)");
+    if (misaligned(desc_, 16) || misaligned(avail_, 2) || misaligned(used_, 4)) throw std::invalid_argument(kHostMisaligned);
     last_avail_ = cached_avail_ = static_cast<uint16_t>(base);
     // The used index continues from what the ring holds (a reconnect).
     used_idx_ = signalled_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
@@ -388,6 +398,7 @@ class PackedQueue final : public Virtqueue {
     if (!desc_ || !driver_ || !device_) throw std::invalid_argument("packed ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 4 || rings.device % 4)
       throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");
+    if (misaligned(desc_, 16) || misaligned(driver_, 4) || misaligned(device_, 4)) throw std::invalid_argument(kHostMisaligned);
     if (base != 0) {
       next_avail_ = base & 0x7fffU;
       avail_wrap_ = (base >> 15U) & 1U;

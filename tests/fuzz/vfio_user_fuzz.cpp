@@ -1,0 +1,186 @@
+// The vfio-user server as a hostile VMM meets it, in front of both kinds of
+// export: a simulated VF behind the VF proxy (virtual config space, BARs,
+// MSI-X table and PBA emulated, routes in the engine) and virtio-net-pci
+// (the virtio PCI transport, its MSI-X, a NetDevice behind it). Each input
+// is one connection to one of them: VERSION first (most of the time, so
+// the fuzzer gets past it), then messages of any command, flags and
+// payload, with the fds a command carries (a memfd of guest RAM, which the
+// input may also rewrite between messages, eventfds, now and then a pipe).
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuzz/input.hpp"
+#include "sriovd/irq/engine.hpp"
+#include "sriovd/util/unix_socket.hpp"
+#include "sriovd/vfio/simulated.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vfio_user/vf_proxy.hpp"
+#include "sriovd/vfio_user/virtio_pci.hpp"
+#include "sriovd/virtio/net.hpp"
+
+namespace {
+
+using namespace sriovd;
+using namespace sriovd::vfio_user;
+
+constexpr size_t kRam = 1 << 20;
+
+class NullPort : public virtio::PacketPort {
+ public:
+  NullPort() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] unsigned queues() const override { return 1; }
+  [[nodiscard]] int fd(unsigned) const override { return fd_.get(); }
+  ssize_t send(unsigned, const iovec*, int) override { return 60; }
+  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
+  void set_offloads(unsigned) override {}
+
+ private:
+  std::string name_ = "fuzz0";
+  UniqueFd fd_;
+};
+
+struct World {
+  World() {
+    dir = std::filesystem::temp_directory_path() / ("sriovd-fuzz-vfu-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    irq::EngineOptions o;
+    o.relay_threads = 0;
+    engine = std::make_unique<irq::Engine>(o);
+    proxy = std::make_unique<VfProxy>(std::make_unique<vfio::SimulatedDevice>("0000:3b:02.0", 0x8086, 0x154c, 8),
+                                      *engine, irq::Policy::adaptive, "0000:3b:02.0");
+    vf_socket = (dir / "vf.sock").string();
+    vf_server = std::make_unique<Server>(io, vf_socket, *proxy);
+    virtio::NetConfig nc;
+    nc.name = "fuzz-pci";
+    nc.control_queue = true;
+    device = std::make_unique<virtio::NetDevice>(nc, *engine, std::make_unique<NullPort>());
+    pci = std::make_unique<VirtioNetPci>(*device, *engine, "fuzz-pci");
+    pci_socket = (dir / "pci.sock").string();
+    pci_server = std::make_unique<Server>(io, pci_socket, *pci);
+    ram.reset(::memfd_create("fuzz-ram", MFD_CLOEXEC));
+    (void)::ftruncate(ram.get(), kRam);
+    host = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram.get(), 0));
+  }
+  std::filesystem::path dir;
+  asio::io_context io;
+  std::unique_ptr<irq::Engine> engine;
+  std::unique_ptr<VfProxy> proxy;
+  std::string vf_socket;
+  std::unique_ptr<Server> vf_server;
+  std::unique_ptr<virtio::NetDevice> device;
+  std::unique_ptr<VirtioNetPci> pci;
+  std::string pci_socket;
+  std::unique_ptr<Server> pci_server;
+  UniqueFd ram;
+  uint8_t* host = nullptr;
+};
+
+World& world() {
+  static World* w = [] {
+    auto* made = new World();
+    // The sockets' directory goes with the process (the world itself is
+    // never destroyed: the fuzzer may stop anywhere).
+    static std::filesystem::path dir = made->dir;
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+    return made;
+  }();  // lives for the process
+  return *w;
+}
+
+void drain(int sock) {
+  uint8_t buf[16384];
+  std::vector<UniqueFd> fds;
+  bool truncated = false;
+  while (sock >= 0 && recv_with_fds(sock, buf, sizeof buf, fds, MSG_DONTWAIT, truncated) > 0) fds.clear();
+}
+
+void settle(World& w, int sock) {
+  for (int i = 0; i < 8; ++i) {
+    w.io.restart();
+    if (w.io.poll() == 0) break;
+    drain(sock);
+  }
+  drain(sock);
+}
+
+void send_message(int sock, uint16_t id, uint16_t command, uint32_t flags, std::span<const uint8_t> payload,
+                  std::span<const int> fds) {
+  Header h{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0};
+  const iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  (void)send_with_fds(sock, std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
+}
+
+std::vector<UniqueFd> fds_for(World& w, uint16_t command, fuzz::Input& in) {
+  std::vector<UniqueFd> fds;
+  const unsigned n = command == kDeviceSetIrqs ? in.byte() % 9 : in.byte() % 2;
+  for (unsigned i = 0; i < n; ++i) {
+    if (command == kDmaMap || command == kDmaUnmap) {
+      fds.emplace_back(::dup(w.ram.get()));
+    } else if ((in.byte() & 7U) == 0) {
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) == 0) {
+        fds.emplace_back(p[1]);
+        ::close(p[0]);
+      }
+    } else {
+      fds.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    }
+  }
+  return fds;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  World& w = world();
+  fuzz::Input in(data, size);
+  const uint8_t mode = in.byte();
+  UniqueFd sock;
+  try {
+    sock = connect_unix((mode & 1U) ? w.pci_socket : w.vf_socket, "fuzz", true);
+  } catch (const std::exception&) {
+    return 0;
+  }
+  settle(w, sock.get());
+  if (!(mode & 2U)) {
+    const uint16_t version[2] = {kMajor, kMinor};
+    send_message(sock.get(), 0, kVersion, 0,
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(version), sizeof version), {});
+    settle(w, sock.get());
+  }
+  for (unsigned step = 0; step < 64 && !in.empty(); ++step) {
+    const uint8_t op = in.byte();
+    if (op % 8 == 7) {  // guest RAM rewritten under the device
+      const uint32_t off = in.take<uint32_t>() % kRam;
+      const auto bytes = in.bytes(in.byte() % 64);
+      std::memcpy(w.host + off, bytes.data(), std::min<size_t>(bytes.size(), kRam - off));
+      continue;
+    }
+    const uint16_t command = static_cast<uint16_t>(1 + in.byte() % 14);
+    const uint32_t flags = in.byte() & (kTypeMask | kNoReply | kError);
+    const uint16_t id = in.take<uint16_t>();
+    const auto payload = in.bytes(in.take<uint16_t>() % 1024);
+    std::vector<UniqueFd> fds = fds_for(w, command, in);
+    std::vector<int> raw;
+    for (const auto& f : fds) raw.push_back(f.get());
+    send_message(sock.get(), id, command, flags, payload, raw);
+    settle(w, sock.get());
+  }
+  sock.reset();
+  settle(w, -1);
+  return 0;
+}
