@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "fuzz/input.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/util/unix_socket.hpp"
@@ -68,6 +70,7 @@ class FuzzPort : public virtio::PacketPort {
 
 struct World {
   World() {
+    spdlog::set_level(spdlog::level::off);  // a log line per refused message would be most of the time
     dir = std::filesystem::temp_directory_path() / ("sriovd-fuzz-vu-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     irq::EngineOptions o;
@@ -138,6 +141,23 @@ constexpr uint32_t kRequests[] = {
     kGetInflightFd, kSetInflightFd, kResetDevice, kGetMaxMemSlots, kAddMemReg, kRemMemReg, kSetStatus, kGetStatus,
     kSetLogBase, 99};
 
+size_t usual_size(uint32_t request, uint16_t pick) {
+  switch (request) {
+    case kSetFeatures: case kSetProtocolFeatures: case kNetSetMtu: case kSetStatus: case kSendRarp:
+    case kSetVringKick: case kSetVringCall: case kSetVringErr:
+      return 8;
+    case kSetVringNum: case kSetVringBase: case kGetVringBase: case kSetVringEnable:
+      return sizeof(VringState);
+    case kSetVringAddr: return sizeof(VringAddr);
+    case kSetMemTable: return 8 + sizeof(MemRegion) * (1 + pick % kMaxRegions);
+    case kIotlbMsg: return sizeof(IotlbMsg);
+    case kAddMemReg: case kRemMemReg: return sizeof(SingleMemRegion);
+    case kGetInflightFd: case kSetInflightFd: return sizeof(InflightDesc);
+    case kGetConfig: case kSetConfig: return 12 + pick % 32;
+    default: return 0;
+  }
+}
+
 // The fds a request of this kind carries (the fuzzer still picks how many).
 std::vector<UniqueFd> fds_for(World& w, uint32_t request, fuzz::Input& in) {
   std::vector<UniqueFd> fds;
@@ -200,7 +220,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const uint32_t request = kRequests[in.byte() % std::size(kRequests)];
     const uint32_t flags = (in.byte() & 1U) ? kVersion | kFlagNeedReply : kVersion;
-    const auto payload = in.bytes(in.take<uint16_t>() % 512);
+    // Mostly the size the request takes (so the fuzzer gets past the shape
+    // check), sometimes any size.
+    const uint16_t pick = in.take<uint16_t>();
+    const auto payload = in.bytes((pick & 0x8000U) ? pick % 512 : usual_size(request, pick));
     std::vector<UniqueFd> fds = fds_for(w, request, in);
     std::vector<int> raw;
     for (const auto& f : fds) raw.push_back(f.get());

@@ -22,6 +22,7 @@
 #include "sriovd/control/client.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/vfio_user/client.hpp"
+#include "integration/daemon_fixture.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -57,77 +58,8 @@ std::string flood_line(const std::string& path, size_t bytes) {
   return reply;
 }
 
-// The test's daemon keeps its state (and its simulated sysfs tree) beside
-// its control socket, in the test's own directory.
-std::string config_text(const std::string& socket, int num_vfs, const std::string& extra_control = "") {
-  const std::string dir = std::filesystem::path(socket).parent_path().parent_path().string();
-  return "version: 1\n"
-         "host: simulated\n"
-         "state_dir: " + dir + "/state\n"
-         "simulated:\n"
-         "  physical_functions:\n"
-         "    - {address: \"0000:3b:00.0\", netdev: simpf0, total_vfs: 8, msix_vectors_per_vf: 4}\n"
-         "control:\n"
-         "  socket: " + socket + "\n" + extra_control +
-         "physical_functions:\n"
-         "  - address: \"0000:3b:00.0\"\n"
-         "    num_vfs: " + std::to_string(num_vfs) + "\n"
-         "    vfs:\n"
-         "      - index: 0\n"
-         "        mac: \"02:00:00:00:00:01\"\n"
-         "        assign: {owner: vm1, socket: " + socket + ".vf0}\n";
-}
-
-class Daemon : public ::testing::Test {
- protected:
-  std::string socket() const { return dir_.file("run/control.sock"); }
-  std::string config_path() const { return dir_.file("sriovd.yaml"); }
-
-  void write_config(int num_vfs, const std::string& extra_control = "") {
-    dir_.write("sriovd.yaml", config_text(socket(), num_vfs, extra_control));
-  }
-
-  // Starts sriovd and waits until its control socket answers.
-  // `wrapper` goes in front of the command (one that execs it, so the PID
-  // stays the daemon's: ip netns exec).
-  void start(std::vector<std::string> extra_args = {}, std::vector<std::string> wrapper = {}) {
-    std::vector<std::string> argv = std::move(wrapper);
-    for (const auto& a : {std::string(SRIOVD_BIN), std::string("--config"), config_path(), std::string("--sysfs-root"),
-                          dir_.file("sys")})
-      argv.push_back(a);
-    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-    daemon_ = std::make_unique<test::Process>(argv, dir_.file("sriovd.log"));
-    const bool up = test::wait_until(
-        [&] {
-          try {
-            control::Client c(socket(), 1s);
-            return c.request({{"cmd", "version"}}).value("ok", false);
-          } catch (const std::exception&) {
-            return false;
-          }
-        },
-        10s);
-    ASSERT_TRUE(up) << "sriovd did not come up:\n" << daemon_->log();
-  }
-
-  json request(const json& req) {
-    control::Client c(socket(), 5s);
-    return c.request(req);
-  }
-
-  test::RunResult ctl(std::vector<std::string> args) {
-    std::vector<std::string> argv = {SRIOVCTL_BIN, "--socket", socket()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return test::run(argv);
-  }
-
-  void TearDown() override {
-    if (daemon_ && HasFailure()) std::cerr << "--- sriovd log ---\n" << daemon_->log();
-  }
-
-  test::TempDir dir_;
-  std::unique_ptr<test::Process> daemon_;
-};
+using test::config_text;
+using test::Daemon;
 
 TEST_F(Daemon, AnswersStatusVersionAndDevices) {
   write_config(2);
