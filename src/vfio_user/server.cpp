@@ -227,7 +227,19 @@ void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<c
                              (n < 0 ? std::strerror(errno) : "short write"));
 }
 
+bool Server::memory_faulted() const {
+  for (const auto& map : mappings_)
+    if (map.guard && map.guard->faulted()) return true;
+  return false;
+}
+
 void Server::dispatch(Message& m) {
+  // The client shrank the file under one of its windows: those pages read
+  // as zeros now, and the session ends (its device is reset with it).
+  if (peer_mapping_faults() != faults_seen_) {
+    faults_seen_ = peer_mapping_faults();
+    if (memory_faulted()) throw ProtocolError("the client truncated memory it had shared for DMA under its mapping");
+  }
   // Built only when something is refused: a MSI-X mask write is a message,
   // and a guest may send one per interrupt.
   const auto what = [&] { return std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")"; };
@@ -414,17 +426,26 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
     void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),
                         static_cast<off_t>(d.offset - skew));
     if (base == MAP_FAILED) throw Error(errno, what + ": cannot map the fd at offset " + hex(d.offset) + ": " + std::strerror(errno));
-    map = {base, d.size + skew};
+    map = {base, d.size + skew, nullptr};
+    try {
+      // The client may truncate its file under the window: that fails its
+      // connection, not the daemon (util/peer_mapping.hpp).
+      map.guard = std::make_unique<PeerMapping>(base, d.size + skew);
+    } catch (...) {
+      ::munmap(base, d.size + skew);
+      throw;
+    }
     w.host = static_cast<uint8_t*>(base) + skew;
+    w.guard = map.guard.get();
   }
   try {
     device_.dma_mapped(w);
   } catch (...) {
-    if (map.base) ::munmap(map.base, map.length);
+    map.unmap();
     throw;
   }
   windows_.push_back(w);
-  mappings_.push_back(map);
+  mappings_.push_back(std::move(map));
   return;
 }
 
@@ -440,7 +461,7 @@ void Server::dma_unmap(const Message& m, Reply& r) {
   for (size_t i = 0; i < windows_.size(); ++i) {
     if (windows_[i].iova != d.address || windows_[i].size != d.size) continue;
     device_.dma_unmapped(windows_[i]);
-    if (mappings_[i].base) ::munmap(mappings_[i].base, mappings_[i].length);
+    mappings_[i].unmap();
     windows_.erase(windows_.begin() + static_cast<ptrdiff_t>(i));
     mappings_.erase(mappings_.begin() + static_cast<ptrdiff_t>(i));
     return;
@@ -455,7 +476,7 @@ void Server::unmap_all() {
     } catch (const std::exception& e) {
       spdlog::error("vfio-user: {}: unmapping DMA window {}: {}", device_.name(), hex(windows_[i].iova), e.what());
     }
-    if (mappings_[i].base) ::munmap(mappings_[i].base, mappings_[i].length);
+    mappings_[i].unmap();
   }
   windows_.clear();
   mappings_.clear();

@@ -364,7 +364,7 @@ void VirtioNetPci::rebuild_memory() {
   // access flags is not guest memory at all.
   for (const auto& w : windows_) {
     const uint8_t perm = (w.readable ? virtio::kIotlbRead : 0) | (w.writable ? virtio::kIotlbWrite : 0);
-    if (perm != 0) memory_.add_host_region(w.iova, w.size, w.iova, w.host, perm);
+    if (perm != 0) memory_.add_host_region(w.iova, w.size, w.iova, w.host, perm, w.guard);
   }
   device_.set_memory(&memory_);
 }

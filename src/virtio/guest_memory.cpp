@@ -42,8 +42,12 @@ uint64_t next_translation_version() { return g_version.fetch_add(1, std::memory_
 GuestMemory::~GuestMemory() { clear(); }
 
 void GuestMemory::clear() {
-  for (const auto& m : mappings_) ::munmap(m.base, m.length);
+  for (auto& m : mappings_) {
+    m.guard = PeerMapping();  // unregistered before the address can be reused
+    ::munmap(m.base, m.length);
+  }
   mappings_.clear();
+  guards_.clear();
   regions_.clear();
   last_hit_ = 0;
   epoch_ = next_translation_version();
@@ -57,6 +61,7 @@ bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
     for (auto m = mappings_.begin(); m != mappings_.end(); ++m) {
       auto* base = static_cast<uint8_t*>(m->base);
       if (host >= base && host < base + m->length) {
+        m->guard = PeerMapping();
         ::munmap(m->base, m->length);
         mappings_.erase(m);
         break;
@@ -69,7 +74,16 @@ bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
   return false;
 }
 
-void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host, uint8_t perm) {
+bool GuestMemory::faulted() const {
+  for (const auto& m : mappings_)
+    if (m.guard.faulted()) return true;
+  for (const PeerMapping* g : guards_)
+    if (g->faulted()) return true;
+  return false;
+}
+
+void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host, uint8_t perm,
+                                  const PeerMapping* guard) {
   const std::string what = "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ")";
   if (size == 0) throw std::invalid_argument(what + " is empty");
   if (guest_addr > UINT64_MAX - size) throw std::invalid_argument(what + " wraps around");
@@ -79,6 +93,7 @@ void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t u
     if (guest_addr < r.guest_addr + r.size && r.guest_addr < guest_addr + size)
       throw std::invalid_argument(what + " overlaps [" + hex(r.guest_addr) + ", +" + hex(r.size) + ")");
   regions_.push_back({guest_addr, size, user_addr, static_cast<uint8_t*>(host), perm});
+  if (guard) guards_.push_back(guard);
   epoch_ = next_translation_version();
 }
 
@@ -100,12 +115,16 @@ void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t use
   void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(mmap_offset - skew));
   if (p == MAP_FAILED) throw_errno("mapping " + what);
   try {
+    // The peer may truncate the file under this mapping at any time: a
+    // fault there fails the device, not the daemon (util/peer_mapping.hpp).
+    PeerMapping guard(p, length);
+    mappings_.reserve(mappings_.size() + 1);
     add_host_region(guest_addr, size, user_addr, static_cast<uint8_t*>(p) + skew);
+    mappings_.push_back({p, length, std::move(guard)});
   } catch (...) {
     ::munmap(p, length);
     throw;
   }
-  mappings_.push_back({p, length});
 }
 
 uint8_t* GuestMemory::translate_perm(uint64_t gpa, uint64_t len, uint8_t need) const {

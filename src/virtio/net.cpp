@@ -99,6 +99,7 @@ struct NetDevice::Worker {
   // Queues whose last pass ran out of budget: served again after the next
   // look at the stop event, without waiting for a kick.
   bool tx_more = false, rx_more = false, ctrl_more = false;
+  uint64_t faults_seen = 0;  // peer_mapping_faults() when last looked at
   std::thread thread;
   RxHold* rx = nullptr;  // the pair's received packet waiting for buffers (outlives the worker)
   // Preallocated: nothing on the data path allocates.
@@ -432,6 +433,14 @@ void NetDevice::run_pair(Worker& w) {
           do_ctrl(w);
           break;
       }
+    }
+    // A peer that shrank its memory under a mapping: the pages read as
+    // zeros now (util/peer_mapping.hpp), and this device stops for good
+    // (NEEDS_RESET). One load per wakeup finds out whether any fault
+    // happened at all.
+    if (const uint64_t faults = peer_mapping_faults(); faults != w.faults_seen) {
+      w.faults_seen = faults;
+      if (memory_->faulted()) broken_ = true;
     }
     if (broken_.load(std::memory_order_relaxed)) return;
     if (std::exchange(w.tx_more, false)) do_tx(w);

@@ -571,6 +571,25 @@ TEST_F(VfProxyTest, HostileDmaAndInterruptFdsAreRefused) {
   EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);  // still served
 }
 
+// Item 4: the client truncates the memfd behind a DMA window; the VF then
+// writes into it (a DMA). That was a SIGBUS in the daemon; now the write
+// lands on a zero page and the client's next message ends its session.
+TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
+  Client c(socket);
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
+  c.dma_map(0x100000, 1 << 16, mem.get(), 0);
+  ASSERT_EQ(::ftruncate(mem.get(), 0), 0);
+  const char frame[] = "a frame for a window that shrank";
+  sim->dma_write(0x100000 + 0x800, frame, sizeof frame);
+  EXPECT_THROW(c.device_info(), std::exception) << "the session goes on over memory the client took away";
+  ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
+  EXPECT_NE(exported->server->stats().last_error.find("truncated"), std::string::npos)
+      << exported->server->stats().last_error;
+  Client next(socket);  // the export goes on
+  EXPECT_EQ(next.device_info().num_regions, 9U);
+}
+
 // Item 14: the last message's fds (here a DMA window's memfd) were kept
 // after the client went, until the next client's first message.
 TEST_F(VfProxyTest, TheLastMessagesFdsGoWithTheClient) {

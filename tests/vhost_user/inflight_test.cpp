@@ -323,6 +323,24 @@ TEST_P(InflightTest, NothingInFlightMeansNothingTwice) {
   ASSERT_TRUE(take_used(1));
 }
 
+// Issue 11, item 4: the front-end truncates guest RAM under a running
+// device. The worker's next look at the ring took SIGBUS and killed the
+// daemon; now the device fails (NEEDS_RESET) and the process goes on, and
+// the next front-end is served.
+TEST_P(InflightTest, GuestRamTruncatedUnderARunningDeviceBreaksOnlyThatDevice) {
+  connect(0);
+  transmit(1);
+  ASSERT_TRUE(port->wait_sent(1));
+  ASSERT_EQ(::ftruncate(ram_fd.get(), 0), 0);  // from here on the test does not touch `ram` either
+  const uint64_t one = 1;
+  ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
+  ASSERT_TRUE(eventually([&] { return device->broken(); })) << "the device did not notice its memory went";
+  EXPECT_TRUE(backend->connected());  // a broken device is the front-end's to reset
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  EXPECT_FALSE(device->broken()) << "a reset device starts clean";
+}
+
 INSTANTIATE_TEST_SUITE_P(Rings, InflightTest, ::testing::Values(false, true),
                          [](const auto& param_info) { return param_info.param ? "packed" : "split"; });
 

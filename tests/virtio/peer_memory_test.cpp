@@ -172,3 +172,36 @@ TEST(PeerMemory, TheIotlbHoldsAtMostItsCapAndStaysSearchable) {
 
 }  // namespace
 }  // namespace sriovd::virtio
+
+namespace sriovd::virtio {
+namespace {
+
+// Item 4: a VMM that truncates its memfd after handing it over. The first
+// touch past the new end raised SIGBUS and killed the daemon; now the page
+// reads as zeros, the memory says it faulted (its device fails), and the
+// process goes on.
+TEST(PeerMemory, AFileTruncatedUnderTheMappingFaultsTheMemoryNotTheProcess) {
+  UniqueFd fd = memfd(64 * 1024);
+  const uint8_t marker = 0x77;
+  ASSERT_EQ(::pwrite(fd.get(), &marker, 1, 8192), 1);
+  GuestMemory mem;
+  mem.add_fd_region(0x100000, 64 * 1024, 0x7f0000000000, fd.get(), 0);
+  volatile uint8_t* p = mem.translate(0x100000 + 8192, 1, true);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(*p, marker);
+  EXPECT_FALSE(mem.faulted());
+  const uint64_t before = peer_mapping_faults();
+  ASSERT_EQ(::ftruncate(fd.get(), 0), 0);  // the peer shrinks its memory
+  EXPECT_EQ(*p, 0) << "the page the file lost reads as zeros";
+  *p = 1;  // and takes writes that go nowhere
+  EXPECT_TRUE(mem.faulted());
+  EXPECT_EQ(peer_mapping_faults(), before + 1);
+  // A region removed is no longer watched: the next map starts clean.
+  mem.clear();
+  UniqueFd again = memfd(4096);
+  mem.add_fd_region(0, 4096, 0x7f0000000000, again.get(), 0);
+  EXPECT_FALSE(mem.faulted());
+}
+
+}  // namespace
+}  // namespace sriovd::virtio

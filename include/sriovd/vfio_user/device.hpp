@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/vfio/device.hpp"
 
 namespace sriovd::vfio_user {
@@ -52,6 +53,9 @@ struct DmaWindow {
   uint8_t* host = nullptr;
   bool readable = false;
   bool writable = false;
+  // The server's registration of the mapping against the client truncating
+  // its file (null without a mapping); valid while the window is.
+  const PeerMapping* guard = nullptr;
 };
 
 class ExportedDevice {

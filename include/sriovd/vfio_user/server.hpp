@@ -12,6 +12,8 @@
 
 #include <sys/types.h>
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -117,8 +119,16 @@ class Server {
   struct Mapping {
     void* base = nullptr;
     size_t length = 0;
+    std::unique_ptr<PeerMapping> guard;  // its address is in the window (DmaWindow::guard)
+    void unmap() {
+      guard.reset();  // unregistered before the address can be reused
+      if (base) ::munmap(base, length);
+      base = nullptr;
+    }
   };
   std::vector<Mapping> mappings_;  // parallel to windows_
+  uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
+  [[nodiscard]] bool memory_faulted() const;
   ServerStats stats_;
 };
 

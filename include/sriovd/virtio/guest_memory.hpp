@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 
 namespace sriovd::virtio {
@@ -44,8 +45,13 @@ class GuestMemory {
   void add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset);
   // Memory mapped by the caller (tests, the in-process front-end, a
   // vfio-user DMA window the server mapped with `perm`'s protection).
+  // `guard`: the caller's registration of that mapping against its peer
+  // truncating it (PeerMapping), which faulted() then also watches.
   void add_host_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, void* host,
-                       uint8_t perm = kIotlbRead | kIotlbWrite);
+                       uint8_t perm = kIotlbRead | kIotlbWrite, const PeerMapping* guard = nullptr);
+  // The peer shrank a file under one of the mappings (a page of it now
+  // reads as zeros): the device on this memory is to fail, not go on.
+  [[nodiscard]] bool faulted() const;
   void clear();
   // Unmaps the region at [guest_addr, guest_addr + size) that add_*_region
   // made (vhost-user REM_MEM_REG); false if there is none.
@@ -81,12 +87,14 @@ class GuestMemory {
   struct Mapping {
     void* base = nullptr;
     size_t length = 0;
+    PeerMapping guard;
   };
   [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const;
   std::vector<MemoryRegion> regions_;
   Iotlb* iotlb_ = nullptr;
   uint64_t epoch_ = next_translation_version();  // changes with the regions: cached translations check it
   std::vector<Mapping> mappings_;
+  std::vector<const PeerMapping*> guards_;  // of host regions mapped by others
   mutable size_t last_hit_ = 0;
 };
 

@@ -1,0 +1,45 @@
+#pragma once
+// Memory a peer shared (a VMM's guest RAM memfd, a vfio-user DMA window)
+// stays the peer's: it can truncate the file under the daemon's mapping at
+// any time, and the next touch of a page past the new end raises SIGBUS in
+// whichever thread made it - a device's worker, the control thread. A
+// mapping registered here survives that: the SIGBUS handler puts a private
+// zero page where the file's page was, notes the fault on the mapping, and
+// the access goes on. The owner sees faulted() and fails its own device
+// (NEEDS_RESET, the connection ended); the daemon and the other tenants do
+// not notice. A SIGBUS anywhere else is what it always was: fatal.
+//
+// The handler only reads the registry (atomics, fixed slots) and makes one
+// mmap system call; registration is control plane.
+
+#include <atomic>
+#include <cstddef>
+
+namespace sriovd {
+
+class PeerMapping {
+ public:
+  PeerMapping() = default;
+  // Registers [base, base + length); throws std::runtime_error when every
+  // slot is taken (kMaxPeerMappings: more than the daemon's caps allow).
+  PeerMapping(void* base, size_t length);
+  ~PeerMapping();
+  PeerMapping(PeerMapping&& other) noexcept;
+  PeerMapping& operator=(PeerMapping&& other) noexcept;
+  PeerMapping(const PeerMapping&) = delete;
+  PeerMapping& operator=(const PeerMapping&) = delete;
+
+  // A page of it faulted (the peer shrank its file) since registration.
+  [[nodiscard]] bool faulted() const;
+
+  static constexpr size_t kMaxPeerMappings = 1024;
+
+ private:
+  void release();
+  int slot_ = -1;
+};
+
+// How many SIGBUS faults on peer mappings the process has absorbed.
+uint64_t peer_mapping_faults();
+
+}  // namespace sriovd
