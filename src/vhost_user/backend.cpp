@@ -71,47 +71,6 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What each request must carry: payload bytes (-1: checked by its handler)
-// and how many fds. The one place message shapes are checked.
-struct Shape {
-  int payload;
-  int fds;  // -1: 0 or 1 (vring fds carry a "no fd" flag instead)
-};
-
-Shape shape_of(uint32_t request) {
-  switch (request) {
-    case kGetFeatures: case kGetProtocolFeatures: case kGetQueueNum: case kGetStatus: case kGetMaxMemSlots:
-    case kSetOwner: case kResetOwner: case kResetDevice:
-      return {0, 0};
-    case kSetFeatures: case kSetProtocolFeatures: case kNetSetMtu: case kSetStatus: case kSendRarp:
-      return {8, 0};
-    case kSetVringNum: case kSetVringBase: case kGetVringBase: case kSetVringEnable:
-      return {sizeof(VringState), 0};
-    case kSetVringAddr:
-      return {sizeof(VringAddr), 0};
-    case kSetVringKick: case kSetVringCall: case kSetVringErr:
-      return {8, -1};
-    case kSetMemTable:
-      return {-1, -1};
-    case kSetBackendReqFd:
-      return {0, 1};
-    case kIotlbMsg:
-      return {sizeof(IotlbMsg), 0};
-    case kGetConfig: case kSetConfig:
-      return {-1, 0};
-    case kAddMemReg:
-      return {sizeof(SingleMemRegion), 1};
-    case kRemMemReg:
-      return {sizeof(SingleMemRegion), -1};  // QEMU before 7.1 sent an fd here; it is ignored
-    case kGetInflightFd:
-      return {sizeof(InflightDesc), 0};
-    case kSetInflightFd:
-      return {sizeof(InflightDesc), 1};
-    default:
-      return {-2, 0};  // not served
-  }
-}
-
 template <typename T>
 T payload_as(const std::vector<uint8_t>& p) {
   T v;
@@ -291,232 +250,277 @@ void Backend::try_start() {
   if (!device_.running()) device_.start();
 }
 
-void Backend::handle(Message& m) {
-  const uint32_t r = m.hdr.request;
-  spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.config().name, request_name(r), m.hdr.size, m.fds.size());
-  const Shape shape = shape_of(r);
-  const std::string what = std::string(request_name(r)) + " (" + std::to_string(r) + ")";
-  if (shape.payload == -2) throw ProtocolError("request " + what + " is not served");
-  if (shape.payload >= 0 && m.hdr.size != static_cast<uint32_t>(shape.payload))
-    throw ProtocolError(what + " with " + std::to_string(m.hdr.size) + " payload bytes, expected " +
-                        std::to_string(shape.payload));
-  if (shape.fds >= 0 && m.fds.size() != static_cast<size_t>(shape.fds))
-    throw ProtocolError(what + " with " + std::to_string(m.fds.size()) + " fds, expected " + std::to_string(shape.fds));
-
-  auto queue_index = [&](uint32_t index) {
-    if (index >= device_.num_queues())
-      throw ProtocolError(what + " for queue " + std::to_string(index) + " of " + std::to_string(device_.num_queues()));
-    return index;
+// The one table of requests: what each must carry (payload bytes, fds)
+// and the method that serves it. Shapes are checked here, once, before any
+// handler runs; a handler returns whether it replied (else REPLY_ACK does).
+const Backend::Request* Backend::request_of(uint32_t request) {
+  static constexpr int kAny = -1;  // checked by the handler
+  static const Request table[] = {
+      {kGetFeatures, 0, 0, &Backend::get_features},
+      {kSetFeatures, 8, 0, &Backend::set_features},
+      {kSetOwner, 0, 0, &Backend::nothing},
+      {kResetOwner, 0, 0, &Backend::reset_device},
+      {kResetDevice, 0, 0, &Backend::reset_device},
+      {kSetMemTable, kAny, kAny, &Backend::set_mem_table},
+      {kSetVringNum, sizeof(VringState), 0, &Backend::set_vring_num},
+      {kSetVringAddr, sizeof(VringAddr), 0, &Backend::set_vring_addr},
+      {kSetVringBase, sizeof(VringState), 0, &Backend::set_vring_base},
+      {kGetVringBase, sizeof(VringState), 0, &Backend::get_vring_base},
+      // Vring fds carry a "no fd" flag in the payload: 0 or 1, checked there.
+      {kSetVringKick, 8, kAny, &Backend::set_vring_fd},
+      {kSetVringCall, 8, kAny, &Backend::set_vring_fd},
+      {kSetVringErr, 8, kAny, &Backend::set_vring_fd},
+      {kGetProtocolFeatures, 0, 0, &Backend::get_protocol_features},
+      {kSetProtocolFeatures, 8, 0, &Backend::set_protocol_features},
+      {kGetQueueNum, 0, 0, &Backend::get_queue_num},
+      {kSetVringEnable, sizeof(VringState), 0, &Backend::set_vring_enable},
+      {kSendRarp, 8, 0, &Backend::nothing},
+      {kNetSetMtu, 8, 0, &Backend::nothing},
+      {kSetBackendReqFd, 0, 1, &Backend::set_backend_req_fd},
+      {kIotlbMsg, sizeof(IotlbMsg), 0, &Backend::iotlb_request},
+      {kGetConfig, kAny, 0, &Backend::config_request},
+      {kSetConfig, kAny, 0, &Backend::config_request},
+      {kGetInflightFd, sizeof(InflightDesc), 0, &Backend::get_inflight},
+      {kSetInflightFd, sizeof(InflightDesc), 1, &Backend::set_inflight},
+      {kGetMaxMemSlots, 0, 0, &Backend::get_max_mem_slots},
+      {kAddMemReg, sizeof(SingleMemRegion), 1, &Backend::mem_reg},
+      // QEMU before 7.1 sent an fd with REM_MEM_REG; it is ignored.
+      {kRemMemReg, sizeof(SingleMemRegion), kAny, &Backend::mem_reg},
+      {kSetStatus, 8, 0, &Backend::set_status},
+      {kGetStatus, 0, 0, &Backend::get_status},
   };
-  bool replied = false;
-  switch (r) {
-    case kGetFeatures: {
-      const uint64_t f = device_.offered_features() | kFeatureProtocolFeatures;
-      reply(m, &f, sizeof f);
-      replied = true;
-      break;
-    }
-    case kSetFeatures: {
-      const auto f = payload_as<uint64_t>(m.payload);
-      device_.stop();
-      device_.set_features(f & ~kFeatureProtocolFeatures);
-      protocol_negotiated_ = f & kFeatureProtocolFeatures;
-      // ACCESS_PLATFORM: ring and buffer addresses are IOVAs from now on.
-      access_platform_ = device_.features() & virtio::kAccessPlatform;
-      memory_.set_iotlb(access_platform_ ? &iotlb_ : nullptr);
-      break;
-    }
-    case kGetProtocolFeatures: {
-      reply(m, &kOfferedProtocol, sizeof kOfferedProtocol);
-      replied = true;
-      break;
-    }
-    case kSetProtocolFeatures:
-      protocol_features_ = payload_as<uint64_t>(m.payload) & kOfferedProtocol;
-      break;
-    case kSetOwner:
-      break;
-    case kResetOwner:
-    case kResetDevice:
-      drop_inflight();
-      device_.reset();
-      memory_.clear();
-      memory_.set_iotlb(nullptr);
-      access_platform_ = false;
-      iotlb_.clear();
-      iotlb_.reclaim();
-      status_ = 0;
-      break;
-    case kSetMemTable: {
-      if (m.hdr.size < 8) throw ProtocolError("SET_MEM_TABLE without a region count");
-      MemTable t{};
-      std::memcpy(&t, m.payload.data(), std::min<size_t>(m.payload.size(), sizeof t));
-      if (t.nregions == 0 || t.nregions > kMaxRegions)
-        throw ProtocolError("SET_MEM_TABLE with " + std::to_string(t.nregions) + " regions");
-      if (m.hdr.size != 8 + t.nregions * sizeof(MemRegion))
-        throw ProtocolError("SET_MEM_TABLE size " + std::to_string(m.hdr.size) + " for " + std::to_string(t.nregions) +
-                            " regions");
-      if (m.fds.size() != t.nregions)
-        throw ProtocolError("SET_MEM_TABLE with " + std::to_string(m.fds.size()) + " fds for " +
-                            std::to_string(t.nregions) + " regions");
-      device_.stop();
-      device_.set_memory(nullptr);
-      memory_.clear();
-      for (uint32_t i = 0; i < t.nregions; ++i) {
-        const MemRegion& reg = t.regions[i];
-        memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
-      }
-      device_.set_memory(&memory_);
-      break;
-    }
-    case kSetVringNum: {
-      const auto s = payload_as<VringState>(m.payload);
-      device_.stop();
-      device_.set_queue_size(queue_index(s.index), static_cast<uint16_t>(std::min<uint32_t>(s.num, 0xffff)));
-      break;
-    }
-    case kSetVringAddr: {
-      const auto a = payload_as<VringAddr>(m.payload);
-      const unsigned q = queue_index(a.index);
-      virtio::RingAddresses rings;
-      if (access_platform_) {
-        // IOVAs: translated through the IOTLB when the queue starts.
-        rings = {a.desc, a.avail, a.used};
-      } else if (!memory_.user_to_guest(a.desc, 1, rings.desc) || !memory_.user_to_guest(a.avail, 1, rings.driver) ||
-                 !memory_.user_to_guest(a.used, 1, rings.device)) {
-        throw ProtocolError("SET_VRING_ADDR for queue " + std::to_string(q) + ": a ring outside the shared memory");
-      }
-      device_.stop();
-      device_.set_queue_rings(q, rings);
-      break;
-    }
-    case kSetVringBase: {
-      const auto s = payload_as<VringState>(m.payload);
-      device_.stop();
-      device_.set_queue_base(queue_index(s.index), s.num);
-      break;
-    }
-    case kGetVringBase: {
-      auto s = payload_as<VringState>(m.payload);
-      s.num = device_.stop_queue(queue_index(s.index));
-      reply(m, &s, sizeof s);
-      replied = true;
-      break;
-    }
-    case kSetVringKick:
-    case kSetVringCall:
-    case kSetVringErr: {
-      const auto v = payload_as<uint64_t>(m.payload);
-      const unsigned q = queue_index(static_cast<uint32_t>(v & kVringIndexMask));
-      const bool no_fd = v & kVringNoFd;
-      if (m.fds.size() != (no_fd ? 0U : 1U))
-        throw ProtocolError(what + " with " + std::to_string(m.fds.size()) + " fds and the no-fd flag " +
-                            (no_fd ? "set" : "clear"));
-      // Eventfds only, used non-blocking: one fd given as two queues' kick
-      // must not leave a worker blocked in read() once the first drained it.
-      UniqueFd fd = checked_peer_eventfd(no_fd ? UniqueFd() : std::move(m.fds[0]),
-                                         what + " for queue " + std::to_string(q));
-      if (r == kSetVringKick) {
-        if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
-        device_.stop();
-        device_.set_queue_kick(q, std::move(fd));
-        // Without protocol features a ring starts when its kick fd arrives.
-        if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
-      } else if (r == kSetVringCall) {
-        device_.set_queue_call(q, std::move(fd));
-      } else {
-        // Never signalled (the device reports no ring errors), but held: one
-        // per queue, the last one given, so a peer cannot pile them up.
-        err_fds_[q] = std::move(fd);
-      }
-      break;
-    }
-    case kGetQueueNum: {
-      const uint64_t n = device_.config().queue_pairs;
-      reply(m, &n, sizeof n);
-      replied = true;
-      break;
-    }
-    case kSetVringEnable: {
-      const auto s = payload_as<VringState>(m.payload);
-      device_.stop();
-      device_.set_queue_enabled(queue_index(s.index), s.num != 0);
-      break;
-    }
-    case kSetStatus: {
-      status_ = static_cast<uint8_t>(payload_as<uint64_t>(m.payload));
-      if (status_ == 0) device_.stop();
-      break;
-    }
-    case kGetStatus: {
-      const uint64_t s = status_;
-      reply(m, &s, sizeof s);
-      replied = true;
-      break;
-    }
-    case kGetMaxMemSlots: {
-      const uint64_t n = kMaxRegions;
-      reply(m, &n, sizeof n);
-      replied = true;
-      break;
-    }
-    case kSetBackendReqFd:
-      backend_req_ = std::move(m.fds[0]);
-      break;
-    case kIotlbMsg:
-      iotlb_message(payload_as<IotlbMsg>(m.payload));
-      break;
-    case kAddMemReg:
-    case kRemMemReg: {
-      // CONFIGURE_MEM_SLOTS: one region at a time instead of SET_MEM_TABLE.
-      const auto reg = payload_as<SingleMemRegion>(m.payload).region;
-      device_.stop();
-      device_.set_memory(nullptr);
-      if (r == kAddMemReg) {
-        if (memory_.regions().size() >= kMaxRegions)
-          throw ProtocolError("ADD_MEM_REG beyond " + std::to_string(kMaxRegions) + " memory slots");
-        memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[0].get(), reg.mmap_offset);
-      } else if (!memory_.remove_region(reg.guest_addr, reg.size)) {
-        throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
-      }
-      device_.set_memory(&memory_);
-      break;
-    }
-    case kGetConfig:
-    case kSetConfig: {
-      // struct { u32 offset, size, flags; u8 payload[size]; } (the
-      // virtio-net config space, §5.1.4).
-      if (m.payload.size() < kConfigHeader) throw ProtocolError(what + " without offset and size");
-      uint32_t offset = 0, size = 0;
-      std::memcpy(&offset, m.payload.data(), 4);
-      std::memcpy(&size, m.payload.data() + 4, 4);
-      if (size > 256 || m.payload.size() != kConfigHeader + size)
-        throw ProtocolError(what + " of " + std::to_string(size) + " bytes in a payload of " + std::to_string(m.payload.size()));
-      if (r == kSetConfig) {
-        // virtio-net has no field the driver may write: refused, not fatal.
-        ack(m, 1);
-        replied = true;
-        break;
-      }
-      std::vector<uint8_t> out = m.payload;
-      device_.read_config(offset, out.data() + kConfigHeader, size);
-      reply(m, out.data(), static_cast<uint32_t>(out.size()));
-      replied = true;
-      break;
-    }
-    case kGetInflightFd:
-      get_inflight(m);
-      replied = true;
-      break;
-    case kSetInflightFd:
-      set_inflight(m);
-      break;
-    case kNetSetMtu:
-    case kSendRarp:
-      break;
-  }
-  if (!replied) ack(m, 0);
+  for (const Request& r : table)
+    if (r.request == request) return &r;
+  return nullptr;
+}
+
+std::string Backend::what(const Message& m) {
+  return std::string(request_name(m.hdr.request)) + " (" + std::to_string(m.hdr.request) + ")";
+}
+
+void Backend::handle(Message& m) {
+  spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.config().name, request_name(m.hdr.request), m.hdr.size,
+                m.fds.size());
+  const Request* r = request_of(m.hdr.request);
+  if (!r) throw ProtocolError("request " + what(m) + " is not served");
+  if (r->payload >= 0 && m.hdr.size != static_cast<uint32_t>(r->payload))
+    throw ProtocolError(what(m) + " with " + std::to_string(m.hdr.size) + " payload bytes, expected " +
+                        std::to_string(r->payload));
+  if (r->fds >= 0 && m.fds.size() != static_cast<size_t>(r->fds))
+    throw ProtocolError(what(m) + " with " + std::to_string(m.fds.size()) + " fds, expected " + std::to_string(r->fds));
+  if (!(this->*(r->handler))(m)) ack(m, 0);
   try_start();
+}
+
+unsigned Backend::queue_index(const Message& m, uint32_t index) const {
+  if (index >= device_.num_queues())
+    throw ProtocolError(what(m) + " for queue " + std::to_string(index) + " of " + std::to_string(device_.num_queues()));
+  return index;
+}
+
+bool Backend::nothing(Message& /*m*/) { return false; }
+
+bool Backend::get_features(Message& m) {
+  const uint64_t f = device_.offered_features() | kFeatureProtocolFeatures;
+  reply(m, &f, sizeof f);
+  return true;
+}
+
+bool Backend::set_features(Message& m) {
+  const auto f = payload_as<uint64_t>(m.payload);
+  device_.stop();
+  device_.set_features(f & ~kFeatureProtocolFeatures);
+  protocol_negotiated_ = f & kFeatureProtocolFeatures;
+  // ACCESS_PLATFORM: ring and buffer addresses are IOVAs from now on.
+  access_platform_ = device_.features() & virtio::kAccessPlatform;
+  memory_.set_iotlb(access_platform_ ? &iotlb_ : nullptr);
+  return false;
+}
+
+bool Backend::get_protocol_features(Message& m) {
+  reply(m, &kOfferedProtocol, sizeof kOfferedProtocol);
+  return true;
+}
+
+bool Backend::set_protocol_features(Message& m) {
+  protocol_features_ = payload_as<uint64_t>(m.payload) & kOfferedProtocol;
+  return false;
+}
+
+bool Backend::reset_device(Message& /*m*/) {
+  drop_inflight();
+  device_.reset();
+  memory_.clear();
+  memory_.set_iotlb(nullptr);
+  access_platform_ = false;
+  iotlb_.clear();
+  iotlb_.reclaim();
+  status_ = 0;
+  return false;
+}
+
+bool Backend::set_mem_table(Message& m) {
+  if (m.hdr.size < 8) throw ProtocolError("SET_MEM_TABLE without a region count");
+  MemTable t{};
+  std::memcpy(&t, m.payload.data(), std::min<size_t>(m.payload.size(), sizeof t));
+  if (t.nregions == 0 || t.nregions > kMaxRegions)
+    throw ProtocolError("SET_MEM_TABLE with " + std::to_string(t.nregions) + " regions");
+  if (m.hdr.size != 8 + t.nregions * sizeof(MemRegion))
+    throw ProtocolError("SET_MEM_TABLE size " + std::to_string(m.hdr.size) + " for " + std::to_string(t.nregions) +
+                        " regions");
+  if (m.fds.size() != t.nregions)
+    throw ProtocolError("SET_MEM_TABLE with " + std::to_string(m.fds.size()) + " fds for " +
+                        std::to_string(t.nregions) + " regions");
+  device_.stop();
+  device_.set_memory(nullptr);
+  memory_.clear();
+  for (uint32_t i = 0; i < t.nregions; ++i) {
+    const MemRegion& reg = t.regions[i];
+    memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
+  }
+  device_.set_memory(&memory_);
+  return false;
+}
+
+bool Backend::set_vring_num(Message& m) {
+  const auto s = payload_as<VringState>(m.payload);
+  device_.stop();
+  device_.set_queue_size(queue_index(m, s.index), static_cast<uint16_t>(std::min<uint32_t>(s.num, 0xffff)));
+  return false;
+}
+
+bool Backend::set_vring_addr(Message& m) {
+  const auto a = payload_as<VringAddr>(m.payload);
+  const unsigned q = queue_index(m, a.index);
+  virtio::RingAddresses rings;
+  if (access_platform_) {
+    // IOVAs: translated through the IOTLB when the queue starts.
+    rings = {a.desc, a.avail, a.used};
+  } else if (!memory_.user_to_guest(a.desc, 1, rings.desc) || !memory_.user_to_guest(a.avail, 1, rings.driver) ||
+             !memory_.user_to_guest(a.used, 1, rings.device)) {
+    throw ProtocolError("SET_VRING_ADDR for queue " + std::to_string(q) + ": a ring outside the shared memory");
+  }
+  device_.stop();
+  device_.set_queue_rings(q, rings);
+  return false;
+}
+
+bool Backend::set_vring_base(Message& m) {
+  const auto s = payload_as<VringState>(m.payload);
+  device_.stop();
+  device_.set_queue_base(queue_index(m, s.index), s.num);
+  return false;
+}
+
+bool Backend::get_vring_base(Message& m) {
+  auto s = payload_as<VringState>(m.payload);
+  s.num = device_.stop_queue(queue_index(m, s.index));
+  reply(m, &s, sizeof s);
+  return true;
+}
+
+// SET_VRING_KICK / CALL / ERR: the queue index and a "no fd" flag in the u64.
+bool Backend::set_vring_fd(Message& m) {
+  const auto v = payload_as<uint64_t>(m.payload);
+  const unsigned q = queue_index(m, static_cast<uint32_t>(v & kVringIndexMask));
+  const bool no_fd = v & kVringNoFd;
+  if (m.fds.size() != (no_fd ? 0U : 1U))
+    throw ProtocolError(what(m) + " with " + std::to_string(m.fds.size()) + " fds and the no-fd flag " +
+                        (no_fd ? "set" : "clear"));
+  // Eventfds only, used non-blocking: one fd given as two queues' kick
+  // must not leave a worker blocked in read() once the first drained it.
+  UniqueFd fd = checked_peer_eventfd(no_fd ? UniqueFd() : std::move(m.fds[0]), what(m) + " for queue " + std::to_string(q));
+  if (m.hdr.request == kSetVringKick) {
+    if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
+    device_.stop();
+    device_.set_queue_kick(q, std::move(fd));
+    // Without protocol features a ring starts when its kick fd arrives.
+    if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
+  } else if (m.hdr.request == kSetVringCall) {
+    device_.set_queue_call(q, std::move(fd));
+  } else {
+    // Never signalled (the device reports no ring errors), but held: one
+    // per queue, the last one given, so a peer cannot pile them up.
+    err_fds_[q] = std::move(fd);
+  }
+  return false;
+}
+
+bool Backend::get_queue_num(Message& m) {
+  const uint64_t n = device_.config().queue_pairs;
+  reply(m, &n, sizeof n);
+  return true;
+}
+
+bool Backend::set_vring_enable(Message& m) {
+  const auto s = payload_as<VringState>(m.payload);
+  device_.stop();
+  device_.set_queue_enabled(queue_index(m, s.index), s.num != 0);
+  return false;
+}
+
+bool Backend::set_status(Message& m) {
+  status_ = static_cast<uint8_t>(payload_as<uint64_t>(m.payload));
+  if (status_ == 0) device_.stop();
+  return false;
+}
+
+bool Backend::get_status(Message& m) {
+  const uint64_t s = status_;
+  reply(m, &s, sizeof s);
+  return true;
+}
+
+bool Backend::get_max_mem_slots(Message& m) {
+  const uint64_t n = kMaxRegions;
+  reply(m, &n, sizeof n);
+  return true;
+}
+
+bool Backend::set_backend_req_fd(Message& m) {
+  backend_req_ = std::move(m.fds[0]);
+  return false;
+}
+
+bool Backend::iotlb_request(Message& m) {
+  iotlb_message(payload_as<IotlbMsg>(m.payload));
+  return false;
+}
+
+// CONFIGURE_MEM_SLOTS: one region at a time instead of SET_MEM_TABLE.
+bool Backend::mem_reg(Message& m) {
+  const auto reg = payload_as<SingleMemRegion>(m.payload).region;
+  device_.stop();
+  device_.set_memory(nullptr);
+  if (m.hdr.request == kAddMemReg) {
+    if (memory_.regions().size() >= kMaxRegions)
+      throw ProtocolError("ADD_MEM_REG beyond " + std::to_string(kMaxRegions) + " memory slots");
+    memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[0].get(), reg.mmap_offset);
+  } else if (!memory_.remove_region(reg.guest_addr, reg.size)) {
+    throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
+  }
+  device_.set_memory(&memory_);
+  return false;
+}
+
+// GET_CONFIG / SET_CONFIG: struct { u32 offset, size, flags; u8
+// payload[size]; } over the virtio-net config space (§5.1.4).
+bool Backend::config_request(Message& m) {
+  if (m.payload.size() < kConfigHeader) throw ProtocolError(what(m) + " without offset and size");
+  uint32_t offset = 0, size = 0;
+  std::memcpy(&offset, m.payload.data(), 4);
+  std::memcpy(&size, m.payload.data() + 4, 4);
+  if (size > 256 || m.payload.size() != kConfigHeader + size)
+    throw ProtocolError(what(m) + " of " + std::to_string(size) + " bytes in a payload of " +
+                        std::to_string(m.payload.size()));
+  if (m.hdr.request == kSetConfig) {
+    ack(m, 1);  // virtio-net has no field the driver may write: refused, not fatal
+    return true;
+  }
+  std::vector<uint8_t> out = m.payload;
+  device_.read_config(offset, out.data() + kConfigHeader, size);
+  reply(m, out.data(), static_cast<uint32_t>(out.size()));
+  return true;
 }
 
 namespace {
@@ -534,7 +538,7 @@ InflightDesc checked_inflight(const std::vector<uint8_t>& payload, unsigned devi
 // GET_INFLIGHT_FD: a zeroed buffer (a memfd) with a region per queue; the
 // front-end keeps it and hands it back with SET_INFLIGHT_FD whenever a
 // back-end starts, this one or the one after a crash.
-void Backend::get_inflight(const Message& m) {
+bool Backend::get_inflight(Message& m) {
   const InflightDesc want = checked_inflight(m.payload, device_.num_queues(), "GET_INFLIGHT_FD");
   const uint64_t bytes = want.num_queues * virtio::inflight_queue_bytes(want.queue_size);
   UniqueFd fd(::memfd_create("sriovd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -545,9 +549,10 @@ void Backend::get_inflight(const Message& m) {
   (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
   const InflightDesc out{bytes, 0, want.num_queues, want.queue_size, 0};
   reply(m, &out, sizeof out, fd.get());
+  return true;
 }
 
-void Backend::set_inflight(Message& m) {
+bool Backend::set_inflight(Message& m) {
   const InflightDesc d = checked_inflight(m.payload, device_.num_queues(), "SET_INFLIGHT_FD");
   const uint64_t need = d.num_queues * virtio::inflight_queue_bytes(d.queue_size);
   struct stat st{};
@@ -573,6 +578,7 @@ void Backend::set_inflight(Message& m) {
   inflight_map_len_ = len;
   device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
   spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.config().name, d.num_queues, d.queue_size);
+  return false;
 }
 
 void Backend::drop_inflight() {

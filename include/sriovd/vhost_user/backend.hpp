@@ -64,10 +64,43 @@ class Backend {
   bool admitted(int fd);
   void wait_readable();
   void on_readable();
+  // One entry of the request table (request_of): the shape every message
+  // of it must have (-1: its handler checks) and the handler, which
+  // returns true when it replied itself.
+  struct Request {
+    uint32_t request;
+    int payload;
+    int fds;
+    bool (Backend::*handler)(Message&);
+  };
+  static const Request* request_of(uint32_t request);
+  static std::string what(const Message& m);
   void handle(Message& m);
+  [[nodiscard]] unsigned queue_index(const Message& m, uint32_t index) const;
+  bool nothing(Message& m);
+  bool get_features(Message& m);
+  bool set_features(Message& m);
+  bool get_protocol_features(Message& m);
+  bool set_protocol_features(Message& m);
+  bool reset_device(Message& m);
+  bool set_mem_table(Message& m);
+  bool set_vring_num(Message& m);
+  bool set_vring_addr(Message& m);
+  bool set_vring_base(Message& m);
+  bool get_vring_base(Message& m);
+  bool set_vring_fd(Message& m);
+  bool get_queue_num(Message& m);
+  bool set_vring_enable(Message& m);
+  bool set_status(Message& m);
+  bool get_status(Message& m);
+  bool get_max_mem_slots(Message& m);
+  bool set_backend_req_fd(Message& m);
+  bool iotlb_request(Message& m);
+  bool mem_reg(Message& m);
+  bool config_request(Message& m);
+  bool get_inflight(Message& m);
+  bool set_inflight(Message& m);
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
-  void get_inflight(const Message& m);
-  void set_inflight(Message& m);
   void drop_inflight();
   void ack(const Message& m, uint64_t status);
   void disconnect(const std::string& why);
