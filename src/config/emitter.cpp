@@ -47,6 +47,7 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
     out << YAML::Key << "msix_policy" << YAML::Value << to_string(a.msix_policy);
     if (a.export_kind == ExportKind::vfio_user) out << YAML::Key << "bar_access" << YAML::Value << to_string(a.bar_access);
     out << YAML::Key << "max_vectors" << YAML::Value << a.max_vectors;
+    if (a.export_kind == ExportKind::vfio_user) out << YAML::Key << "max_dma_mib" << YAML::Value << a.max_dma_mib;
     emit_access(out, a.access);
     out << YAML::EndMap;
   }

@@ -605,7 +605,7 @@ class Loader {
 
   std::optional<VfAssign> read_assign(const YAML::Node& node, const std::string& path,
                                       const SimulatedPf* sim) {
-    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "bar_access", "max_vectors", "access"});
+    Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "bar_access", "max_vectors", "max_dma_mib", "access"});
     if (!m.valid()) return std::nullopt;
     VfAssign a;
     auto owner = m.string("owner", true);
@@ -632,6 +632,7 @@ class Loader {
     }
     const uint64_t max_vectors = sim ? sim->msix_vectors_per_vf : 2048;
     if (auto v = m.unsigned_in("max_vectors", 0, max_vectors)) a.max_vectors = static_cast<uint16_t>(*v);
+    if (auto v = m.unsigned_in("max_dma_mib", 1, 1ULL << 32U)) a.max_dma_mib = *v;
     if (m.has("access")) {
       if (a.export_kind == ExportKind::none)
         ctx_.error(m.where("access"), m.path_of("access"), "access is only used with 'export: vfio-user'");

@@ -423,6 +423,7 @@ void Daemon::sync_vf_exports() {
       e.proxy = std::make_unique<vfio_user::VfProxy>(
           host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf,
           e.bar_access == config::BarAccess::mmap ? vfio_user::BarMapping::device_fd : vfio_user::BarMapping::trapped);
+      e.proxy->set_dma_limit(w.assign->max_dma_mib << 20U);
       // The export's own allow-list: a VMM allowed here may not use the
       // control API, nor an operator's uid this VMM's socket.
       e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);

@@ -289,14 +289,20 @@ void VfProxy::trigger_irq(uint32_t index, uint32_t vector) {
 void VfProxy::dma_mapped(const DmaWindow& w) {
   if (!w.host)
     throw Error(EINVAL, label_ + ": a VF can only DMA into memory shared with an fd (window at " + std::to_string(w.iova) + ")");
+  if (w.size > dma_limit_ - dma_bytes_)
+    throw Error(ENOSPC, label_ + ": a DMA window of " + std::to_string(w.size >> 20U) + " MiB would pin " +
+                            std::to_string((dma_bytes_ + w.size) >> 20U) + " MiB; assign.max_dma_mib allows " +
+                            std::to_string(dma_limit_ >> 20U));
   device_->map_dma(w.iova, w.host, w.size, w.writable);
   ++dma_windows_;
+  dma_bytes_ += w.size;
 }
 
 void VfProxy::dma_unmapped(const DmaWindow& w) {
   if (!w.host) return;
   device_->unmap_dma(w.iova, w.size);
   --dma_windows_;
+  dma_bytes_ -= w.size;
 }
 
 // Function reset: every vector masked, MSI-X disabled, no pending bits

@@ -590,6 +590,27 @@ TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
   EXPECT_EQ(next.device_info().num_regions, 9U);
 }
 
+// LimitMEMLOCK=infinity lets the kernel pin whatever the VMM maps for DMA,
+// charged to the daemon: each export bounds it (assign.max_dma_mib).
+TEST_F(VfProxyTest, DmaWindowsArePinnedOnlyUpToTheExportsLimit) {
+  proxy->set_dma_limit(1 << 20);
+  Client c(socket);
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 2 << 20), 0);
+  c.dma_map(0x100000, 1 << 20, mem.get(), 0);
+  try {
+    c.dma_map(0x400000, 4096, mem.get(), 0);
+    FAIL() << "a window past the limit was pinned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ENOSPC);
+    EXPECT_NE(exported->server->stats().last_error.find("assign.max_dma_mib allows 1"), std::string::npos)
+        << exported->server->stats().last_error;
+  }
+  c.dma_unmap(0x100000, 1 << 20);
+  c.dma_map(0x400000, 4096, mem.get(), 0);  // room again
+  EXPECT_EQ(proxy->dma_bytes(), 4096U);
+}
+
 // Item 14: the last message's fds (here a DMA window's memfd) were kept
 // after the client went, until the next client's first message.
 TEST_F(VfProxyTest, TheLastMessagesFdsGoWithTheClient) {

@@ -94,6 +94,9 @@ struct VfAssign {
   MsixPolicy msix_policy = MsixPolicy::adaptive;
   BarAccess bar_access = BarAccess::trapped;
   uint16_t max_vectors = 0;           // 0: as many as the VF has
+  // The most guest memory the VMM may map for the VF's DMA: each window is
+  // pinned by the kernel and charged to the daemon (LimitMEMLOCK=infinity).
+  uint64_t max_dma_mib = 256 * 1024;
   SocketAccess access;
   SourceLocation socket_where;
 };

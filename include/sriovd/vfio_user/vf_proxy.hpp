@@ -62,6 +62,10 @@ class VfProxy : public ExportedDevice {
   [[nodiscard]] uint64_t vfio_reenables() const { return binder_.reenables(); }
   [[nodiscard]] unsigned vfio_enabled_vectors() const { return binder_.enabled(); }
   [[nodiscard]] size_t dma_windows() const { return dma_windows_; }
+  // The most bytes of client memory mapped for DMA at once (the kernel pins
+  // them, charged to the daemon): a DMA_MAP past it is refused (ENOSPC).
+  void set_dma_limit(uint64_t bytes) { dma_limit_ = bytes; }
+  [[nodiscard]] uint64_t dma_bytes() const { return dma_bytes_; }
   [[nodiscard]] BarMapping bar_mapping() const { return bar_mapping_; }
 
  private:
@@ -105,6 +109,8 @@ class VfProxy : public ExportedDevice {
   std::unique_ptr<pci::VirtualConfig> config_;
   vfio::MsixVectors binder_;
   size_t dma_windows_ = 0;
+  uint64_t dma_bytes_ = 0;
+  uint64_t dma_limit_ = UINT64_MAX;
 };
 
 }  // namespace sriovd::vfio_user
