@@ -43,6 +43,7 @@ double run_once(Mode mode, double seconds) {
   if (mode == Mode::one_entry) iotlb.update({kBase, kMem, kUser, kIotlbRead | kIotlbWrite});
   if (mode == Mode::page_entries)
     for (uint64_t off = 0; off < kMem; off += 4096) iotlb.update({kBase + off, 4096, kUser + off, kIotlbRead | kIotlbWrite});
+  iotlb.publish();
   if (mode != Mode::off) mem.set_iotlb(&iotlb);
   SplitDriver driver(host, kBase, kQueue);
   auto queue = make_split_queue(mem, kQueue, driver.addresses(), false);

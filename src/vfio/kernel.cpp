@@ -84,6 +84,20 @@ KernelDevice::KernelDevice(Group& group, const PciAddress& address) : name_(addr
   num_regions_ = info.num_regions;
   num_irqs_ = info.num_irqs;
   flags_ = info.flags;
+  for (uint32_t i = 0; i < num_regions_; ++i) {
+    try {
+      const RegionInfo r = region(i);
+      bounds_.push_back({r.offset, r.size});
+    } catch (const SystemError&) {
+      bounds_.push_back({0, 0});  // a region the device does not have (VGA without VGA: EINVAL)
+    }
+  }
+}
+
+const KernelDevice::Bounds& KernelDevice::bounds(uint32_t index, uint64_t offset, size_t size, const char* verb) const {
+  if (index >= bounds_.size() || offset > bounds_[index].size || size > bounds_[index].size - offset)
+    throw std::out_of_range(name_ + ": " + verb + " past region " + std::to_string(index));
+  return bounds_[index];
 }
 
 std::unique_ptr<KernelDevice> KernelDevice::open(const PciAddress& address, const std::string& sysfs_root) {
@@ -140,15 +154,13 @@ RegionInfo KernelDevice::region(uint32_t index) {
 }
 
 void KernelDevice::read(uint32_t index, uint64_t offset, void* data, size_t size) {
-  const RegionInfo r = region(index);
-  if (offset + size > r.size) throw std::out_of_range(name_ + ": read past region " + std::to_string(index));
+  const Bounds& r = bounds(index, offset, size, "read");
   if (::pread(fd_.get(), data, size, static_cast<off_t>(r.offset + offset)) != static_cast<ssize_t>(size))
     throw_errno(name_ + ": read region " + std::to_string(index) + " at " + std::to_string(offset));
 }
 
 void KernelDevice::write(uint32_t index, uint64_t offset, const void* data, size_t size) {
-  const RegionInfo r = region(index);
-  if (offset + size > r.size) throw std::out_of_range(name_ + ": write past region " + std::to_string(index));
+  const Bounds& r = bounds(index, offset, size, "write");
   if (::pwrite(fd_.get(), data, size, static_cast<off_t>(r.offset + offset)) != static_cast<ssize_t>(size))
     throw_errno(name_ + ": write region " + std::to_string(index) + " at " + std::to_string(offset));
 }

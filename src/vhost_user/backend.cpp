@@ -200,7 +200,10 @@ void Backend::on_readable() {
       // trickled a byte per sendmsg must not collect 8 fds with each.
       const ssize_t n = recv_with_fds(conn_.get(), buf, want - inbuf_.size(), infds_, MSG_DONTWAIT, truncated,
                                       kMaxFds - infds_.size());
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        publish_translations();
+        break;
+      }
       if (n <= 0) {
         disconnect(n == 0 ? "front-end closed the connection" : std::string("read error: ") + std::strerror(errno));
         return;
@@ -628,24 +631,15 @@ void Backend::iotlb_message(const IotlbMsg& msg) {
   if (!access_platform_) throw ProtocolError("IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM negotiated");
   switch (msg.type) {
     case kIotlbUpdate:
-      iotlb_.update({msg.iova, msg.size, msg.uaddr, msg.perm});  // checked there: size, wrap, permission
-      if (iotlb_.retired() > 64 || device_.waiting_for_translations()) {
-        // Old tables freed, and pairs that waited for their rings started,
-        // from a stopped device.
-        const bool was_running = device_.running();
-        device_.stop();
-        iotlb_.reclaim();
-        if (was_running || device_.waiting_for_translations()) try_start();
-      } else if (device_.running()) {
-        device_.kick_all();
-      } else {
-        try_start();
-      }
+      // Staged: the burst of updates a front-end sends is published once,
+      // when the socket has nothing more (publish_translations).
+      iotlb_.update({msg.iova, msg.size, msg.uaddr, msg.perm});  // checked there: size, wrap, permission, cap
       break;
     case kIotlbInvalidate: {
       const bool was_running = device_.running();
       device_.stop();
       iotlb_.invalidate(msg.iova, msg.size);
+      iotlb_.publish();
       iotlb_.reclaim();
       if (was_running) try_start();
       break;
@@ -655,6 +649,26 @@ void Backend::iotlb_message(const IotlbMsg& msg) {
       break;
     default:
       throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
+  }
+}
+
+// After a burst of messages: staged IOTLB updates become what the workers
+// see, and may unblock stalled rings (kick them) or queues that could not
+// start.
+void Backend::publish_translations() {
+  if (!iotlb_.staged()) return;
+  iotlb_.publish();
+  if (iotlb_.retired() > 64 || device_.waiting_for_translations()) {
+    // Old tables freed, and pairs that waited for their rings started,
+    // from a stopped device.
+    const bool was_running = device_.running();
+    device_.stop();
+    iotlb_.reclaim();
+    if (was_running || device_.waiting_for_translations()) try_start();
+  } else if (device_.running()) {
+    device_.kick_all();
+  } else {
+    try_start();
   }
 }
 

@@ -31,53 +31,57 @@ Iotlb::Iotlb() : owned_(std::make_unique<Table>()), generation_(next_translation
 
 Iotlb::~Iotlb() = default;
 
-void Iotlb::publish(std::unique_ptr<Table> next) {
+void Iotlb::publish() {
+  if (!staged_) return;
+  auto next = std::make_unique<Table>(staging_);
   current_.store(next.get(), std::memory_order_release);
   generation_.store(next_translation_version(), std::memory_order_release);
   retired_.push_back(std::move(owned_));
   owned_ = std::move(next);
+  staged_ = false;
 }
+
+namespace {
+// The first entry of a sorted table that ends after `iova`.
+std::vector<IotlbEntry>::iterator first_ending_after(std::vector<IotlbEntry>& t, uint64_t iova) {
+  return std::partition_point(t.begin(), t.end(), [&](const IotlbEntry& x) { return x.iova + x.size <= iova; });
+}
+}  // namespace
 
 void Iotlb::update(const IotlbEntry& e) {
   if (e.size == 0 || e.iova > UINT64_MAX - e.size || e.uaddr > UINT64_MAX - e.size || !(e.perm & (kIotlbRead | kIotlbWrite)))
     throw std::invalid_argument("IOTLB update of " + std::to_string(e.size) + " bytes at IOVA " + std::to_string(e.iova) +
                                 " (front-end address " + std::to_string(e.uaddr) + ", permission " +
                                 std::to_string(e.perm) + "): empty, without permission, or wrapping");
-  // The table stays sorted: one copy, the new entry put in its place, no
-  // sort. Entries that overlap it are replaced.
-  const auto keep = [&](const IotlbEntry& x) { return x.iova + x.size <= e.iova || x.iova >= e.iova + e.size; };
-  const auto kept = static_cast<size_t>(std::count_if(owned_->begin(), owned_->end(), keep));
-  bool evict = kept >= kMaxEntries;  // full: the entry after the new one goes
-  auto next = std::make_unique<Table>();
-  next->reserve(std::min(kept + 1, kMaxEntries));
-  bool placed = false;
-  for (const auto& x : *owned_) {
-    if (!keep(x)) continue;
-    if (!placed && x.iova > e.iova) {
-      next->push_back(e);
-      placed = true;
-      if (std::exchange(evict, false)) continue;
-    }
-    next->push_back(x);
-  }
-  if (!placed) next->push_back(e);
-  if (evict) next->erase(next->end() - 2);  // nothing after it: the one before
-  publish(std::move(next));
+  // The entries it overlaps are one run of the sorted table: replaced by it.
+  auto from = first_ending_after(staging_, e.iova);
+  auto to = std::partition_point(from, staging_.end(), [&](const IotlbEntry& x) { return x.iova < e.iova + e.size; });
+  if (from == to && staging_.size() >= kMaxEntries)
+    throw std::invalid_argument("IOTLB update at IOVA " + std::to_string(e.iova) + ": the table holds " +
+                                std::to_string(kMaxEntries) + " translations already");
+  from = staging_.erase(from, to);
+  staging_.insert(from, e);
+  staged_ = true;
 }
 
 void Iotlb::invalidate(uint64_t iova, uint64_t size) {
   const uint64_t end = size > UINT64_MAX - iova ? UINT64_MAX : iova + size;  // a range to the top is the top
-  auto next = std::make_unique<Table>();
-  for (const auto& x : *owned_)
-    if (x.iova + x.size <= iova || x.iova >= end) next->push_back(x);
-  publish(std::move(next));
+  auto from = first_ending_after(staging_, iova);
+  auto to = std::partition_point(from, staging_.end(), [&](const IotlbEntry& x) { return x.iova < end; });
+  if (from == to) return;
+  staging_.erase(from, to);
+  staged_ = true;
 }
 
-void Iotlb::clear() { publish(std::make_unique<Table>()); }
+void Iotlb::clear() {
+  staging_.clear();
+  staged_ = true;
+  publish();
+}
 
 void Iotlb::reclaim() { retired_.clear(); }
 
-size_t Iotlb::size() const { return owned_->size(); }
+size_t Iotlb::size() const { return staging_.size(); }
 
 bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, uint8_t need, IotlbEntry& out) const {
   const Table* t = current_.load(std::memory_order_acquire);

@@ -126,11 +126,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           r.iotlb.update(e);
         } catch (const std::invalid_argument&) {
         }
+        r.iotlb.publish();
         break;
       }
       case 6: {
         const uint64_t iova = in.take<uint32_t>();
         r.iotlb.invalidate(iova, in.take<uint16_t>() + 1ULL);
+        r.iotlb.publish();
         break;
       }
       case 7:  // the front-end rewrites the inflight region, mid-run

@@ -209,6 +209,7 @@ TEST_F(IotlbTest, InvalidationTakesTheTranslationAway) {
 TEST_F(IotlbTest, PermissionsAreChecked) {
   virtio::Iotlb t;
   t.update({0x1000, 0x1000, 0x5000, virtio::kIotlbRead});
+  t.publish();
   uint64_t u = 0;
   EXPECT_TRUE(t.lookup(0x1800, 16, false, u));
   EXPECT_EQ(u, 0x5800U);
@@ -216,9 +217,11 @@ TEST_F(IotlbTest, PermissionsAreChecked) {
   EXPECT_FALSE(t.lookup(0x1ff8, 16, false, u));  // runs past the entry
   // Two entries that follow each other in both spaces make one range.
   t.update({0x2000, 0x1000, 0x6000, virtio::kIotlbRead});
+  t.publish();
   EXPECT_TRUE(t.lookup(0x1ff8, 16, false, u));
   EXPECT_EQ(u, 0x5ff8U);
   t.update({0x3000, 0x1000, 0x9000, virtio::kIotlbRead});  // not contiguous in the front-end's space
+  t.publish();
   EXPECT_FALSE(t.lookup(0x2ff8, 16, false, u));
   // A miss is asked for where translation stops, not where the buffer starts.
   EXPECT_EQ(t.first_gap(0x2ff8, 16, false), 0x3008U);  // all translated, only not contiguous: no gap
@@ -226,6 +229,7 @@ TEST_F(IotlbTest, PermissionsAreChecked) {
   EXPECT_EQ(t.first_gap(0x1800, 16, true), 0x1800U);   // read-only: a write needs this page
   EXPECT_EQ(t.first_gap(0x1800, 16, false), 0x1810U);  // fully translated
   t.invalidate(0x1000, 0x1000);
+  t.publish();
   EXPECT_FALSE(t.lookup(0x1800, 16, false, u));
   EXPECT_TRUE(t.lookup(0x2800, 16, false, u));
   EXPECT_EQ(t.size(), 2U);

@@ -115,6 +115,7 @@ TEST(PeerMemory, AnIotlbEntryWhoseFrontEndRangeWrapsIsRefused) {
   mem.add_host_region(0, backing.size(), 0x7f0000000000, backing.data());
   mem.set_iotlb(&t);
   t.update({0x100000, 0x10000, 0x7f0000000000, kIotlbRead | kIotlbWrite});
+  t.publish();
   EXPECT_NE(mem.translate(0x100000, 64), nullptr);
   EXPECT_EQ(mem.translate(0x100000 + (1ULL << 40U), 64), nullptr);
 }
@@ -131,6 +132,7 @@ TEST(PeerMemory, ANewMemoryMapAtAFreedOnesAddressDoesNotHitItsCache) {
   mem->add_host_region(0, 4096, 0x5000, first.data());
   mem->set_iotlb(&*iotlb);
   iotlb->update({0x9000, 4096, 0x5000, kIotlbRead});
+  iotlb->publish();
   const uint8_t* a = mem->translate(0x9010, 1);
   ASSERT_EQ(a, first.data() + 0x10);
   mem.reset();
@@ -140,34 +142,43 @@ TEST(PeerMemory, ANewMemoryMapAtAFreedOnesAddressDoesNotHitItsCache) {
   mem->add_host_region(0, 4096, 0x5000, second.data());
   mem->set_iotlb(&*iotlb);
   iotlb->update({0x9000, 4096, 0x5000, kIotlbRead});
+  iotlb->publish();
   EXPECT_EQ(mem->translate(0x9010, 1), second.data() + 0x10);
 }
 
-// Item 13: entries are capped (the one after a new entry's place goes when
-// the table is full), and the table stays sorted without a sort per update.
+// Item 13: entries are capped - an update past kMaxEntries is refused (one
+// that replaces entries still goes in) - and updates are staged without a
+// copy of the table each; lookups see them once published.
 TEST(PeerMemory, TheIotlbHoldsAtMostItsCapAndStaysSearchable) {
   Iotlb t;
-  const size_t n = Iotlb::kMaxEntries + 3000;
+  const size_t n = Iotlb::kMaxEntries;
   for (size_t i = 0; i < n; ++i) t.update({i * 0x1000, 0x1000, 0x40000000 + i * 0x1000, kIotlbRead});
-  EXPECT_EQ(t.size(), Iotlb::kMaxEntries);
-  t.reclaim();
+  EXPECT_EQ(t.size(), n);
   uint64_t u = 0;
-  // The latest entry is always there, and found.
+  EXPECT_FALSE(t.lookup(8, 8, false, u)) << "staged, not yet published";
+  t.publish();
   ASSERT_TRUE(t.lookup((n - 1) * 0x1000 + 8, 8, false, u));
   EXPECT_EQ(u, 0x40000000 + (n - 1) * 0x1000 + 8);
-  // One in the middle, after a full table: its neighbour after it went.
-  t.update({0x800000, 0x1000, 0x90000000, kIotlbRead});
-  EXPECT_EQ(t.size(), Iotlb::kMaxEntries);
-  ASSERT_TRUE(t.lookup(0x800010, 8, false, u));
-  EXPECT_EQ(u, 0x90000010U);
+  const std::string why = thrown_by([&] { t.update({n * 0x1000, 0x1000, 0x50000000, kIotlbRead}); });
+  EXPECT_NE(why.find("holds 65536 translations already"), std::string::npos) << why;
+  // Replacing three entries by one: allowed, and in its place.
+  t.update({0x800000, 0x3000, 0x90000000, kIotlbRead});
+  EXPECT_EQ(t.size(), n - 2);
+  t.invalidate(0x0, 0x2000);
+  EXPECT_EQ(t.size(), n - 4);
+  t.publish();
+  ASSERT_TRUE(t.lookup(0x802010, 8, false, u));
+  EXPECT_EQ(u, 0x90002010U);
+  EXPECT_FALSE(t.lookup(0x1000, 8, false, u));
+  EXPECT_TRUE(t.lookup(0x2000, 8, false, u));
   // Every entry left translates to where it said: the order is intact.
   size_t found = 0;
   for (size_t i = 0; i < n; ++i)
     if (t.lookup(i * 0x1000, 8, false, u)) {
-      EXPECT_EQ(u, i == 0x800 ? 0x90000000U : 0x40000000 + i * 0x1000) << i;
+      EXPECT_EQ(u, (i >= 0x800 && i < 0x803) ? 0x90000000U + (i - 0x800) * 0x1000 : 0x40000000 + i * 0x1000) << i;
       ++found;
     }
-  EXPECT_EQ(found, Iotlb::kMaxEntries);
+  EXPECT_EQ(found, n - 2);
 }
 
 }  // namespace

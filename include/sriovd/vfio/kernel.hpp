@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/pci_address.hpp"
@@ -75,6 +76,15 @@ class KernelDevice : public Device {
   uint32_t num_regions_ = 0;
   uint32_t num_irqs_ = 0;
   uint32_t flags_ = 0;
+  // Where each region is in the device fd and how long: fixed for the
+  // device's life, taken once, so a trapped BAR access is one pread/pwrite
+  // and no GET_REGION_INFO ioctl.
+  struct Bounds {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  std::vector<Bounds> bounds_;
+  const Bounds& bounds(uint32_t index, uint64_t offset, size_t size, const char* verb) const;
 };
 
 }  // namespace sriovd::vfio

@@ -108,6 +108,7 @@ class Backend {
   void watch_misses();
   void send_miss();
   void iotlb_message(const IotlbMsg& msg);
+  void publish_translations();
 
   asio::io_context& io_;
   std::string path_;

@@ -8,8 +8,9 @@
 // array published with a release store, searched with a per-thread
 // last-hit cache (O(1) for the runs of buffers that share a mapping, and
 // the ring metadata is translated once per queue start anyway). The
-// control plane replaces the table whole (copy on write) and keeps the old
-// ones until reclaim(), which the owner calls when no worker runs.
+// control plane changes a staging table and publishes a copy of it once per
+// burst of messages, keeping the old ones until reclaim(), which the owner
+// calls when no worker runs.
 
 #include <atomic>
 #include <cstdint>
@@ -39,20 +40,27 @@ class Iotlb {
   Iotlb(const Iotlb&) = delete;
   Iotlb& operator=(const Iotlb&) = delete;
 
-  // At most this many translations: a front-end that sends more has the
-  // one after the new entry's place evicted (it is asked for again on a
-  // miss, as an IOMMU's IOTLB would). Bounds both the memory a peer can
-  // make the daemon hold and the copy each update costs.
-  static constexpr size_t kMaxEntries = 4096;
+  // At most this many translations (256 MiB of 4 KiB pages, far more of
+  // huge ones): an update beyond it is refused, so a peer cannot make the
+  // daemon hold more.
+  static constexpr size_t kMaxEntries = 65536;
 
   // --- control plane ---
+  // Changes go to a staging table (sorted; a binary search and one insert
+  // or erase each, no copy of the whole table); readers see them once
+  // publish() makes a copy current - one copy per burst of messages, not
+  // one per update.
   // Adds a translation; one that overlaps existing ones replaces them.
   // Throws std::invalid_argument, naming it, for an empty entry, one
-  // without permission, or one whose IOVA or front-end range wraps.
+  // without permission, one whose IOVA or front-end range wraps, or one
+  // past kMaxEntries.
   void update(const IotlbEntry& e);
   // Drops every translation overlapping [iova, iova + size).
   void invalidate(uint64_t iova, uint64_t size);
   void clear();
+  // Makes the staged changes what lookups see (no-op when there are none).
+  void publish();
+  [[nodiscard]] bool staged() const { return staged_; }
   // Frees replaced tables: only while no thread can be in lookup().
   void reclaim();
   [[nodiscard]] size_t retired() const { return retired_.size(); }
@@ -83,9 +91,10 @@ class Iotlb {
 
  private:
   using Table = std::vector<IotlbEntry>;  // sorted by iova, no overlaps
-  void publish(std::unique_ptr<Table> next);
+  Table staging_;                  // the control plane's, changed in place
+  bool staged_ = false;            // staging_ differs from current_
   std::atomic<const Table*> current_;
-  std::unique_ptr<Table> owned_;
+  std::unique_ptr<Table> owned_;   // what current_ points at
   std::vector<std::unique_ptr<Table>> retired_;
   std::atomic<uint64_t> generation_;  // from next_translation_version(): unique in the process
   std::atomic<uint64_t> miss_slot_{0};  // iova | 1 (read) or | 2 (write) in the low bits; 0: none
