@@ -54,15 +54,21 @@ struct Shape {
   uint32_t max_fds;
 };
 
+// The queries with an argsz (DEVICE_GET_INFO, GET_REGION_INFO, GET_IRQ_INFO,
+// GET_REGION_IO_FDS) are the fixed struct plus whatever the client's buffer
+// holds: a client may send its whole reply buffer (one sends 4064 bytes of
+// GET_REGION_INFO), so any payload of at least the fixed size is taken, and
+// the reply fits the argsz asked for. DMA_UNMAP may carry the window's fd
+// (a client that sends it back): accepted and closed.
 bool shape_of(uint16_t command, Shape& s) {
   switch (command) {
     case kVersion: s = {4, false, 0}; return true;
     case kDmaMap: s = {sizeof(DmaMap), true, 1}; return true;
-    case kDmaUnmap: s = {sizeof(DmaUnmap), true, 0}; return true;
-    case kDeviceGetInfo: s = {sizeof(DeviceInfo), true, 0}; return true;
-    case kDeviceGetRegionInfo: s = {sizeof(RegionInfo), true, 0}; return true;
-    case kDeviceGetRegionIoFds: s = {sizeof(RegionIoFds), true, 0}; return true;
-    case kDeviceGetIrqInfo: s = {sizeof(IrqInfo), true, 0}; return true;
+    case kDmaUnmap: s = {sizeof(DmaUnmap), false, 1}; return true;
+    case kDeviceGetInfo: s = {sizeof(DeviceInfo), false, 0}; return true;
+    case kDeviceGetRegionInfo: s = {sizeof(RegionInfo), false, 0}; return true;
+    case kDeviceGetRegionIoFds: s = {sizeof(RegionIoFds), false, 0}; return true;
+    case kDeviceGetIrqInfo: s = {sizeof(IrqInfo), false, 0}; return true;
     case kDeviceSetIrqs: s = {sizeof(IrqSet), false, kMaxMsgFds}; return true;
     case kRegionRead: s = {sizeof(RegionAccess), true, 0}; return true;
     case kRegionWrite: s = {sizeof(RegionAccess), false, 0}; return true;

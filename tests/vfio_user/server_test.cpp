@@ -590,6 +590,35 @@ TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
   EXPECT_EQ(next.device_info().num_regions, 9U);
 }
 
+// Issue 12: an independent client (a storage toolkit's NVMe driver) sends
+// GET_REGION_INFO with its whole 4064-byte reply buffer as payload (argsz
+// 4064), attaches the window's fd to DMA_UNMAP and uses id 0 throughout.
+// All of that is within the protocol and is served.
+TEST_F(VfProxyMapped, AForeignClientsBigArgszAndUnmapFdAreServed) {
+  Client c(socket);
+  std::vector<uint8_t> query(4064, 0);
+  const RegionInfo head{4064, 0, 0, 0, 0, 0};
+  std::memcpy(query.data(), &head, sizeof head);
+  Client::Reply r = c.request(kDeviceGetRegionInfo, query);
+  ASSERT_FALSE(r.hdr.flags & kError) << "errno " << r.hdr.error << ": " << exported->server->stats().last_error;
+  ASSERT_GE(r.payload.size(), sizeof(RegionInfo));
+  EXPECT_LE(r.payload.size(), 4064U) << "the reply fits the client's argsz";
+  RegionInfo info{};
+  std::memcpy(&info, r.payload.data(), sizeof info);
+  EXPECT_EQ(info.size, 0x4000U);
+  EXPECT_TRUE(info.flags & VFIO_REGION_INFO_FLAG_CAPS) << "the sparse areas fit in 4064 bytes";
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
+  c.dma_map(0x100000, 1 << 16, mem.get(), 0);
+  const DmaUnmap unmap{sizeof(DmaUnmap), 0, 0x100000, 1 << 16};
+  const int fd[1] = {mem.get()};
+  std::vector<uint8_t> payload(sizeof unmap);
+  std::memcpy(payload.data(), &unmap, sizeof unmap);
+  r = c.request(kDmaUnmap, payload, fd);
+  EXPECT_FALSE(r.hdr.flags & kError) << "errno " << r.hdr.error << ": " << exported->server->stats().last_error;
+  EXPECT_EQ(sim->dma_windows(), 0U);
+}
+
 // LimitMEMLOCK=infinity lets the kernel pin whatever the VMM maps for DMA,
 // charged to the daemon: each export bounds it (assign.max_dma_mib).
 TEST_F(VfProxyTest, DmaWindowsArePinnedOnlyUpToTheExportsLimit) {
