@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -30,13 +31,70 @@ Container::Container() : fd_(::open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC)) {
     throw std::runtime_error("VFIO container does not support the type1v2 IOMMU (vfio_iommu_type1 not loaded?)");
 }
 
+namespace {
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
 void Container::set_iommu() {
   if (iommu_set_) return;
   if (::ioctl(fd_.get(), VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU) != 0) throw_errno("VFIO_SET_IOMMU type1v2");
   iommu_set_ = true;
+  read_iova_ranges();
+}
+
+// The IOVA ranges the IOMMU can map (VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE):
+// an emulated intel-iommu with 39 address bits, say, takes nothing above
+// 2^39, and a client whose IOVAs are its virtual addresses (~2^45) is told
+// so by name instead of with an EINVAL from deep in the kernel. No
+// capability (an old kernel): nothing is known, everything is tried.
+void Container::read_iova_ranges() {
+  std::vector<uint8_t> buf(sizeof(vfio_iommu_type1_info));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto* info = reinterpret_cast<vfio_iommu_type1_info*>(buf.data());
+    info->argsz = static_cast<uint32_t>(buf.size());
+    if (::ioctl(fd_.get(), VFIO_IOMMU_GET_INFO, info) != 0) return;
+    if (info->argsz > buf.size()) {
+      buf.resize(info->argsz);
+      continue;
+    }
+    if (!(info->flags & VFIO_IOMMU_INFO_CAPS) || info->cap_offset == 0) return;
+    for (uint32_t off = info->cap_offset; off != 0 && off + sizeof(vfio_info_cap_header) <= buf.size();) {
+      vfio_info_cap_header h;
+      std::memcpy(&h, buf.data() + off, sizeof h);
+      if (h.id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE && off + sizeof(vfio_iommu_type1_info_cap_iova_range) <= buf.size()) {
+        vfio_iommu_type1_info_cap_iova_range cap;
+        std::memcpy(&cap, buf.data() + off, sizeof cap);
+        const size_t first = off + sizeof cap;
+        for (uint32_t i = 0; i < cap.nr_iovas && first + (i + 1) * sizeof(vfio_iova_range) <= buf.size(); ++i) {
+          vfio_iova_range r;
+          std::memcpy(&r, buf.data() + first + i * sizeof r, sizeof r);
+          iova_ranges_.push_back({r.start, r.end});
+        }
+      }
+      if (h.next <= off) break;  // a chain that goes back: stop
+      off = h.next;
+    }
+    return;
+  }
 }
 
 void Container::map_dma(uint64_t iova, void* vaddr, uint64_t size, bool writable) {
+  if (!iova_ranges_.empty() && size > 0) {
+    const uint64_t last = iova + (size - 1);
+    bool inside = false;
+    std::string usable;
+    for (const auto& r : iova_ranges_) {
+      inside = inside || (iova >= r.start && last >= iova && last <= r.end);
+      usable += (usable.empty() ? "" : ", ") + std::string("[") + hex(r.start) + ", " + hex(r.end) + "]";
+    }
+    if (!inside)
+      throw SystemError(ERANGE, "DMA window [" + hex(iova) + ", +" + hex(size) +
+                                    ") is outside the IOVA ranges this IOMMU maps: " + usable);
+  }
   vfio_iommu_type1_dma_map map{};
   map.argsz = sizeof map;
   map.flags = VFIO_DMA_MAP_FLAG_READ | (writable ? VFIO_DMA_MAP_FLAG_WRITE : 0U);
@@ -44,7 +102,7 @@ void Container::map_dma(uint64_t iova, void* vaddr, uint64_t size, bool writable
   map.iova = iova;
   map.size = size;
   if (::ioctl(fd_.get(), VFIO_IOMMU_MAP_DMA, &map) != 0)
-    throw_errno("VFIO_IOMMU_MAP_DMA iova 0x" + std::to_string(iova) + " size " + std::to_string(size));
+    throw_errno("VFIO_IOMMU_MAP_DMA iova " + hex(iova) + " size " + hex(size));
 }
 
 void Container::unmap_dma(uint64_t iova, uint64_t size) {
@@ -53,7 +111,7 @@ void Container::unmap_dma(uint64_t iova, uint64_t size) {
   unmap.iova = iova;
   unmap.size = size;
   if (::ioctl(fd_.get(), VFIO_IOMMU_UNMAP_DMA, &unmap) != 0)
-    throw_errno("VFIO_IOMMU_UNMAP_DMA iova 0x" + std::to_string(iova));
+    throw_errno("VFIO_IOMMU_UNMAP_DMA iova " + hex(iova));
 }
 
 Group::Group(Container& container, int number)

@@ -19,14 +19,22 @@ class Container {
   Container();
   [[nodiscard]] int fd() const { return fd_.get(); }
   // VFIO_IOMMU_MAP_DMA / UNMAP_DMA (after the first group is attached).
+  // A window outside the IOMMU's usable IOVA ranges is refused (ERANGE,
+  // naming them) before the kernel is asked.
   void map_dma(uint64_t iova, void* vaddr, uint64_t size, bool writable = true);
   void unmap_dma(uint64_t iova, uint64_t size);
+  struct IovaRange {
+    uint64_t start, end;  // inclusive
+  };
+  [[nodiscard]] const std::vector<IovaRange>& iova_ranges() const { return iova_ranges_; }
 
  private:
   friend class Group;
   void set_iommu();
+  void read_iova_ranges();
   UniqueFd fd_;
   bool iommu_set_ = false;
+  std::vector<IovaRange> iova_ranges_;  // empty: the kernel did not say
 };
 
 class Group {
