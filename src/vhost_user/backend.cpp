@@ -304,6 +304,9 @@ std::string Backend::what(const Message& m) {
 void Backend::handle(Message& m) {
   spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.config().name, request_name(m.hdr.request), m.hdr.size,
                 m.fds.size());
+  // Any other request sees the translations the updates before it gave
+  // (a burst of IOTLB updates is still one publish).
+  if (m.hdr.request != kIotlbMsg) publish_translations();
   const Request* r = request_of(m.hdr.request);
   if (!r) throw ProtocolError("request " + what(m) + " is not served");
   if (r->payload >= 0 && m.hdr.size != static_cast<uint32_t>(r->payload))
