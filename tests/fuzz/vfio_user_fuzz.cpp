@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "fuzz/input.hpp"
+#include "fuzz/socket_peer.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vfio/simulated.hpp"
@@ -55,8 +56,7 @@ class NullPort : public virtio::PacketPort {
 struct World {
   World() {
     spdlog::set_level(spdlog::level::off);  // a log line per refused message would be most of the time
-    dir = std::filesystem::temp_directory_path() / ("sriovd-fuzz-vfu-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
+    dir = fuzz::socket_dir("vfu");
     irq::EngineOptions o;
     o.relay_threads = 0;
     engine = std::make_unique<irq::Engine>(o);
@@ -90,34 +90,8 @@ struct World {
 };
 
 World& world() {
-  static World* w = [] {
-    auto* made = new World();
-    // The sockets' directory goes with the process (the world itself is
-    // never destroyed: the fuzzer may stop anywhere).
-    static std::filesystem::path dir = made->dir;
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    });
-    return made;
-  }();  // lives for the process
+  static World* w = new World();  // lives for the process: the fuzzer may stop anywhere
   return *w;
-}
-
-void drain(int sock) {
-  uint8_t buf[16384];
-  std::vector<UniqueFd> fds;
-  bool truncated = false;
-  while (sock >= 0 && recv_with_fds(sock, buf, sizeof buf, fds, MSG_DONTWAIT, truncated) > 0) fds.clear();
-}
-
-void settle(World& w, int sock) {
-  for (int i = 0; i < 8; ++i) {
-    w.io.restart();
-    if (w.io.poll() == 0) break;
-    drain(sock);
-  }
-  drain(sock);
 }
 
 void send_message(int sock, uint16_t id, uint16_t command, uint32_t flags, std::span<const uint8_t> payload,
@@ -175,12 +149,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const std::exception&) {
     return 0;
   }
-  settle(w, sock.get());
+  fuzz::settle(w.io, sock.get());
   if (!(mode & 2U)) {
     const uint16_t version[2] = {kMajor, kMinor};
     send_message(sock.get(), 0, kVersion, 0,
                  std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(version), sizeof version), {});
-    settle(w, sock.get());
+    fuzz::settle(w.io, sock.get());
   }
   for (unsigned step = 0; step < 64 && !in.empty(); ++step) {
     const uint8_t op = in.byte();
@@ -199,9 +173,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int> raw;
     for (const auto& f : fds) raw.push_back(f.get());
     send_message(sock.get(), id, command, flags, payload, raw);
-    settle(w, sock.get());
+    fuzz::settle(w.io, sock.get());
   }
   sock.reset();
-  settle(w, -1);
+  fuzz::settle(w.io, -1);
   return 0;
 }

@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "fuzz/input.hpp"
+#include "fuzz/socket_peer.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
@@ -71,8 +72,7 @@ class FuzzPort : public virtio::PacketPort {
 struct World {
   World() {
     spdlog::set_level(spdlog::level::off);  // a log line per refused message would be most of the time
-    dir = std::filesystem::temp_directory_path() / ("sriovd-fuzz-vu-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
+    dir = fuzz::socket_dir("vu");
     irq::EngineOptions o;
     o.relay_threads = 0;
     engine = std::make_unique<irq::Engine>(o);
@@ -101,36 +101,8 @@ struct World {
 };
 
 World& world() {
-  static World* w = [] {
-    auto* made = new World();
-    // The sockets' directory goes with the process (the world itself is
-    // never destroyed: the fuzzer may stop anywhere).
-    static std::filesystem::path dir = made->dir;
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    });
-    return made;
-  }();  // lives for the process: the fuzzer never returns
+  static World* w = new World();  // lives for the process: the fuzzer may stop anywhere
   return *w;
-}
-
-// Replies (and any fd in them) are read and dropped, so the back-end's
-// sends never wait on us.
-void drain(int sock) {
-  uint8_t buf[8192];
-  std::vector<UniqueFd> fds;
-  bool truncated = false;
-  while (recv_with_fds(sock, buf, sizeof buf, fds, MSG_DONTWAIT, truncated) > 0) fds.clear();
-}
-
-void settle(World& w, int sock) {
-  for (int i = 0; i < 8; ++i) {
-    w.io.restart();
-    if (w.io.poll() == 0) break;
-    drain(sock);
-  }
-  drain(sock);
 }
 
 // The requests the back-end serves, and a few it does not.
@@ -208,7 +180,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const std::exception&) {
     return 0;
   }
-  settle(w, sock.get());
+  fuzz::settle(w.io, sock.get());
   w.port->give_frames(in.byte() % 8);
   for (unsigned step = 0; step < 64 && !in.empty(); ++step) {
     const uint8_t op = in.byte();
@@ -230,9 +202,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Header h{request, flags, static_cast<uint32_t>(payload.size())};
     const iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
     if (send_with_fds(sock.get(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), raw) < 0) break;
-    settle(w, sock.get());
+    fuzz::settle(w.io, sock.get());
   }
   sock.reset();
-  settle(w, -1);
+  fuzz::settle(w.io, -1);
   return 0;
 }

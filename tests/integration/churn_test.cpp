@@ -73,7 +73,7 @@ std::string joined(const std::vector<std::string>& v) {
 class Churn : public test::Daemon {
  protected:
   std::string ns = "sriovd-ch" + std::to_string(::getpid());
-  std::vector<std::string> in_ns() const { return {"/sbin/ip", "netns", "exec", ns}; }
+  std::vector<std::string> in_ns() const { return test::TestNetns::exec_in(ns); }
 
   // `variant` 0: every device; 1: the vhost-user device changed (restarts)
   // and the virtio-pci one dropped; 2: a file that does not parse.
@@ -122,13 +122,9 @@ class Churn : public test::Daemon {
 };
 
 TEST_F(Churn, ReloadsClientsCrashesAndUdevEventsTogether) {
-  const auto made = test::run({"/sbin/ip", "netns", "add", ns});
-  if (made.exit_code != 0) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << made.output;
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
   if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun for the tap backends";
-  struct Netns {
-    std::string name;
-    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
-  } netns{ns};
   const char* env = std::getenv("SRIOVD_CHURN_SECONDS");
   const auto length = std::chrono::seconds(env ? std::max(10, std::atoi(env)) : 40);
 

@@ -91,4 +91,23 @@ class Daemon : public ::testing::Test {
   std::unique_ptr<test::Process> daemon_;
 };
 
+// A network namespace of the test's own, deleted (by name) with this object.
+// `add()` makes it; false (and `why`) when it cannot be made - no root.
+struct TestNetns {
+  explicit TestNetns(std::string n) : name(std::move(n)) {}
+  ~TestNetns() { run({"/sbin/ip", "netns", "del", name}); }
+  TestNetns(const TestNetns&) = delete;
+  TestNetns& operator=(const TestNetns&) = delete;
+  bool add() {
+    const RunResult r = run({"/sbin/ip", "netns", "add", name});
+    why = r.output;
+    return r.exit_code == 0;
+  }
+  // What runs a command (the daemon) inside it; its PID stays the command's.
+  [[nodiscard]] std::vector<std::string> exec() const { return exec_in(name); }
+  static std::vector<std::string> exec_in(const std::string& ns) { return {"/sbin/ip", "netns", "exec", ns}; }
+  std::string name;
+  std::string why;
+};
+
 }  // namespace sriovd::test

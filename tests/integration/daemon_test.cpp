@@ -493,15 +493,12 @@ TEST_F(Daemon, ReloadStartsRestartsAndStopsVirtioDevices) {
     for (const auto& d : devices["result"]["virtio_devices"]) by_name[d["name"].get<std::string>()] = d;
     return by_name;
   };
-  struct Netns {
-    std::string name;
-    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
-  } netns{ns};
+  test::TestNetns netns(ns);
   // a0's namespace does not exist yet: a0 is not served.
   configure(device("a0", 1, ns) + device("b0", 1, "sriovd-nonexistent"));
   start();
   ASSERT_EQ(virtio()["a0"]["state"], "not served") << virtio()["a0"].dump();
-  ASSERT_EQ(test::run({"/sbin/ip", "netns", "add", ns}).exit_code, 0);
+  ASSERT_TRUE(netns.add()) << netns.why;
   // Unchanged settings, now servable: the reload serves a0. b0 goes, c0 comes.
   configure(device("a0", 1, ns) + device("c0", 1, ns));
   ASSERT_EQ(request({{"cmd", "reload"}})["ok"], true);
@@ -558,13 +555,9 @@ TEST_F(Daemon, SigtermReleasesTheHostBeforeExiting) {
 // netns exec gives it that namespace's sysfs), so the links are the test's.
 TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
   const std::string ns = "sriovd-it" + std::to_string(::getpid());
-  const auto made = test::run({"/sbin/ip", "netns", "add", ns});
-  if (made.exit_code != 0) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << made.output;
-  struct Netns {
-    std::string name;
-    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
-  } netns{ns};
-  const std::vector<std::string> in_ns = {"/sbin/ip", "netns", "exec", ns};
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  const std::vector<std::string> in_ns = netns.exec();
   auto configure = [&](bool with_device) {
     std::string text = config_text(socket(), 2);
     if (with_device)
@@ -614,13 +607,9 @@ TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
 // be served says why in `sriovctl devices`.
 TEST_F(Daemon, SimulatedVfNetdevsOfACrashedRunAreMadeAnew) {
   const std::string ns = "sriovd-vt" + std::to_string(::getpid());
-  const auto made = test::run({"/sbin/ip", "netns", "add", ns});
-  if (made.exit_code != 0) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << made.output;
-  struct Netns {
-    std::string name;
-    ~Netns() { test::run({"/sbin/ip", "netns", "del", name}); }
-  } netns{ns};
-  const std::vector<std::string> in_ns = {"/sbin/ip", "netns", "exec", ns};
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  const std::vector<std::string> in_ns = netns.exec();
   dir_.write("sriovd.yaml", config_text(socket(), 2) +
                                 "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " +
                                 dir_.file("run/vfb0.sock") + ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1}}\n");
