@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -106,6 +107,8 @@ class Churn : public test::Daemon {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     if (era.load() != era_before || (era_before & 1U)) return r;
     std::lock_guard lock(mutex);
+    const std::string cmd = req.value("cmd", "");
+    slowest_by_cmd[cmd] = std::max(slowest_by_cmd[cmd], static_cast<long>(ms));
     if (ms > slowest_ms) {
       slowest_ms = ms;
       slowest = req.dump();
@@ -118,6 +121,7 @@ class Churn : public test::Daemon {
   std::mutex mutex;
   long slowest_ms = 0;
   std::string slowest;
+  std::map<std::string, long> slowest_by_cmd;
   int unanswered = 0;
 };
 
@@ -247,6 +251,7 @@ TEST_F(Churn, ReloadsClientsCrashesAndUdevEventsTogether) {
   EXPECT_GT(guests_started.load(), 6U);
   EXPECT_GT(reloads.load(), 3U);
   EXPECT_GT(udev_events.load(), 3U);
+  for (const auto& [cmd, ms] : slowest_by_cmd) std::printf("churn: slowest %s: %ld ms\n", cmd.c_str(), ms);
   std::printf("churn: %u guests started and killed, %u reloads, %u udev events, slowest request %ld ms; "
               "fds %zu -> %zu, threads %zu -> %zu, RSS %zu -> %zu KiB\n",
               guests_started.load(), reloads.load(), udev_events.load(), slowest_ms, base.fds, now.fds, base.threads,
