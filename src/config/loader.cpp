@@ -37,6 +37,29 @@ const char* to_string(MsixPolicy v) {
   }
   return "?";
 }
+namespace {
+// A user or group of this host by name (the config's only side effect
+// besides reading the file is looking these up), or as a plain number.
+std::optional<uint32_t> numeric_id(const std::string& s) {
+  if (s.empty() || s.size() >= 10 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return static_cast<uint32_t>(std::stoul(s));
+}
+std::optional<uid_t> user_id(const std::string& name) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found) return found->pw_uid;
+  return numeric_id(name);
+}
+std::optional<gid_t> group_id(const std::string& name) {
+  std::vector<char> buf(16384);
+  group grp{};
+  group* found = nullptr;
+  if (getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found) == 0 && found) return found->gr_gid;
+  return std::nullopt;
+}
+}  // namespace
+
 const char* to_string(BarAccess v) { return v == BarAccess::mmap ? "mmap" : "trapped"; }
 const char* to_string(Transport v) { return v == Transport::vhost_user ? "vhost-user" : "vfio-user"; }
 const char* to_string(PackedRing v) {
@@ -458,14 +481,8 @@ class Loader {
     control_socket_where_ = m.where("socket");
     if (auto g = m.string("group")) {
       cfg_.control.group = *g;
-      std::vector<char> buf(16384);
-      group grp{};
-      group* found = nullptr;
-      const int rc = getgrnam_r(g->c_str(), &grp, buf.data(), buf.size(), &found);
-      if (rc != 0 || found == nullptr)
-        ctx_.error(m.where("group"), "control.group", "no such group '" + *g + "' on this host");
-      else
-        cfg_.control.gid = found->gr_gid;
+      cfg_.control.gid = group_id(*g);
+      if (!cfg_.control.gid) ctx_.error(m.where("group"), "control.group", "no such group '" + *g + "' on this host");
     }
     for_each_item(ctx_, m, "allowed_uids", [&](const YAML::Node& n, const std::string& p) {
       if (auto uid = Mapping::unsigned_value(ctx_, n, p, 0, UINT32_MAX - 1))
@@ -654,27 +671,14 @@ class Loader {
     if (!m.valid()) return a;
     if (auto u = m.string("user")) {
       a.user = *u;
-      std::vector<char> buf(16384);
-      passwd pw{};
-      passwd* found = nullptr;
-      if (getpwnam_r(u->c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found)
-        a.uid = found->pw_uid;
-      else if (!u->empty() && u->find_first_not_of("0123456789") == std::string::npos && u->size() < 10)
-        a.uid = static_cast<uid_t>(std::stoul(*u));
-      else
-        ctx_.error(m.where("user"), m.path_of("user"), "no such user '" + *u + "' on this host");
+      a.uid = user_id(*u);
+      if (!a.uid) ctx_.error(m.where("user"), m.path_of("user"), "no such user '" + *u + "' on this host");
     }
     if (auto g = m.string("group")) {
       a.group = *g;
-      std::vector<char> buf(16384);
-      group grp{};
-      group* found = nullptr;
-      if (getgrnam_r(g->c_str(), &grp, buf.data(), buf.size(), &found) == 0 && found)
-        a.gid = found->gr_gid;
-      else if (!g->empty() && g->find_first_not_of("0123456789") == std::string::npos && g->size() < 10)
-        a.gid = static_cast<gid_t>(std::stoul(*g));
-      else
-        ctx_.error(m.where("group"), m.path_of("group"), "no such group '" + *g + "' on this host");
+      a.gid = group_id(*g);
+      if (!a.gid) a.gid = numeric_id(*g);
+      if (!a.gid) ctx_.error(m.where("group"), m.path_of("group"), "no such group '" + *g + "' on this host");
     }
     if (auto mode = m.string("mode")) {
       // Octal, as chmod takes it: "0660", "660". The owner must be able to
