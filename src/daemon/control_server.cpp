@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
-#include "sriovd/util/unix_socket.hpp"
+#include "sriovd/util/peer_session.hpp"
 
 namespace sriovd::daemon {
 
@@ -115,11 +115,17 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, Handler handler)
-    : io_(io), path_(cfg.socket), allowed_uids_(cfg.allowed_uids), handler_(std::move(handler)),
-      acceptor_(io) {
-  listen_unix(acceptor_, path_, 0660, "control socket");
+    : io_(io), path_(cfg.socket), handler_(std::move(handler)) {
+  listener_ = std::make_unique<UnixListener>(
+      io, path_, UnixListener::Options{"control socket", "control.allowed_uids", 0660, cfg.allowed_uids},
+      [this](UniqueFd fd, const ucred& peer) { open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start(); },
+      UnixListener::Busy{},  // any number of clients: one may watch while another reloads
+      [this](UniqueFd fd, const std::string& why) {
+        // Fails closed: the peer is told why, then closed.
+        ++stats_.rejected_peers;
+        open_session(std::move(fd), {})->refuse(control::make_error(control::errc::kPermissionDenied, why));
+      });
   apply_group(cfg);
-  accept_next();
   spdlog::info("control API listening on {}", path_);
 }
 
@@ -128,12 +134,10 @@ ControlServer::~ControlServer() { stop(); }
 void ControlServer::stop() {
   if (stopped_) return;
   stopped_ = true;
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
   for (auto& [id, session] : sessions_) session->close();
   sessions_.clear();
   stats_.active = 0;
-  ::unlink(path_.c_str());
+  listener_.reset();  // stops accepting and removes the socket file
 }
 
 void ControlServer::apply_group(const config::Control& cfg) {
@@ -144,42 +148,16 @@ void ControlServer::apply_group(const config::Control& cfg) {
 
 void ControlServer::update_access(const config::Control& cfg) {
   apply_group(cfg);
-  allowed_uids_ = cfg.allowed_uids;
+  if (listener_) listener_->set_allowed_uids(cfg.allowed_uids);
 }
 
-bool ControlServer::allowed(uid_t uid) const {
-  return allowed_uids_.empty() ||
-         std::find(allowed_uids_.begin(), allowed_uids_.end(), uid) != allowed_uids_.end();
-}
-
-void ControlServer::accept_next() {
-  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
-    if (ec == asio::error::operation_aborted || stopped_) return;
-    if (ec) {
-      spdlog::warn("control accept failed: {}", ec.message());
-      accept_next();
-      return;
-    }
-    const std::optional<ucred> cred = peer_credentials(socket.native_handle());
-    PeerCredentials peer;
-    if (cred) peer = {cred->pid, cred->uid, cred->gid};
-    const uint64_t id = next_session_++;
-    auto session = std::make_shared<Session>(*this, id, std::move(socket), peer);
-    sessions_.emplace(id, session);
-    ++stats_.connections;
-    ++stats_.active;
-    if (!cred || !allowed(peer.uid)) {
-      // Fails closed: a peer the kernel cannot name is not uid 0.
-      ++stats_.rejected_peers;
-      const std::string why = cred ? "peer uid " + std::to_string(peer.uid) + " is not in control.allowed_uids"
-                                   : std::string("the peer's credentials cannot be read (SO_PEERCRED)");
-      spdlog::warn("control: refused peer pid {}: {}", peer.pid, why);
-      session->refuse(control::make_error(control::errc::kPermissionDenied, why));
-    } else {
-      session->start();
-    }
-    accept_next();
-  });
+std::shared_ptr<ControlServer::Session> ControlServer::open_session(UniqueFd fd, PeerCredentials peer) {
+  const uint64_t id = next_session_++;
+  auto session = std::make_shared<Session>(*this, id, stream::socket(io_, stream(), fd.release()), peer);
+  sessions_.emplace(id, session);
+  ++stats_.connections;
+  ++stats_.active;
+  return session;
 }
 
 }  // namespace sriovd::daemon

@@ -1,7 +1,6 @@
 #include "sriovd/vfio_user/server.hpp"
 
 #include <linux/vfio.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,13 +13,12 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/eventfd.hpp"
+#include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::vfio_user {
 
 namespace {
-
-using stream = asio::local::stream_protocol;
 
 // Ends the connection: the message cannot be framed or answered.
 class ProtocolError : public std::runtime_error {
@@ -86,47 +84,40 @@ std::string hex(uint64_t v) {
 }  // namespace
 
 Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids)
-    : io_(io), path_(std::move(socket_path)), device_(device), allowed_uids_(std::move(allowed_uids)), acceptor_(io) {
-  listen_unix(acceptor_, path_, 0660, "vfio-user socket");
-  accept_next();
+    : path_(std::move(socket_path)), device_(device),
+      conn_(io,
+            FramedReader(sizeof(Header), kMaxMsgFds,
+                         [](std::span<const uint8_t> h) {
+                           Header hdr;
+                           std::memcpy(&hdr, h.data(), sizeof hdr);
+                           if (hdr.size < sizeof(Header) || hdr.size > kMaxMessage)
+                             throw FramingError(std::string(command_name(hdr.command)) + " message of " +
+                                                std::to_string(hdr.size) + " bytes (16.." +
+                                                std::to_string(kMaxMessage) + " allowed)");
+                           return size_t{hdr.size - sizeof(Header)};
+                         }),
+            std::chrono::milliseconds(kMessageTimeoutMs), [this](FramedReader& r) { on_message(r); },
+            [this](const std::string& why, bool framing) { on_end(why, framing); }),
+      listener_(io, path_,
+                UnixListener::Options{"vfio-user: " + device.name(), "the export's allowed_uids", 0660,
+                                      std::move(allowed_uids)},
+                [this](UniqueFd fd, const ucred& peer) {
+                  spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
+                  adopt(std::move(fd));
+                },
+                [this] { return conn_.connected(); },
+                [this](UniqueFd, const std::string& why) {
+                  ++stats_.refused_peers;
+                  stats_.last_error = why;
+                }) {
   spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
 }
 
 Server::~Server() {
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
-  if (conn_) disconnect("the export is being removed");
-  ::unlink(path_.c_str());
-}
-
-void Server::accept_next() {
-  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      UniqueFd fd(socket.release());
-      const std::optional<ucred> peer = peer_credentials(fd.get());
-      const long pid = peer ? peer->pid : -1L;
-      const long uid = peer ? static_cast<long>(peer->uid) : -1L;
-      if (conn_) {
-        ++stats_.refused_peers;
-        spdlog::warn("vfio-user: {}: refused a second client (pid {}) while one is connected", device_.name(), pid);
-      } else if (!peer_admitted(peer, allowed_uids_)) {
-        ++stats_.refused_peers;
-        stats_.last_error = peer ? "refused uid " + std::to_string(uid) + ": not in the export's allowed_uids"
-                                 : "refused a client whose credentials the kernel cannot give";
-        spdlog::warn("vfio-user: {}: {}", device_.name(), stats_.last_error);
-      } else {
-        spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), pid, uid);
-        adopt(std::move(fd));
-      }
-    }
-    accept_next();
-  });
+  if (conn_.connected()) disconnect("the export is being removed");
 }
 
 void Server::adopt(UniqueFd fd) {
-  limit_send_wait(fd.get());
-  conn_ = std::move(fd);
   ++stats_.connections;
   negotiated_ = false;
   peer_max_fds_ = 1;
@@ -144,90 +135,37 @@ void Server::adopt(UniqueFd fd) {
       bounds_.push_back({0, 0});
     }
   }
-  watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
-  wait_readable();
+  conn_.adopt(std::move(fd));
 }
 
-void Server::wait_readable() {
-  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-    if (!ec) on_readable();
-  });
-}
-
-void Server::on_readable() {
+// A whole message (the connection reads without blocking and gives each
+// message kMessageTimeoutMs from its first byte to be whole). The
+// connection's message buffer is reused: no allocation per message.
+void Server::on_message(FramedReader& reader) {
+  take(reader, in_);
   try {
-    // The connection's message buffer, reused (no allocation per message).
-    Message& m = in_;
-    while (conn_ && receive(m, false)) {
-      dispatch(m);
-      m.fds.clear();  // what the handler did not take is closed now, not at the next message
-      while (conn_ && !deferred_.empty()) {
-        Message d = std::move(deferred_.front());
-        deferred_.pop_front();
-        dispatch(d);
-      }
+    dispatch(in_);
+    in_.fds.clear();  // what the handler did not take is closed now, not at the next message
+    while (conn_.connected() && !deferred_.empty()) {
+      Message d = std::move(deferred_.front());
+      deferred_.pop_front();
+      dispatch(d);
     }
   } catch (const ProtocolError& e) {
-    ++stats_.protocol_errors;
-    if (conn_) disconnect(e.what());
-  } catch (const std::exception& e) {
-    if (conn_) disconnect(e.what());
-  }
-  if (conn_) wait_readable();
-}
-
-// Reads exactly `size` bytes by `deadline`, the whole message's: a client
-// that sends a byte now and then cannot hold the control thread for longer
-// than that; fds that come with them are kept, up to kMaxMsgFds over all the
-// parts of a message.
-void Server::read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds,
-                        std::chrono::steady_clock::time_point deadline) {
-  size_t got = 0;
-  while (got < size) {
-    bool truncated = false;
-    const ssize_t n = recv_with_fds(conn_.get(), to + got, size - got, fds, MSG_DONTWAIT, truncated,
-                                    kMaxMsgFds - std::min<size_t>(fds.size(), kMaxMsgFds));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      pollfd p{conn_.get(), POLLIN, 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0)
-        throw ProtocolError("a message was not complete within " + std::to_string(kMessageTimeoutMs) + " ms (" +
-                            std::to_string(got) + " of " + std::to_string(size) + " bytes)");
-      continue;
-    }
-    if (n == 0) throw std::runtime_error(kClientClosed);
-    if (n < 0) throw std::runtime_error(std::string("read error: ") + std::strerror(errno));
-    if (truncated) throw ProtocolError("more than " + std::to_string(kMaxMsgFds) + " fds with one message");
-    got += static_cast<size_t>(n);
+    throw FramingError(e.what());  // the client's bytes broke the session: counted as such
   }
 }
 
-bool Server::receive(Message& m, bool block) {
-  if (!block) {
-    uint8_t probe;
-    const ssize_t n = ::recv(conn_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
-    if (n == 0) throw std::runtime_error(kClientClosed);
-  }
-  m.payload.clear();
-  m.fds.clear();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kMessageTimeoutMs);
-  read_exact(reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr, m.fds, deadline);
-  if (m.hdr.size < sizeof(Header) || m.hdr.size > kMaxMessage)
-    throw ProtocolError(std::string(command_name(m.hdr.command)) + " message of " + std::to_string(m.hdr.size) +
-                        " bytes (16.." + std::to_string(kMaxMessage) + " allowed)");
-  m.payload.resize(m.hdr.size - sizeof(Header));
-  read_exact(m.payload.data(), m.payload.size(), m.fds, deadline);
+void Server::take(FramedReader& reader, Message& m) {
+  reader.take({reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr}, m.payload, m.fds);
   ++stats_.messages;
-  return true;
 }
 
 void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
-  if (!conn_) throw std::runtime_error("the connection ended");
+  if (!conn_.connected()) throw std::runtime_error("the connection ended");
   const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
   const size_t total = sizeof h + payload.size();
-  const ssize_t n = send_with_fds(conn_.get(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
+  const ssize_t n = send_with_fds(conn_.fd(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
   if (n != static_cast<ssize_t>(total))
     throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " +
                              (n < 0 ? std::strerror(errno) : "short write"));
@@ -629,16 +567,18 @@ void Server::dma_write(uint64_t iova, std::span<const uint8_t> in) {
 // Sends one DMA_READ/WRITE and waits for its reply; commands that arrive
 // first are kept in order for on_readable().
 uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t> data) {
-  if (!conn_) throw Error(ENOTCONN, "no client for DMA");
+  if (!conn_.connected()) throw Error(ENOTCONN, "no client for DMA");
   const uint16_t id = next_id_++;
   std::vector<uint8_t> payload;
   append(payload, DmaAccess{iova, data.size()});
   if (command == kDmaWrite) payload.insert(payload.end(), data.begin(), data.end());
   send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), kTypeCommand, 0}, payload, {});
   try {
+    const auto deadline = std::chrono::steady_clock::now() + conn_.deadline();
     for (;;) {
       Message m;
-      receive(m, true);
+      if (!conn_.read_blocking(deadline)) throw std::runtime_error(kClientClosed);
+      take(conn_.reader(), m);
       if ((m.hdr.flags & kTypeMask) == kTypeCommand) {
         deferred_.push_back(std::move(m));
         continue;
@@ -659,21 +599,29 @@ uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t
       return data.size();
     }
   } catch (const ProtocolError& e) {
-    ++stats_.protocol_errors;
     const std::string why = e.what();
-    disconnect(why);
+    conn_.end(why, true);
+    throw Error(EIO, why);
+  } catch (const FramingError& e) {
+    const std::string why = e.what();
+    conn_.end(why, true);
     throw Error(EIO, why);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     const std::string why = e.what();
-    disconnect(why);
+    conn_.end(why);
     throw Error(EIO, why);
   }
 }
 
-void Server::disconnect(const std::string& why) {
-  if (why == kClientClosed)
+void Server::disconnect(const std::string& why) { conn_.end(why); }
+
+// The connection is ending (its socket still open): the client's windows,
+// interrupts and fds go with it, and the device is reset for the next one.
+void Server::on_end(const std::string& why, bool framing) {
+  if (framing) ++stats_.protocol_errors;
+  if (why == kClientClosed || why == kPeerClosed)
     spdlog::info("vfio-user: {}: client disconnected", device_.name());
   else
     spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);
@@ -690,13 +638,6 @@ void Server::disconnect(const std::string& why) {
   in_.fds.clear();
   reply_.fds.clear();
   negotiated_ = false;
-  if (watch_) {
-    boost::system::error_code ignored;
-    watch_->cancel(ignored);
-    (void)watch_->release();
-    watch_.reset();
-  }
-  conn_.reset();
 }
 
 }  // namespace sriovd::vfio_user

@@ -14,6 +14,7 @@
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/eventfd.hpp"
+#include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 
@@ -86,20 +87,50 @@ struct Backend::Message {
   std::vector<UniqueFd> fds;
 };
 
+namespace {
+// How long one message may take from its first byte to its last.
+constexpr std::chrono::milliseconds kMessageDeadline{1000};
+}  // namespace
+
 Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode,
                  std::vector<uid_t> allowed_uids)
-    : io_(io), path_(std::move(socket_path)), device_(device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
-      acceptor_(io), retry_(io),
-      err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())) {
+    : path_(std::move(socket_path)), device_(device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
+      retry_(io), err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())),
+      in_(std::make_unique<Message>()),
+      conn_(io,
+            FramedReader(sizeof(Header), kMaxFds,
+                         [](std::span<const uint8_t> bytes) {
+                           Header h;
+                           std::memcpy(&h, bytes.data(), sizeof h);
+                           if ((h.flags & kFlagVersionMask) != kVersion)
+                             throw FramingError("unsupported protocol version in flags 0x" + std::to_string(h.flags));
+                           if (h.size > kMaxPayload) throw FramingError("a payload of " + std::to_string(h.size) + " bytes");
+                           return size_t{h.size};
+                         }),
+            kMessageDeadline, [this](FramedReader& r) { on_message(r); },
+            [this](const std::string& why, bool) { on_end(why); },
+            // The IOTLB updates of a burst become visible to the workers at once.
+            [this] { publish_translations(); }) {
   watch_misses();
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
     try_connect();
     return;
   }
-  listen_unix(acceptor_, path_, 0660, "vhost-user socket");
-  accept_next();
+  listener_ = std::make_unique<UnixListener>(
+      io, path_,
+      UnixListener::Options{"vhost-user: " + device_.config().name, "the device's allowed_uids", 0660, allowed_uids_},
+      [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); }, [this] { return conn_.connected(); },
+      [this](UniqueFd, const std::string& why) {
+        ++stats_.refused_peers;
+        stats_.last_error = why;
+      });
   spdlog::info("vhost-user: {} listening on {}", device_.config().name, path_);
+}
+
+void Backend::set_allowed_uids(std::vector<uid_t> uids) {
+  allowed_uids_ = uids;
+  if (listener_) listener_->set_allowed_uids(std::move(uids));
 }
 
 void Backend::connect_later(std::chrono::milliseconds delay) {
@@ -123,125 +154,47 @@ void Backend::try_connect() {
     return;
   }
   // The VMM that listens is checked as a connecting one would be.
-  if (!admitted(fd.get())) {
+  const std::string why = peer_refusal(peer_credentials(fd.get()), allowed_uids_, "the device's allowed_uids");
+  if (!why.empty()) {
+    ++stats_.refused_peers;
+    stats_.last_error = why;
+    spdlog::warn("vhost-user: {}: {}", device_.config().name, why);
     connect_later(std::chrono::seconds(1));
     return;
   }
   adopt(std::move(fd));
 }
 
-bool Backend::admitted(int fd) {
-  const std::optional<ucred> peer = peer_credentials(fd);
-  if (peer_admitted(peer, allowed_uids_)) return true;
-  ++stats_.refused_peers;
-  stats_.last_error = peer ? "refused uid " + std::to_string(peer->uid) + ": not in the device's allowed_uids"
-                           : "refused a front-end whose credentials the kernel cannot give";
-  spdlog::warn("vhost-user: {}: {}", device_.config().name, stats_.last_error);
-  return false;
-}
-
 void Backend::adopt(UniqueFd fd) {
-  limit_send_wait(fd.get());
-  conn_ = std::move(fd);
   ++stats_.connections;
-  watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, conn_.get());
   spdlog::info("vhost-user: {}: front-end connected", device_.config().name);
-  wait_readable();
+  conn_.adopt(std::move(fd));
 }
 
 Backend::~Backend() {
   boost::system::error_code ignored;
   miss_watch_.cancel(ignored);
   retry_.cancel();
-  acceptor_.close(ignored);
-  if (watch_) {
-    watch_->cancel(ignored);
-    (void)watch_->release();
-  }
+  listener_.reset();  // the socket file goes with it (server mode)
   drop_inflight();
   device_.reset();
-  if (mode_ == Mode::server) ::unlink(path_.c_str());
 }
 
-void Backend::accept_next() {
-  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      UniqueFd fd(socket.release());
-      if (conn_) {
-        ++stats_.refused_peers;
-        spdlog::warn("vhost-user: {}: refused a second front-end while one is connected", device_.config().name);
-      } else if (admitted(fd.get())) {
-        adopt(std::move(fd));
-      }
-    }
-    accept_next();
-  });
-}
-
-void Backend::wait_readable() {
-  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-    if (ec) return;
-    on_readable();
-  });
-}
-
-// Reads exactly one message at a time (its header, then its payload), so
-// the fds that came with a message's header belong to that message.
-void Backend::on_readable() {
-  try {
-    for (;;) {
-      const size_t want = inbuf_.size() < sizeof(Header)
-                              ? sizeof(Header)
-                              : sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size;
-      uint8_t buf[kMaxPayload + sizeof(Header)];
-      bool truncated = false;
-      // The fds of one message are capped over all its parts: a message
-      // trickled a byte per sendmsg must not collect 8 fds with each.
-      const ssize_t n = recv_with_fds(conn_.get(), buf, want - inbuf_.size(), infds_, MSG_DONTWAIT, truncated,
-                                      kMaxFds - infds_.size());
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        publish_translations();
-        break;
-      }
-      if (n <= 0) {
-        disconnect(n == 0 ? "front-end closed the connection" : std::string("read error: ") + std::strerror(errno));
-        return;
-      }
-      if (truncated) throw ProtocolError("more than " + std::to_string(kMaxFds) + " fds with one message");
-      inbuf_.insert(inbuf_.end(), buf, buf + n);
-      if (inbuf_.size() == sizeof(Header)) {
-        Header h;
-        std::memcpy(&h, inbuf_.data(), sizeof h);
-        if ((h.flags & kFlagVersionMask) != kVersion)
-          throw ProtocolError("unsupported protocol version in flags 0x" + std::to_string(h.flags));
-        if (h.size > kMaxPayload) throw ProtocolError("a payload of " + std::to_string(h.size) + " bytes");
-      }
-      if (inbuf_.size() < sizeof(Header) || inbuf_.size() < sizeof(Header) + reinterpret_cast<const Header*>(inbuf_.data())->size)
-        continue;
-      Message m;
-      std::memcpy(&m.hdr, inbuf_.data(), sizeof m.hdr);
-      m.payload.assign(inbuf_.begin() + sizeof(Header), inbuf_.end());
-      m.fds = std::move(infds_);
-      infds_.clear();
-      inbuf_.clear();
-      ++stats_.messages;
-      handle(m);
-      if (!conn_) return;
-    }
-  } catch (const std::exception& e) {
-    ++stats_.protocol_errors;
-    disconnect(e.what());
-    return;
-  }
-  if (conn_) wait_readable();
+// One whole message (PeerConnection reads it without blocking, a second
+// from its first byte to its last); its buffers are the connection's, kept.
+void Backend::on_message(FramedReader& reader) {
+  Message& m = *in_;
+  reader.take({reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr}, m.payload, m.fds);
+  ++stats_.messages;
+  handle(m);
+  m.fds.clear();  // what the handler did not take is closed now
 }
 
 void Backend::reply(const Message& m, const void* payload, uint32_t size, int fd) {
   Header h{m.hdr.request, kVersion | kFlagReply, size};
   const iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), size}};
   const std::span<const int> fds(&fd, fd >= 0 ? 1 : 0);
-  if (send_with_fds(conn_.get(), iov, fds) != static_cast<ssize_t>(sizeof h + size))
+  if (send_with_fds(conn_.fd(), iov, fds) != static_cast<ssize_t>(sizeof h + size))
     throw ProtocolError(std::string("cannot reply: ") + std::strerror(errno));
 }
 
@@ -595,8 +548,16 @@ void Backend::drop_inflight() {
   inflight_map_len_ = 0;
 }
 
-void Backend::disconnect(const std::string& why) {
-  spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
+// The connection ended (PeerConnection: the peer closed, a malformed
+// message, a deadline, a handler that threw): the device stops and
+// forgets the session.
+void Backend::on_end(const std::string& why) {
+  if (why == kPeerClosed) {
+    spdlog::info("vhost-user: {}: front-end disconnected", device_.config().name);
+  } else {
+    ++stats_.protocol_errors;
+    spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
+  }
   stats_.last_error = why;
   drop_inflight();
   device_.reset();
@@ -610,15 +571,7 @@ void Backend::disconnect(const std::string& why) {
   access_platform_ = false;
   iotlb_.clear();
   iotlb_.reclaim();  // the device is stopped: no worker looks any more
-  inbuf_.clear();
-  infds_.clear();
-  if (watch_) {
-    boost::system::error_code ignored;
-    watch_->cancel(ignored);
-    (void)watch_->release();
-    watch_.reset();
-  }
-  conn_.reset();
+  in_->fds.clear();
   if (mode_ == Mode::client) connect_later(std::chrono::seconds(1));
 }
 

@@ -228,7 +228,7 @@ TEST_F(Daemon, PeerOutsideTheAllowListIsRefused) {
   EXPECT_FALSE(reply["ok"]);
   EXPECT_EQ(reply["error"]["code"], "permission_denied");
   EXPECT_THAT(reply["error"]["message"].get<std::string>(),
-              HasSubstr("peer uid " + std::to_string(::getuid()) + " is not in control.allowed_uids"));
+              HasSubstr("refused uid " + std::to_string(::getuid()) + ": not in control.allowed_uids"));
   EXPECT_TRUE(daemon_->running());
 
   // Allowing this uid through a reload (SIGHUP: no client can ask) opens the door.

@@ -679,6 +679,25 @@ TEST_F(VfProxyTest, AMessageTrickledAByteAtATimeIsCutOff) {
       << exported->server->stats().last_error;
 }
 
+// ... and while that message is incomplete the control thread is not
+// waiting for it: work posted behind the half message runs while the
+// connection is still open (the old server polled the socket on the control
+// thread until the deadline, and the posted work saw the connection gone).
+TEST_F(VfProxyTest, AnIncompleteMessageDoesNotHoldTheControlThread) {
+  UniqueFd fd(raw_connect(socket));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_TRUE(test::wait_until([&] { return exported->server->connected(); }, 5s));
+  const Header h{1, kVersion, 16 + 4, 0, 0};
+  ASSERT_EQ(::send(fd.get(), &h, 5, MSG_NOSIGNAL), 5);  // a third of a header
+  std::this_thread::sleep_for(20ms);                    // the server sees it first (not required for the check)
+  bool connected_meanwhile = false;
+  exported->on_server([&] { connected_meanwhile = exported->server->connected(); });
+  EXPECT_TRUE(connected_meanwhile) << "the control thread waited for the rest of the message";
+  EXPECT_TRUE(closed_by_peer(fd.get()));  // and the deadline still ends it
+  EXPECT_NE(exported->server->stats().last_error.find("not complete within"), std::string::npos)
+      << exported->server->stats().last_error;
+}
+
 class VfProxyDirect : public VfProxyTest {
  protected:
   VfProxyDirect() : VfProxyTest(irq::Policy::direct) {}

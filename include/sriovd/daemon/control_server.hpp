@@ -12,6 +12,7 @@
 #include "sriovd/config/config.hpp"
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/util/asio.hpp"
+#include "sriovd/util/peer_session.hpp"
 
 namespace sriovd::daemon {
 
@@ -54,19 +55,17 @@ class ControlServer {
 
  private:
   class Session;
-  void accept_next();
+  std::shared_ptr<Session> open_session(UniqueFd fd, PeerCredentials peer);
   void apply_group(const config::Control& cfg);
-  bool allowed(uid_t uid) const;
 
   asio::io_context& io_;
   std::string path_;
-  std::vector<uid_t> allowed_uids_;
   Handler handler_;
-  asio::local::stream_protocol::acceptor acceptor_;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   uint64_t next_session_ = 0;
   Stats stats_;
   bool stopped_ = false;
+  std::unique_ptr<UnixListener> listener_;  // last: it calls into the above
 };
 
 }  // namespace sriovd::daemon

@@ -24,6 +24,7 @@
 
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/peer_session.hpp"
 #include "sriovd/vfio_user/device.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 
@@ -49,9 +50,9 @@ class Server {
 
   // A reload's new list: the next client is checked against it (the one
   // connected stays).
-  void set_allowed_uids(std::vector<uid_t> uids) { allowed_uids_ = std::move(uids); }
+  void set_allowed_uids(std::vector<uid_t> uids) { listener_.set_allowed_uids(std::move(uids)); }
   [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] bool connected() const { return conn_.valid(); }
+  [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const ServerStats& stats() const { return stats_; }
   [[nodiscard]] const std::vector<DmaWindow>& dma_windows() const { return windows_; }
 
@@ -74,13 +75,10 @@ class Server {
     std::vector<int> fds;  // borrowed, sent with the reply
   };
 
-  void accept_next();
   void adopt(UniqueFd fd);
-  void wait_readable();
-  void on_readable();
-  // One whole message; false if nothing is waiting (and !block).
-  bool receive(Message& m, bool block);
-  void read_exact(uint8_t* to, size_t size, std::vector<UniqueFd>& fds, std::chrono::steady_clock::time_point deadline);
+  void on_message(FramedReader& reader);
+  void on_end(const std::string& why, bool framing);
+  void take(FramedReader& reader, Message& m);
   void dispatch(Message& m);
   void handle(Message& m, Reply& r);
   void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
@@ -96,13 +94,8 @@ class Server {
   void set_irqs(Message& m, Reply& r);
   void unmap_all();
 
-  asio::io_context& io_;
   std::string path_;
   ExportedDevice& device_;
-  std::vector<uid_t> allowed_uids_;
-  asio::local::stream_protocol::acceptor acceptor_;
-  std::unique_ptr<asio::posix::stream_descriptor> watch_;
-  UniqueFd conn_;
   bool negotiated_ = false;
   uint32_t peer_max_fds_ = 1;
   uint32_t peer_max_xfer_ = kMaxDataXfer;
@@ -130,6 +123,9 @@ class Server {
   uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
   [[nodiscard]] bool memory_faulted() const;
   ServerStats stats_;
+  // Last: the connection and listener call into everything above.
+  PeerConnection conn_;
+  UnixListener listener_;
 };
 
 }  // namespace sriovd::vfio_user

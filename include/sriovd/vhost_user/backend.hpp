@@ -19,6 +19,7 @@
 
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/peer_session.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
@@ -46,9 +47,9 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   // A reload's new list: applies to the next front-end.
-  void set_allowed_uids(std::vector<uid_t> uids) { allowed_uids_ = std::move(uids); }
+  void set_allowed_uids(std::vector<uid_t> uids);
   [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] bool connected() const { return conn_.valid(); }
+  [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const BackendStats& stats() const { return stats_; }
   // The device configuration changed (the link): tells the front-end on
   // the back-end channel when CONFIG was negotiated.
@@ -57,13 +58,11 @@ class Backend {
  private:
   struct Message;
   using IotlbMsg = vhost_user::IotlbMsg;
-  void accept_next();
   void connect_later(std::chrono::milliseconds delay);
   void try_connect();
   void adopt(UniqueFd fd);
-  bool admitted(int fd);
-  void wait_readable();
-  void on_readable();
+  void on_message(FramedReader& reader);
+  void on_end(const std::string& why);
   // One entry of the request table (request_of): the shape every message
   // of it must have (-1: its handler checks) and the handler, which
   // returns true when it replied itself.
@@ -103,24 +102,17 @@ class Backend {
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
   void drop_inflight();
   void ack(const Message& m, uint64_t status);
-  void disconnect(const std::string& why);
   void try_start();
   void watch_misses();
   void send_miss();
   void iotlb_message(const IotlbMsg& msg);
   void publish_translations();
 
-  asio::io_context& io_;
   std::string path_;
   virtio::NetDevice& device_;
   Mode mode_;
   std::vector<uid_t> allowed_uids_;
-  asio::local::stream_protocol::acceptor acceptor_;
   asio::steady_timer retry_;
-  std::unique_ptr<asio::posix::stream_descriptor> watch_;
-  UniqueFd conn_;
-  std::vector<uint8_t> inbuf_;
-  std::vector<UniqueFd> infds_;
   virtio::GuestMemory memory_;
   uint64_t protocol_features_ = 0;
   bool protocol_negotiated_ = false;
@@ -134,6 +126,10 @@ class Backend {
   uint8_t* inflight_map_ = nullptr;
   size_t inflight_map_len_ = 0;
   BackendStats stats_;
+  // Last: they call into everything above.
+  std::unique_ptr<Message> in_;  // the message being handled (buffers kept)
+  PeerConnection conn_;
+  std::unique_ptr<UnixListener> listener_;  // server mode
 };
 
 }  // namespace sriovd::vhost_user

@@ -1,0 +1,195 @@
+#pragma once
+// The skeleton the daemon's Unix-socket servers share (vhost-user,
+// vfio-user, the control API): a listener that checks each peer before the
+// server sees it, and a connection that frames a peer's messages without
+// ever blocking the control thread on it.
+//
+//   UnixListener   accept, SO_PEERCRED against the socket's allow-list
+//                  (fails closed), the server's client limit, every
+//                  refusal logged with its reason and counted; the socket
+//                  file removed with it.
+//   FramedReader   one length-prefixed message at a time, with the fds
+//                  that came with it, capped over all its parts; sizes
+//                  checked when the header is whole.
+//   PeerConnection a peer's socket on the io_context: reads what is there
+//                  (never waits for the rest of a message), a deadline for
+//                  each message from its first byte, sends that wait at
+//                  most a second for a peer that does not read, one
+//                  teardown.
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sriovd/util/asio.hpp"
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd {
+
+// Why `peer` may not use a socket whose allow-list is `allowed` (named
+// `list` in the reason, "the export's allowed_uids"); empty when it may.
+// See peer_admitted (util/unix_socket.hpp) for the rule.
+std::string peer_refusal(const std::optional<ucred>& peer, std::span<const uid_t> allowed, const std::string& list);
+
+class UnixListener {
+ public:
+  struct Options {
+    std::string what;  // the socket in errors and logs: "vfio-user socket of vf0"
+    std::string list;  // the allow-list in refusals: "the export's allowed_uids"
+    mode_t mode = 0660;
+    std::vector<uid_t> allowed_uids;
+  };
+  // An admitted peer: its connection (blocking, close-on-exec) and who it is.
+  using Admit = std::function<void(UniqueFd fd, const ucred& peer)>;
+  // True while the server takes no further client (its one-client policy).
+  using Busy = std::function<bool()>;
+  // A refused peer, for a server that tells it why before closing (the
+  // control API sends an error line); unset: the connection is closed.
+  using Refuse = std::function<void(UniqueFd fd, const std::string& why)>;
+
+  // Listens on `path` (listen_unix: a stale socket replaced, a live one or
+  // a non-socket refused; throws).
+  UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy = {},
+               Refuse refuse = {});
+  ~UnixListener();  // stops accepting and removes the socket file
+  UnixListener(const UnixListener&) = delete;
+  UnixListener& operator=(const UnixListener&) = delete;
+
+  // A reload's list: the next peer is checked against it.
+  void set_allowed_uids(std::vector<uid_t> uids) { options_.allowed_uids = std::move(uids); }
+  [[nodiscard]] const std::vector<uid_t>& allowed_uids() const { return options_.allowed_uids; }
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] uint64_t accepted() const { return accepted_; }
+  [[nodiscard]] uint64_t refused() const { return refused_; }
+  [[nodiscard]] const std::string& last_refusal() const { return last_refusal_; }
+
+ private:
+  void accept_next();
+
+  std::string path_;
+  Options options_;
+  Admit admit_;
+  Busy busy_;
+  Refuse refuse_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  uint64_t accepted_ = 0;
+  uint64_t refused_ = 0;
+  std::string last_refusal_;
+};
+
+// Ends a connection: its bytes cannot be framed (an impossible size, too
+// many fds, a message not whole in time). Servers count these apart from
+// requests refused with an error reply.
+class FramingError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Frames messages that start with a fixed-size header from which the
+// payload's size follows. The buffers are kept from message to message
+// (take() swaps them out and the caller's come back), so a steady stream
+// allocates nothing.
+class FramedReader {
+ public:
+  // The payload size a whole header announces; throws FramingError for
+  // one the protocol does not allow (the caller's limits).
+  using PayloadSize = std::function<size_t(std::span<const uint8_t> header)>;
+  enum class Status { message, again, closed };
+
+  FramedReader(size_t header_size, size_t max_fds, PayloadSize payload_size);
+
+  // Reads from the non-blocking socket `fd` up to the end of the current
+  // message: `message` when it is whole, `again` when the socket has no
+  // more now, `closed` at end of stream. Throws FramingError (too many
+  // fds, the header's size) or SystemError (a read error).
+  Status read(int fd);
+  // Whether part of a message has come (its deadline runs).
+  [[nodiscard]] bool partial() const { return got_ > 0; }
+  [[nodiscard]] size_t bytes() const { return got_; }
+  [[nodiscard]] size_t expected() const { return header_.size() + (header_done_ ? payload_.size() : 0); }
+
+  // The whole message: its header bytes, and payload and fds swapped with
+  // the caller's (whose old contents are cleared and reused next time).
+  void take(std::span<uint8_t> header, std::vector<uint8_t>& payload, std::vector<UniqueFd>& fds);
+  // Drops what has come of the current message (a connection that ends).
+  void reset();
+
+ private:
+  std::vector<uint8_t> header_;
+  std::vector<uint8_t> payload_;
+  std::vector<UniqueFd> fds_;
+  size_t max_fds_;
+  PayloadSize payload_size_;
+  size_t got_ = 0;
+  bool header_done_ = false;
+};
+
+// What on_end hears when the peer closed its end.
+inline constexpr const char* kPeerClosed = "the peer closed the connection";
+
+class PeerConnection {
+ public:
+  // The reader has a whole message: take() it and handle it. Throwing ends
+  // the connection (on_end with the exception's text).
+  using OnMessage = std::function<void(FramedReader& reader)>;
+  // After each batch of messages, when the socket has no more for now.
+  using OnIdle = std::function<void()>;
+  // The connection ended (closed by the peer, a read error, a framing
+  // error, a deadline, a handler that threw): `why` says which, `framing`
+  // whether the peer's bytes were at fault. The socket is still open so the
+  // server can clean up; it is closed when this returns.
+  using OnEnd = std::function<void(const std::string& why, bool framing)>;
+
+  PeerConnection(asio::io_context& io, FramedReader reader, std::chrono::milliseconds message_deadline,
+                 OnMessage on_message, OnEnd on_end, OnIdle on_idle = {});
+  ~PeerConnection();
+  PeerConnection(const PeerConnection&) = delete;
+  PeerConnection& operator=(const PeerConnection&) = delete;
+
+  // Starts serving `fd`: made non-blocking for reads, sends bounded
+  // (limit_send_wait), watched on the io_context.
+  void adopt(UniqueFd fd);
+  // Ends the connection now (on_end is called with `why`).
+  void end(const std::string& why, bool framing = false);
+  [[nodiscard]] bool connected() const { return fd_.valid(); }
+  [[nodiscard]] int fd() const { return fd_.get(); }
+  [[nodiscard]] FramedReader& reader() { return reader_; }
+  [[nodiscard]] std::chrono::milliseconds deadline() const { return deadline_; }
+
+  // For a server that must wait for one answer in the middle of handling
+  // (vfio-user's DMA_READ from the client): reads until a whole message is
+  // there or `deadline` passes (then throws FramingError), on the calling
+  // thread. Returns false at end of stream.
+  bool read_blocking(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  void wait_readable();
+  void on_readable();
+  void arm_deadline();
+  void message_done();
+  void close();
+
+  asio::io_context& io_;
+  FramedReader reader_;
+  std::chrono::milliseconds deadline_;
+  OnMessage on_message_;
+  OnEnd on_end_;
+  OnIdle on_idle_;
+  UniqueFd fd_;
+  std::unique_ptr<asio::posix::stream_descriptor> watch_;
+  asio::steady_timer timer_;
+  uint64_t message_seq_ = 0;  // which message the armed deadline belongs to
+  bool timer_armed_ = false;
+  bool ending_ = false;
+};
+
+}  // namespace sriovd

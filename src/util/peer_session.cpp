@@ -1,0 +1,242 @@
+#include "sriovd/util/peer_session.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include <spdlog/spdlog.h>
+
+#include "sriovd/util/error.hpp"
+#include "sriovd/util/unix_socket.hpp"
+
+namespace sriovd {
+
+using stream = asio::local::stream_protocol;
+
+std::string peer_refusal(const std::optional<ucred>& peer, std::span<const uid_t> allowed, const std::string& list) {
+  if (peer_admitted(peer, allowed)) return {};
+  if (!peer) return "refused a peer whose credentials the kernel cannot give (SO_PEERCRED)";
+  return "refused uid " + std::to_string(peer->uid) + ": not in " + list + " (pid " + std::to_string(peer->pid) + ")";
+}
+
+// ---- UnixListener ---------------------------------------------------------
+
+UnixListener::UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy,
+                           Refuse refuse)
+    : path_(std::move(path)), options_(std::move(options)), admit_(std::move(admit)), busy_(std::move(busy)),
+      refuse_(std::move(refuse)), acceptor_(io) {
+  listen_unix(acceptor_, path_, options_.mode, options_.what);
+  accept_next();
+}
+
+UnixListener::~UnixListener() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  ::unlink(path_.c_str());
+}
+
+void UnixListener::accept_next() {
+  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
+    if (ec == asio::error::operation_aborted) return;  // the listener is gone: touch nothing
+    if (ec) {
+      // EMFILE and the like: this peer is lost, the socket stays.
+      spdlog::warn("{}: accept failed: {}", options_.what, ec.message());
+    } else {
+      UniqueFd fd(socket.release());
+      const std::optional<ucred> peer = peer_credentials(fd.get());
+      std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
+      if (why.empty() && busy_ && busy_())
+        why = "refused a second client (pid " + std::to_string(peer->pid) + ") while one is connected";
+      if (why.empty()) {
+        ++accepted_;
+        admit_(std::move(fd), *peer);
+      } else {
+        ++refused_;
+        last_refusal_ = why;
+        spdlog::warn("{}: {}", options_.what, why);
+        if (refuse_) refuse_(std::move(fd), why);
+      }
+    }
+    accept_next();
+  });
+}
+
+// ---- FramedReader ---------------------------------------------------------
+
+FramedReader::FramedReader(size_t header_size, size_t max_fds, PayloadSize payload_size)
+    : header_(header_size), max_fds_(max_fds), payload_size_(std::move(payload_size)) {}
+
+FramedReader::Status FramedReader::read(int fd) {
+  for (;;) {
+    uint8_t* to;
+    size_t want;
+    if (!header_done_) {
+      to = header_.data() + got_;
+      want = header_.size() - got_;
+    } else {
+      const size_t at = got_ - header_.size();
+      to = payload_.data() + at;
+      want = payload_.size() - at;
+    }
+    if (want > 0) {
+      bool truncated = false;
+      // The cap is over the whole message: a message trickled one byte per
+      // sendmsg must not collect max_fds with each part.
+      const ssize_t n = recv_with_fds(fd, to, want, fds_, MSG_DONTWAIT, truncated,
+                                      max_fds_ - std::min(fds_.size(), max_fds_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::again;
+      if (n < 0) throw_errno("reading from the peer");
+      if (n == 0) return Status::closed;
+      if (truncated) throw FramingError("more than " + std::to_string(max_fds_) + " fds with one message");
+      got_ += static_cast<size_t>(n);
+    }
+    if (!header_done_) {
+      if (got_ < header_.size()) continue;
+      payload_.resize(payload_size_(header_));
+      header_done_ = true;
+    }
+    if (got_ == header_.size() + payload_.size()) return Status::message;
+  }
+}
+
+void FramedReader::take(std::span<uint8_t> header, std::vector<uint8_t>& payload, std::vector<UniqueFd>& fds) {
+  std::copy_n(header_.begin(), std::min(header.size(), header_.size()), header.begin());
+  payload.swap(payload_);
+  fds.swap(fds_);
+  reset();
+}
+
+void FramedReader::reset() {
+  payload_.clear();
+  fds_.clear();
+  got_ = 0;
+  header_done_ = false;
+}
+
+// ---- PeerConnection -------------------------------------------------------
+
+namespace {
+// Messages handled per wakeup before other work on the io_context gets a
+// turn: a peer that sends without pause cannot starve the other sockets.
+constexpr int kMessagesPerWakeup = 64;
+}  // namespace
+
+PeerConnection::PeerConnection(asio::io_context& io, FramedReader reader, std::chrono::milliseconds message_deadline,
+                               OnMessage on_message, OnEnd on_end, OnIdle on_idle)
+    : io_(io), reader_(std::move(reader)), deadline_(message_deadline), on_message_(std::move(on_message)),
+      on_end_(std::move(on_end)), on_idle_(std::move(on_idle)), timer_(io) {}
+
+PeerConnection::~PeerConnection() { close(); }
+
+void PeerConnection::adopt(UniqueFd fd) {
+  close();
+  limit_send_wait(fd.get());
+  fd_ = std::move(fd);
+  ++message_seq_;
+  watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, fd_.get());
+  wait_readable();
+}
+
+void PeerConnection::wait_readable() {
+  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;  // cancelled: the connection (or this object) is gone
+    on_readable();
+  });
+}
+
+void PeerConnection::on_readable() {
+  const int fd = fd_.get();
+  try {
+    for (int handled = 0; handled < kMessagesPerWakeup && fd_.get() == fd; ++handled) {
+      const FramedReader::Status s = reader_.read(fd);
+      if (s == FramedReader::Status::closed) {
+        end(kPeerClosed);
+        return;
+      }
+      if (s == FramedReader::Status::again) {
+        if (reader_.partial()) arm_deadline();
+        if (on_idle_) on_idle_();
+        break;
+      }
+      message_done();
+      on_message_(reader_);
+    }
+  } catch (const FramingError& e) {
+    if (fd_.get() == fd) end(e.what(), true);
+    return;
+  } catch (const std::exception& e) {
+    if (fd_.get() == fd) end(e.what(), false);
+    return;
+  }
+  if (fd_.get() == fd && watch_) wait_readable();
+}
+
+// The deadline that runs belongs to the message just completed.
+void PeerConnection::message_done() {
+  ++message_seq_;
+  if (!timer_armed_) return;  // the common case: a message that came whole costs no timer
+  timer_armed_ = false;
+  timer_.cancel();
+}
+
+void PeerConnection::arm_deadline() {
+  if (timer_armed_) return;
+  timer_armed_ = true;
+  timer_.expires_after(deadline_);
+  timer_.async_wait([this, seq = message_seq_](boost::system::error_code ec) {
+    if (ec) return;
+    if (seq != message_seq_ || !fd_ || !reader_.partial()) return;
+    end("a message was not complete within " + std::to_string(deadline_.count()) + " ms (" +
+            std::to_string(reader_.bytes()) + " of " + std::to_string(reader_.expected()) + " bytes)",
+        true);
+  });
+}
+
+bool PeerConnection::read_blocking(std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const FramedReader::Status s = reader_.read(fd_.get());
+    if (s == FramedReader::Status::message) {
+      message_done();
+      return true;
+    }
+    if (s == FramedReader::Status::closed) return false;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    pollfd p{fd_.get(), POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0)
+      throw FramingError("no answer within " + std::to_string(deadline_.count()) + " ms (" +
+                         std::to_string(reader_.bytes()) + " bytes of it came)");
+  }
+}
+
+void PeerConnection::end(const std::string& why, bool framing) {
+  if (!fd_ || ending_) return;
+  ending_ = true;
+  try {
+    on_end_(why, framing);
+  } catch (const std::exception& e) {
+    spdlog::error("ending a peer's connection: {}", e.what());
+  }
+  ending_ = false;
+  close();
+}
+
+void PeerConnection::close() {
+  boost::system::error_code ignored;
+  timer_.cancel();
+  timer_armed_ = false;
+  ++message_seq_;
+  if (watch_) {
+    watch_->cancel(ignored);
+    (void)watch_->release();  // the fd is fd_'s
+    watch_.reset();
+  }
+  reader_.reset();
+  fd_.reset();
+}
+
+}  // namespace sriovd

@@ -1,0 +1,273 @@
+// The session skeleton the three servers share (util/peer_session): what
+// each of them relies on, tested once here against real sockets.
+#include "sriovd/util/peer_session.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "sriovd/util/unix_socket.hpp"
+#include "support/temp_dir.hpp"
+#include "support/process.hpp"
+
+namespace sriovd {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A frame: a 4-byte payload length, then the payload.
+FramedReader reader(size_t max_fds = 4) {
+  return FramedReader(4, max_fds, [](std::span<const uint8_t> h) {
+    uint32_t n;
+    std::memcpy(&n, h.data(), 4);
+    if (n > 1024) throw FramingError("a payload of " + std::to_string(n) + " bytes");
+    return size_t{n};
+  });
+}
+
+std::vector<uint8_t> frame(const std::string& text) {
+  std::vector<uint8_t> f(4 + text.size());
+  const auto n = static_cast<uint32_t>(text.size());
+  std::memcpy(f.data(), &n, 4);
+  std::memcpy(f.data() + 4, text.data(), text.size());
+  return f;
+}
+
+// An io_context on its own thread; the test thread is the peer.
+struct Loop {
+  Loop() : thread([this] { io.run(); }) {}
+  ~Loop() {
+    io.stop();
+    thread.join();
+  }
+  template <typename F>
+  auto on_loop(F f) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto result = task.get_future();
+    asio::post(io, [&] { task(); });
+    return result.get();
+  }
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::thread thread;
+};
+
+struct Pair {
+  Pair() {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair");
+    ours = UniqueFd(sv[0]);
+    theirs = UniqueFd(sv[1]);
+  }
+  UniqueFd ours, theirs;
+};
+
+bool closed_by_peer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 5000) != 1) return false;
+  char buf[64];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0) {
+  }
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+// Messages split anywhere, fds with any part: each comes whole, with its
+// own fds, in order.
+TEST(FramedReader, ReassemblesMessagesSplitAnywhereWithTheirFds) {
+  Pair p;
+  FramedReader r = reader();
+  auto a = frame("first");
+  auto b = frame("second message");
+  UniqueFd efd(::eventfd(0, EFD_CLOEXEC));
+  // "first" in three parts, the fd with the middle one; then all of "second" with half of nothing.
+  const int fds[1] = {efd.get()};
+  ASSERT_EQ(::send(p.theirs.get(), a.data(), 2, 0), 2);
+  EXPECT_EQ(r.read(p.ours.get()), FramedReader::Status::again);
+  EXPECT_TRUE(r.partial());
+  const iovec mid{a.data() + 2, 4};
+  ASSERT_EQ(send_with_fds(p.theirs.get(), std::span<const iovec>(&mid, 1), fds), 4);
+  ASSERT_EQ(::send(p.theirs.get(), a.data() + 6, a.size() - 6, 0), static_cast<ssize_t>(a.size() - 6));
+  ASSERT_EQ(::send(p.theirs.get(), b.data(), b.size(), 0), static_cast<ssize_t>(b.size()));
+  uint8_t hdr[4];
+  std::vector<uint8_t> payload;
+  std::vector<UniqueFd> got_fds;
+  ASSERT_EQ(r.read(p.ours.get()), FramedReader::Status::message);
+  r.take(hdr, payload, got_fds);
+  EXPECT_EQ(std::string(payload.begin(), payload.end()), "first");
+  EXPECT_EQ(got_fds.size(), 1U);
+  ASSERT_EQ(r.read(p.ours.get()), FramedReader::Status::message);
+  r.take(hdr, payload, got_fds);
+  EXPECT_EQ(std::string(payload.begin(), payload.end()), "second message");
+  EXPECT_TRUE(got_fds.empty()) << "an fd of the first message went with the second";
+  EXPECT_EQ(r.read(p.ours.get()), FramedReader::Status::again);
+  EXPECT_FALSE(r.partial());
+  p.theirs.reset();
+  EXPECT_EQ(r.read(p.ours.get()), FramedReader::Status::closed);
+}
+
+// The fd cap is over all the parts of one message, not per sendmsg.
+TEST(FramedReader, TheFdCapCountsEveryPartOfAMessage) {
+  Pair p;
+  FramedReader r = reader(2);
+  auto a = frame("0123456789");
+  UniqueFd efd(::eventfd(0, EFD_CLOEXEC));
+  const int fds[2] = {efd.get(), efd.get()};
+  bool threw = false;
+  for (size_t i = 0; i < a.size() && !threw; ++i) {
+    const iovec one{a.data() + i, 1};
+    ASSERT_EQ(send_with_fds(p.theirs.get(), std::span<const iovec>(&one, 1), fds), 1);
+    try {
+      (void)r.read(p.ours.get());
+    } catch (const FramingError& e) {
+      threw = true;
+      EXPECT_NE(std::string(e.what()).find("more than 2 fds"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(threw) << "a message trickled a byte at a time collected fds with every part";
+}
+
+TEST(FramedReader, AnImpossibleSizeIsAFramingError) {
+  Pair p;
+  FramedReader r = reader();
+  const uint32_t huge = 1 << 20;
+  ASSERT_EQ(::send(p.theirs.get(), &huge, 4, 0), 4);
+  EXPECT_THROW((void)r.read(p.ours.get()), FramingError);
+}
+
+// A half message ends the connection at its deadline, with the reason;
+// meanwhile the loop serves other work; a whole message in time is handled.
+TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {
+  Loop loop;
+  Pair p;
+  std::atomic<int> messages{0};
+  std::promise<std::pair<std::string, bool>> ended;
+  auto owned = std::make_unique<PeerConnection>(
+      loop.io, reader(), 300ms, [&](FramedReader& r) {
+        uint8_t h[4];
+        std::vector<uint8_t> payload;
+        std::vector<UniqueFd> fds;
+        r.take(h, payload, fds);
+        ++messages;
+      },
+      [&](const std::string& why, bool framing) { ended.set_value({why, framing}); });
+  PeerConnection& conn = *owned;
+  loop.on_loop([&] {
+    conn.adopt(std::move(p.ours));
+    return 0;
+  });
+  auto whole = frame("in time");
+  ASSERT_EQ(::send(p.theirs.get(), whole.data(), whole.size(), 0), static_cast<ssize_t>(whole.size()));
+  ASSERT_TRUE(test::wait_until([&] { return messages == 1; }, 5s));
+  auto half = frame("never finished");
+  ASSERT_EQ(::send(p.theirs.get(), half.data(), 6, 0), 6);
+  EXPECT_TRUE(loop.on_loop([&] { return conn.connected(); })) << "the loop waited for the rest of the message";
+  auto end = ended.get_future();
+  ASSERT_EQ(end.wait_for(10s), std::future_status::ready);
+  const auto [why, framing] = end.get();
+  EXPECT_TRUE(framing);
+  EXPECT_NE(why.find("not complete within 300 ms (6 of 18 bytes)"), std::string::npos) << why;
+  EXPECT_TRUE(closed_by_peer(p.theirs.get()));
+  loop.on_loop([&] {
+    owned.reset();  // on its own thread, as a server's is
+    return 0;
+  });
+}
+
+// A handler that throws ends only that connection, with its text.
+TEST(PeerConnection, AHandlerThatThrowsEndsTheConnection) {
+  Loop loop;
+  Pair p;
+  std::promise<std::string> ended;
+  auto owned = std::make_unique<PeerConnection>(
+      loop.io, reader(), 1s, [&](FramedReader&) { throw std::runtime_error("refused by the handler"); },
+      [&](const std::string& why, bool framing) {
+        EXPECT_FALSE(framing);
+        ended.set_value(why);
+      });
+  PeerConnection& conn = *owned;
+  loop.on_loop([&] {
+    conn.adopt(std::move(p.ours));
+    return 0;
+  });
+  auto m = frame("x");
+  ASSERT_EQ(::send(p.theirs.get(), m.data(), m.size(), 0), static_cast<ssize_t>(m.size()));
+  auto end = ended.get_future();
+  ASSERT_EQ(end.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(end.get(), "refused by the handler");
+  EXPECT_TRUE(closed_by_peer(p.theirs.get()));
+  loop.on_loop([&] {
+    owned.reset();
+    return 0;
+  });
+}
+
+// The listener: admitted peers reach the server, refused ones are told
+// (when the server wants) and counted; the one-client policy; the socket
+// file goes with the listener.
+TEST(UnixListener, AdmitsChecksAndRefusesWithTheReason) {
+  test::TempDir dir;
+  const std::string path = dir.file("s.sock");
+  Loop loop;
+  std::atomic<int> admitted{0};
+  std::atomic<bool> busy{false};
+  std::vector<uid_t> nobody_but = {::getuid() + 4242};
+  auto listener = loop.on_loop([&] {
+    return std::make_unique<UnixListener>(
+        loop.io, path, UnixListener::Options{"test socket", "the test's list", 0660, {}},
+        [&](UniqueFd, const ucred& peer) {
+          EXPECT_EQ(peer.uid, ::getuid());
+          ++admitted;
+        },
+        [&] { return busy.load(); },
+        [&](UniqueFd fd, const std::string& why) { (void)::send(fd.get(), why.data(), why.size(), MSG_NOSIGNAL); });
+  });
+  { UniqueFd c = connect_unix(path, "test socket"); }
+  ASSERT_TRUE(test::wait_until([&] { return admitted == 1; }, 5s));
+  busy = true;
+  UniqueFd second = connect_unix(path, "test socket");
+  char why[256] = {};
+  pollfd pf{second.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pf, 1, 5000), 1);
+  ASSERT_GT(::recv(second.get(), why, sizeof why - 1, 0), 0);
+  EXPECT_NE(std::string(why).find("while one is connected"), std::string::npos) << why;
+  busy = false;
+  loop.on_loop([&] {
+    listener->set_allowed_uids(nobody_but);
+    return 0;
+  });
+  UniqueFd third = connect_unix(path, "test socket");
+  std::memset(why, 0, sizeof why);
+  pollfd pt{third.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pt, 1, 5000), 1);
+  ASSERT_GT(::recv(third.get(), why, sizeof why - 1, 0), 0);
+  EXPECT_NE(std::string(why).find("refused uid " + std::to_string(::getuid()) + ": not in the test's list"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(loop.on_loop([&] { return listener->refused(); }), 2U);
+  EXPECT_EQ(admitted, 1);
+  loop.on_loop([&] {
+    listener.reset();
+    return 0;
+  });
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the socket file outlived its listener";
+}
+
+TEST(PeerRefusal, FailsClosedOnUnknownCredentials) {
+  EXPECT_NE(peer_refusal(std::nullopt, {}, "x").find("credentials the kernel cannot give"), std::string::npos);
+  const ucred root{1, 0, 0};
+  const uid_t only[] = {1000};
+  EXPECT_EQ(peer_refusal(root, {}, "x"), "");
+  EXPECT_NE(peer_refusal(root, only, "the list").find("refused uid 0: not in the list"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sriovd
