@@ -2,7 +2,13 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include <cstdint>
 #include <mutex>
@@ -108,5 +114,37 @@ void PeerMapping::release() {
 bool PeerMapping::faulted() const { return slot_ >= 0 && g_slots[slot_].faulted.load(std::memory_order_acquire); }
 
 uint64_t peer_mapping_faults() { return g_faults.load(std::memory_order_relaxed); }
+
+namespace {
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+std::string peer_memory_problem(int fd, uint64_t offset, uint64_t size) {
+  if (size == 0) return "an empty range";
+  if (offset > UINT64_MAX - size) return "offset " + hex(offset) + " + size " + hex(size) + " wraps";
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return std::string("fstat of its fd: ") + std::strerror(errno);
+  // A device node or socket has no size to check a mapping against.
+  if (!S_ISREG(st.st_mode)) return "its fd is not a file that can back memory (memfd, tmpfs, hugetlbfs)";
+  if (static_cast<uint64_t>(st.st_size) < offset + size)
+    return "its file has only " + hex(static_cast<uint64_t>(st.st_size)) + " bytes, " + hex(offset + size) + " needed";
+  struct statfs fs{};
+  if (::fstatfs(fd, &fs) != 0) return std::string("fstatfs of its fd: ") + std::strerror(errno);
+  struct Remote {
+    unsigned long magic;
+    const char* name;
+  };
+  static constexpr Remote kRemote[] = {{0x65735546UL, "FUSE"}, {0x6969UL, "NFS"},     {0xfe534d42UL, "SMB2"},
+                                       {0xff534d42UL, "CIFS"}, {0x01021997UL, "9p"}, {0x00c36400UL, "Ceph"}};
+  for (const Remote& r : kRemote)
+    if (static_cast<unsigned long>(fs.f_type) == r.magic)
+      return std::string("its file is on ") + r.name +
+             ", whose page faults another process or the network serves (use a memfd, tmpfs or hugetlbfs)";
+  return {};
+}
 
 }  // namespace sriovd

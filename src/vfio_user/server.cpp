@@ -358,13 +358,8 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
   if (!m.fds.empty()) {
     // The fd's real size bounds the window: a mapping past the end of the
     // file would fault (SIGBUS) on the first touch, in whichever thread.
-    struct stat st{};
-    if (d.offset > UINT64_MAX - d.size) throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + " wraps");
-    if (::fstat(m.fds[0].get(), &st) != 0 || !S_ISREG(st.st_mode))
-      throw Error(EINVAL, what + ": its fd is not a file that can back memory (memfd, tmpfs, hugetlbfs)");
-    if (static_cast<uint64_t>(st.st_size) < d.offset + d.size)
-      throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + ": the file has only " +
-                              hex(static_cast<uint64_t>(st.st_size)) + " bytes");
+    if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.offset, d.size); !problem.empty())
+      throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + ": " + problem);
     const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
     const uint64_t skew = d.offset % kPageSizes;
     void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),

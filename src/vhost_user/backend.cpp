@@ -14,6 +14,7 @@
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/eventfd.hpp"
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
@@ -185,6 +186,13 @@ Backend::~Backend() {
 void Backend::on_message(FramedReader& reader) {
   Message& m = *in_;
   reader.take({reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr}, m.payload, m.fds);
+  // The front-end shrank the inflight buffer under its mapping (guest RAM
+  // faults are the workers' to see): its pages read as zeros now, and the
+  // session ends.
+  if (peer_mapping_faults() != faults_seen_) {
+    faults_seen_ = peer_mapping_faults();
+    if (inflight_guard_.faulted()) throw ProtocolError("the front-end truncated its inflight buffer under the mapping");
+  }
   ++stats_.messages;
   handle(m);
   m.fds.clear();  // what the handler did not take is closed now
@@ -514,13 +522,13 @@ bool Backend::get_inflight(Message& m) {
 bool Backend::set_inflight(Message& m) {
   const InflightDesc d = checked_inflight(m.payload, device_.num_queues(), "SET_INFLIGHT_FD");
   const uint64_t need = d.num_queues * virtio::inflight_queue_bytes(d.queue_size);
-  struct stat st{};
-  if (d.mmap_size < need || d.mmap_offset % 64 != 0 || d.mmap_offset > UINT64_MAX - d.mmap_size ||
-      ::fstat(m.fds[0].get(), &st) != 0 ||
-      static_cast<uint64_t>(st.st_size) < d.mmap_offset + d.mmap_size)
-    throw ProtocolError("SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " +
-                        std::to_string(d.mmap_offset) + ": " + std::to_string(d.num_queues) + " queues of " +
-                        std::to_string(d.queue_size) + " need " + std::to_string(need) + " in the file");
+  const std::string what = "SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " +
+                           std::to_string(d.mmap_offset);
+  if (d.mmap_size < need || d.mmap_offset % 64 != 0)
+    throw ProtocolError(what + ": " + std::to_string(d.num_queues) + " queues of " + std::to_string(d.queue_size) +
+                        " need " + std::to_string(need) + " bytes, 64-byte aligned");
+  if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.mmap_offset, d.mmap_size); !problem.empty())
+    throw ProtocolError(what + ": " + problem);
   // A buffer that can still shrink (not one of ours) is sealed now if it
   // allows it; if not, it is used as guest RAM is: trusted not to shrink.
   const int seals = ::fcntl(m.fds[0].get(), F_GET_SEALS);
@@ -533,6 +541,13 @@ bool Backend::set_inflight(Message& m) {
   const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
   if (p == MAP_FAILED) throw SystemError(errno, device_.config().name + ": mapping the inflight buffer");
+  try {
+    // Sealed or not, a fault there fails this connection, not the daemon.
+    inflight_guard_ = PeerMapping(p, len);
+  } catch (...) {
+    ::munmap(p, len);
+    throw;
+  }
   inflight_map_ = static_cast<uint8_t*>(p);
   inflight_map_len_ = len;
   device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
@@ -543,6 +558,7 @@ bool Backend::set_inflight(Message& m) {
 void Backend::drop_inflight() {
   device_.stop();
   device_.set_inflight(nullptr, 0, 0);
+  inflight_guard_ = PeerMapping();  // unregistered before the address can be reused
   if (inflight_map_) ::munmap(inflight_map_, inflight_map_len_);
   inflight_map_ = nullptr;
   inflight_map_len_ = 0;

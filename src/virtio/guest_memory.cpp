@@ -100,13 +100,8 @@ void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t u
 void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
   const std::string what = "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ") at fd offset " +
                            hex(mmap_offset);
-  if (size == 0 || mmap_offset > UINT64_MAX - size) throw std::invalid_argument(what + ": empty or wrapping");
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) throw_errno(what + ": fstat of its fd");
-  // A device node or socket has no size to check a mapping against.
-  if (!S_ISREG(st.st_mode)) throw std::invalid_argument(what + ": its fd is not a file (memfd, tmpfs, hugetlbfs)");
-  if (static_cast<uint64_t>(st.st_size) < mmap_offset + size)
-    throw std::invalid_argument(what + ": its file has only " + hex(static_cast<uint64_t>(st.st_size)) + " bytes");
+  if (const std::string problem = peer_memory_problem(fd, mmap_offset, size); !problem.empty())
+    throw std::invalid_argument(what + ": " + problem);
   // mmap wants a page-aligned file offset: map from the page the region starts in.
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t skew = mmap_offset % page;

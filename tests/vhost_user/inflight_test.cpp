@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
@@ -339,6 +340,29 @@ TEST_P(InflightTest, GuestRamTruncatedUnderARunningDeviceBreaksOnlyThatDevice) {
   sock.reset();
   ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
   EXPECT_FALSE(device->broken()) << "a reset device starts clean";
+}
+
+// The same for an inflight buffer of the front-end's own that cannot be
+// sealed (a memfd made without sealing): truncated under a running device,
+// the worker's next mark lands on a zero page instead of a SIGBUS, and the
+// session ends at the front-end's next message; the daemon goes on.
+TEST_P(InflightTest, AnInflightBufferTruncatedUnderTheDeviceEndsOnlyThatSession) {
+  const uint64_t bytes = 2 * virtio::inflight_queue_bytes(kQueue);
+  inflight_fd.reset(::memfd_create("unsealable-inflight", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(inflight_fd.get(), static_cast<off_t>(bytes)), 0);
+  inflight_desc = InflightDesc{bytes, 0, 2, kQueue, 0};
+  connect(0);
+  transmit(1);
+  ASSERT_TRUE(port->wait_sent(1));
+  ASSERT_EQ(::ftruncate(inflight_fd.get(), 0), 0);
+  const uint64_t faults = peer_mapping_faults();
+  transmit(2);  // the worker marks the chain in the buffer that is gone
+  ASSERT_TRUE(eventually([&] { return peer_mapping_faults() != faults; })) << "the worker never touched the buffer";
+  const int64_t status = test::acked_request(sock.get(), kGetFeatures, nullptr, 0, {});
+  (void)status;  // a reply or a hangup: what counts is the connection after it
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); })) << "the session went on over a truncated buffer";
+  EXPECT_NE(backend->stats().last_error.find("truncated its inflight buffer"), std::string::npos)
+      << backend->stats().last_error;
 }
 
 INSTANTIATE_TEST_SUITE_P(Rings, InflightTest, ::testing::Values(false, true),

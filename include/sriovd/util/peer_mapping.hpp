@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace sriovd {
 
@@ -41,5 +43,15 @@ class PeerMapping {
 
 // How many SIGBUS faults on peer mappings the process has absorbed.
 uint64_t peer_mapping_faults();
+
+// Why [offset, offset + size) of `fd` cannot back memory a peer shares;
+// empty when it can. The one check of every such fd (vhost-user regions and
+// the inflight buffer, vfio-user DMA windows): the range does not wrap, the
+// fd is a regular file (memfd, tmpfs, hugetlbfs, a file on a local disk)
+// that covers the range now, and its filesystem does not serve page faults
+// from a user process or the network (FUSE - possibly the peer itself -
+// NFS, SMB, 9p, Ceph): a worker touching such a page waits as long as that
+// server likes.
+std::string peer_memory_problem(int fd, uint64_t offset, uint64_t size);
 
 }  // namespace sriovd

@@ -19,6 +19,7 @@
 
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/iotlb.hpp"
@@ -125,6 +126,8 @@ class Backend {
   // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
   uint8_t* inflight_map_ = nullptr;
   size_t inflight_map_len_ = 0;
+  PeerMapping inflight_guard_;
+  uint64_t faults_seen_ = 0;  // peer_mapping_faults() when last looked at
   BackendStats stats_;
   // Last: they call into everything above.
   std::unique_ptr<Message> in_;  // the message being handled (buffers kept)
