@@ -545,7 +545,7 @@ TEST_F(VfProxyTest, HostileDmaAndInterruptFdsAreRefused) {
     FAIL() << "a window larger than its fd was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), EINVAL);
-    EXPECT_NE(exported->server->stats().last_error.find("the file has only 0x1000 bytes"), std::string::npos)
+    EXPECT_NE(exported->server->stats().last_error.find("its file has only 0x1000 bytes"), std::string::npos)
         << exported->server->stats().last_error;
   }
   int p[2];

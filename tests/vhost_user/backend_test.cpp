@@ -221,7 +221,7 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
          t.nregions = 1;
          t.regions[0] = {0, 1ULL << 63U, 0x7f0000000000, (1ULL << 63U) + 0x1000};
          f.send(kSetMemTable, &t, 8 + sizeof(MemRegion), {m.get()});
-       }, "empty or wrapping"},
+       }, "wraps"},
       // Item 4: a region larger than its memfd took SIGBUS on the first touch.
       {"memory region larger than its memfd", [&](Frontend& f) {
          UniqueFd m(::memfd_create("small", MFD_CLOEXEC));

@@ -43,7 +43,7 @@ TEST(PeerMemory, ARegionWhoseOffsetAndSizeWrapIsRefused) {
   UniqueFd fd = memfd(4096);
   const std::string why =
       thrown_by([&] { mem.add_fd_region(0, 1ULL << 63U, 0x7f0000000000, fd.get(), (1ULL << 63U) + 0x1000); });
-  EXPECT_NE(why.find("wrapping"), std::string::npos) << why;
+  EXPECT_NE(why.find("wraps"), std::string::npos) << why;
   EXPECT_TRUE(mem.regions().empty());
   EXPECT_EQ(mem.translate(0x1000, 8), nullptr);
   // Guest and front-end ranges that wrap are refused too.
