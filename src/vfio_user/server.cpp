@@ -115,6 +115,9 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
 
 Server::~Server() {
   if (conn_.connected()) disconnect("the export is being removed");
+  if (!held_.empty())
+    spdlog::critical("vfio-user: {}: {} DMA window(s) a stuck device worker used are left mapped", device_.name(),
+                     held_.size());
 }
 
 void Server::adopt(UniqueFd fd) {
@@ -412,10 +415,14 @@ void Server::unmap_all() {
   for (size_t i = windows_.size(); i-- > 0;) {
     try {
       device_.dma_unmapped(windows_[i]);
+      mappings_[i].unmap();
     } catch (const std::exception& e) {
-      spdlog::error("vfio-user: {}: unmapping DMA window {}: {}", device_.name(), hex(windows_[i].iova), e.what());
+      // The device still uses the window (a worker that did not stop): it
+      // stays mapped, for as long as the server lives, rather than be
+      // pulled from under that thread.
+      spdlog::error("vfio-user: {}: DMA window {} stays mapped: {}", device_.name(), hex(windows_[i].iova), e.what());
+      held_.push_back(std::move(mappings_[i]));
     }
-    mappings_[i].unmap();
   }
   windows_.clear();
   mappings_.clear();

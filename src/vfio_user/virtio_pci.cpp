@@ -406,7 +406,7 @@ void VirtioNetPci::dma_mapped(const DmaWindow& w) {
   if (device_.running()) {
     // The workers see the new memory map from a stopped state; the rings
     // go on where they stood.
-    device_.stop();
+    stop_device();
     rebuild_memory();
     device_.start();
   }
@@ -417,7 +417,7 @@ void VirtioNetPci::dma_unmapped(const DmaWindow& w) {
   if (device_.running()) {
     // The server unmaps the window once this returns: the workers must not
     // touch it after that.
-    device_.stop();
+    stop_device();
     rebuild_memory();
     device_.start();
   }
@@ -429,11 +429,24 @@ void VirtioNetPci::reset() {
   msix_->reset();
 }
 
+// Stops the workers before the memory map changes; a worker that does not
+// stop (NetDevice::wedged) still reads the windows, so they must stay: the
+// server keeps a window mapped when unmapping it throws.
+void VirtioNetPci::stop_device() {
+  device_.stop();
+  if (device_.wedged())
+    throw Error(EBUSY, name_ + ": the device's worker did not stop; its DMA windows stay mapped until it does");
+}
+
 void VirtioNetPci::client_gone() {
   virtio_reset();
   windows_.clear();
-  device_.set_memory(nullptr);
-  memory_.clear();
+  if (device_.wedged()) {
+    spdlog::error("vfio-user: {}: the client left but the device's worker has not stopped: its memory stays", name_);
+  } else {
+    device_.set_memory(nullptr);
+    memory_.clear();
+  }
   disable_irqs(vfio::kMsixIrq);
   msix_->reset();
   std::array<pci::BarInfo, 6> bars{};

@@ -177,6 +177,8 @@ Backend::~Backend() {
   miss_watch_.cancel(ignored);
   retry_.cancel();
   listener_.reset();  // the socket file goes with it (server mode)
+  device_.stop();
+  device_.wait_for_workers();  // guest memory and the inflight buffer are ours, freed below
   drop_inflight();
   device_.reset();
 }
@@ -186,6 +188,16 @@ Backend::~Backend() {
 void Backend::on_message(FramedReader& reader) {
   Message& m = *in_;
   reader.take({reinterpret_cast<uint8_t*>(&m.hdr), sizeof m.hdr}, m.payload, m.fds);
+  // A worker that did not stop (NetDevice::wedged) still uses the last
+  // session's memory: no front-end is served until it is out, and then the
+  // release that had to wait is finished first.
+  if (release_pending_) {
+    if (!device_.reap())
+      throw ProtocolError("the device's worker has not stopped since the last session: it serves no front-end until it does");
+    release_session();
+  }
+  if (device_.wedged() && !device_.reap())
+    throw ProtocolError("the device's worker did not stop when asked: the session ends");
   // The front-end shrank the inflight buffer under its mapping (guest RAM
   // faults are the workers' to see): its pages read as zeros now, and the
   // session ends.
@@ -557,6 +569,7 @@ bool Backend::set_inflight(Message& m) {
 
 void Backend::drop_inflight() {
   device_.stop();
+  if (device_.wedged()) return;  // its worker may still mark chains in it
   device_.set_inflight(nullptr, 0, 0);
   inflight_guard_ = PeerMapping();  // unregistered before the address can be reused
   if (inflight_map_) ::munmap(inflight_map_, inflight_map_len_);
@@ -575,20 +588,33 @@ void Backend::on_end(const std::string& why) {
     spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
   }
   stats_.last_error = why;
-  drop_inflight();
-  device_.reset();
-  memory_.clear();
   protocol_features_ = 0;
   protocol_negotiated_ = false;
   status_ = 0;
   for (auto& fd : err_fds_) fd.reset();
   backend_req_.reset();
+  in_->fds.clear();
+  device_.stop();
+  if (device_.wedged()) {
+    // Memory, IOTLB and inflight buffer stay mapped for the stuck worker;
+    // the next front-end's first message finishes this (on_message).
+    release_pending_ = true;
+  } else {
+    release_session();
+  }
+  if (mode_ == Mode::client) connect_later(std::chrono::seconds(1));
+}
+
+// What a session lent the device, taken back with the workers stopped.
+void Backend::release_session() {
+  release_pending_ = false;
+  drop_inflight();
+  device_.reset();
+  memory_.clear();
   memory_.set_iotlb(nullptr);
   access_platform_ = false;
   iotlb_.clear();
   iotlb_.reclaim();  // the device is stopped: no worker looks any more
-  in_->fds.clear();
-  if (mode_ == Mode::client) connect_later(std::chrono::seconds(1));
 }
 
 // IOTLB_MSG from the front-end (§ "IOMMU support" of the vhost-user spec).

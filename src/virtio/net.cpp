@@ -8,11 +8,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <tuple>
 #include <utility>
 #include <stdexcept>
+
+#include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/virtio/offload.hpp"
@@ -101,6 +105,10 @@ struct NetDevice::Worker {
   bool tx_more = false, rx_more = false, ctrl_more = false;
   uint64_t faults_seen = 0;  // peer_mapping_faults() when last looked at
   std::thread thread;
+  // Set by the thread as its last act, so stop() can wait with a deadline.
+  std::mutex exit_mutex;
+  std::condition_variable exit_cv;
+  bool exited = false;
   RxHold* rx = nullptr;  // the pair's received packet waiting for buffers (outlives the worker)
   // Preallocated: nothing on the data path allocates.
   std::array<Chain, kMaxChains> chains{};
@@ -149,7 +157,17 @@ bool NetDevice::steer_port() {
 
 NetDevice::~NetDevice() {
   stop();
+  wait_for_workers();  // everything a stuck worker uses is this object's
   for (auto& q : queues_) engine_.remove(q.route);
+}
+
+void NetDevice::wait_for_workers() {
+  if (!wedged_) return;
+  spdlog::critical("{}: waiting for its stuck worker before what it uses is freed", config_.name);
+  for (auto& w : workers_) w->thread.join();
+  workers_.clear();
+  wedged_ = false;
+  for (Queue& queue : queues_) queue.ring.reset();
 }
 
 uint64_t NetDevice::offered_features() const {
@@ -273,7 +291,7 @@ std::unique_ptr<Virtqueue> NetDevice::make_ring(unsigned index) {
 }
 
 void NetDevice::start() {
-  if (running() || broken_) return;
+  if (running() || broken_ || wedged_) return;
   const bool packed = features_ & kRingPacked;
   waiting_rings_ = false;
   // With an IOTLB the ring parts may not be translated yet: the misses are
@@ -322,7 +340,14 @@ void NetDevice::start() {
       }
     }
     Worker* raw = w.get();
-    w->thread = std::thread([this, raw] { run_pair(*raw); });
+    w->thread = std::thread([this, raw] {
+      run_pair(*raw);
+      {
+        std::lock_guard lock(raw->exit_mutex);
+        raw->exited = true;
+      }
+      raw->exit_cv.notify_all();
+    });
     pthread_setname_np(w->thread.native_handle(), ("sriovd-q" + std::to_string(p)).c_str());
     if (!config_.cpus.empty()) {
       cpu_set_t set;
@@ -339,22 +364,57 @@ void NetDevice::start() {
   }
 }
 
-void NetDevice::stop() {
+void NetDevice::stop() { (void)stop_within(kStopDeadline); }
+
+bool NetDevice::reap() { return stop_within(std::chrono::milliseconds(0)); }
+
+// Tells every worker to stop and waits for each until `limit` has passed.
+// A worker is never stuck on a peer (its fds are non-blocking, its passes
+// have a budget, peer memory is refused on filesystems that page in from a
+// process or the network), so one that does not come out is a fault of
+// the daemon: the device is broken and wedged - it keeps the rings and
+// everything else the worker may still touch, serves nothing, and the
+// caller goes on; reap() finishes the stop once the worker is out.
+bool NetDevice::stop_within(std::chrono::milliseconds limit) {
+  if (wedged_) limit = std::chrono::milliseconds(0);  // waited once already: only look
   for (auto& w : workers_) {
     const uint64_t one = 1;
     (void)::write(w->stop.get(), &one, sizeof one);
   }
-  for (auto& w : workers_) w->thread.join();
-  workers_.clear();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<std::unique_ptr<Worker>> stuck;
+  for (auto& w : workers_) {
+    {
+      std::unique_lock lock(w->exit_mutex);
+      if (!w->exit_cv.wait_until(lock, deadline, [&] { return w->exited; })) {
+        stuck.push_back(std::move(w));
+        continue;
+      }
+    }
+    w->thread.join();
+  }
+  workers_ = std::move(stuck);
+  if (!workers_.empty()) {
+    if (!wedged_)
+      spdlog::error("{}: the worker of queue pair {} did not stop within {} ms: the device is out of service until it does",
+                    config_.name, workers_.front()->pair, kStopDeadline.count());
+    wedged_ = true;
+    broken_ = true;
+    return false;
+  }
+  if (wedged_) spdlog::warn("{}: its worker stopped at last", config_.name);
+  wedged_ = false;
   // Only queues a worker served have a ring: each keeps where it stood.
   for (Queue& queue : queues_) {
     if (queue.ring) queue.base = queue.ring->base();
     queue.ring.reset();
   }
+  return true;
 }
 
 void NetDevice::reset() {
   stop();
+  if (wedged_) return;  // its worker may still use all of it
   for (unsigned q = 0; q < queues_.size(); ++q) {
     Queue& queue = queues_[q];
     queue.size = 0;

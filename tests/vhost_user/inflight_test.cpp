@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -25,6 +26,7 @@
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/driver.hpp"
+#include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "vhost_user/harness.hpp"
 
@@ -363,6 +365,68 @@ TEST_P(InflightTest, AnInflightBufferTruncatedUnderTheDeviceEndsOnlyThatSession)
   ASSERT_TRUE(eventually([&] { return !backend->connected(); })) << "the session went on over a truncated buffer";
   EXPECT_NE(backend->stats().last_error.find("truncated its inflight buffer"), std::string::npos)
       << backend->stats().last_error;
+}
+
+// Item 10: a guest that keeps its TX ring full. A driver thread puts every
+// buffer back as soon as it is used, so the worker never runs out of work;
+// the front-end leaves, and the stop still comes within the deadline (the
+// worker's pass has a budget and looks at its stop event between passes):
+// the device is stopped, not wedged.
+TEST_P(InflightTest, AGuestThatKeepsItsRingFullCannotHoldOffTheStop) {
+  connect(0);
+  std::atomic<bool> driving{true};
+  std::atomic<unsigned> reposted{0};
+  std::thread driver([&] {
+    // One buffer per descriptor, all posted at once, each re-posted when used.
+    for (uint8_t n = 0; n < kQueue; ++n) transmit(n);
+    uint32_t id = 0, len = 0;
+    while (driving) {
+      bool any = false;
+      while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) {
+        any = true;
+        transmit(static_cast<uint8_t>(reposted++ % kQueue));
+      }
+      if (!any) std::this_thread::yield();
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return reposted > 4 * kQueue; })) << "the ring never went round";
+  sock.reset();  // the front-end goes while its ring is full
+  const bool stopped = sriovd::test::wait_until([&] { return !vu->on_io([&] { return backend->connected(); }); }, 10s);
+  driving = false;
+  driver.join();
+  ASSERT_TRUE(stopped);
+  EXPECT_FALSE(vu->on_io([&] { return device->wedged() || device->running(); }))
+      << "a full ring kept the worker from its stop event";
+}
+
+// A worker that does not stop at all (here: stuck in the port's send, which
+// no real port does - its fds are non-blocking) costs its device, not the
+// control thread: stop() gives up after its deadline, the device is
+// wedged and serves no front-end, and once the worker is out the device is
+// released and serves again.
+TEST_P(InflightTest, AWorkerThatDoesNotStopWedgesItsDeviceNotTheDaemon) {
+  connect(0);
+  port->hold(true);
+  transmit(1);
+  ASSERT_TRUE(port->wait_entered(1));
+  sock.reset();
+  ASSERT_TRUE(sriovd::test::wait_until([&] { return !vu->on_io([&] { return backend->connected(); }); }, 10s))
+      << "the control thread waited for the stuck worker";
+  EXPECT_TRUE(vu->on_io([&] { return device->wedged() && device->broken(); }));
+  // A front-end meanwhile is told why and let go.
+  hangup_ok = true;
+  hung_up = false;
+  connect(0);
+  EXPECT_TRUE(hung_up) << "a front-end was served by a wedged device";
+  ASSERT_TRUE(sriovd::test::wait_until([&] { return !vu->on_io([&] { return backend->connected(); }); }, 10s));
+  EXPECT_NE(vu->on_io([&] { return backend->stats().last_error; }).find("has not stopped"), std::string::npos);
+  port->hold(false);  // the worker comes out
+  ASSERT_TRUE(port->wait_sent(1));
+  hangup_ok = false;
+  hung_up = false;
+  connect(0);
+  EXPECT_FALSE(vu->on_io([&] { return device->wedged(); }));
+  EXPECT_TRUE(vu->on_io([&] { return device->running(); }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Rings, InflightTest, ::testing::Values(false, true),

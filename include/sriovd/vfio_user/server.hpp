@@ -120,6 +120,7 @@ class Server {
     }
   };
   std::vector<Mapping> mappings_;  // parallel to windows_
+  std::vector<Mapping> held_;      // windows a device could not let go (never unmapped)
   uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
   [[nodiscard]] bool memory_faulted() const;
   ServerStats stats_;

@@ -64,6 +64,7 @@ class Backend {
   void adopt(UniqueFd fd);
   void on_message(FramedReader& reader);
   void on_end(const std::string& why);
+  void release_session();
   // One entry of the request table (request_of): the shape every message
   // of it must have (-1: its handler checks) and the handler, which
   // returns true when it replied itself.
@@ -128,6 +129,7 @@ class Backend {
   size_t inflight_map_len_ = 0;
   PeerMapping inflight_guard_;
   uint64_t faults_seen_ = 0;  // peer_mapping_faults() when last looked at
+  bool release_pending_ = false;  // a wedged worker kept the last session's memory (on_end)
   BackendStats stats_;
   // Last: they call into everything above.
   std::unique_ptr<Message> in_;  // the message being handled (buffers kept)

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -158,9 +159,21 @@ class NetDevice {
   // Stops the queue and returns where it stood (GET_VRING_BASE).
   uint32_t stop_queue(unsigned q);
 
-  // Starts workers for every pair whose two queues are ready; stops them.
+  // Starts workers for every pair whose two queues are ready; stops them,
+  // waiting at most kStopDeadline for each: a worker that does not come
+  // out leaves the device broken and wedged (below), and stop() returns.
   void start();
   void stop();
+  static constexpr std::chrono::milliseconds kStopDeadline{2000};
+  // A worker did not stop in time: the device keeps everything it may
+  // still touch (rings, memory, the inflight buffer - its owner must keep
+  // what it lent, too), starts nothing and resets nothing. reap() joins
+  // what has come out since, without waiting; true when none is left.
+  [[nodiscard]] bool wedged() const { return wedged_; }
+  bool reap();
+  // For an owner about to free what it lent the device: waits, without a
+  // deadline, for a wedged device's workers (logged as critical).
+  void wait_for_workers();
   // Everything back to the state before negotiation.
   void reset();
   // Wakes every queue as its kick would (after an IOTLB update, so that
@@ -211,6 +224,8 @@ class NetDevice {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<RxHold>> rx_hold_;
   std::atomic<bool> broken_{false};
+  bool wedged_ = false;
+  bool stop_within(std::chrono::milliseconds limit);
   bool waiting_rings_ = false;
   RxFilter filter_;
   std::atomic<unsigned> active_pairs_{1};
