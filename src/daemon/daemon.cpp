@@ -10,6 +10,7 @@
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/logging.hpp"
 #include "sriovd/util/unix_socket.hpp"
+#include "sriovd/vfio/holders.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
 #include "sriovd/virtio/macvtap.hpp"
@@ -64,6 +65,7 @@ Daemon::Daemon(Options options, config::Config config)
       io_, config_.control,
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
+  host_->set_release_check([this](const PciAddress& vf) { return release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
   sync_vf_exports();
   // Macvtap links a crashed run of this instance left behind (each carries
@@ -335,6 +337,9 @@ json Daemon::devices_json() const {
   }
   out["virtio_devices"] = virtio;
   out["vfio_user_exports"] = vf_exports_json();
+  // VFs no export serves any more whose device fd a VMM still holds: they
+  // stay on vfio-pci, out of use, until it lets go.
+  out["held_vfs"] = held_vfs_json();
   return out;
 }
 
@@ -375,22 +380,60 @@ void apply_access(const std::string& path, const config::SocketAccess& a, const 
 
 void Daemon::drop_vf_exports(const config::Config* next) {
   if (!next) {
+    for (const auto& e : vf_exports_) forget_export(e);
     vf_exports_.clear();
     return;
   }
   const auto keep = wanted_exports(*next);
   std::erase_if(vf_exports_, [&](const VfExport& e) {
-    for (const auto& w : keep) {
-      if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket ||
-          policy_of(w.assign->msix_policy) != e.policy || w.assign->bar_access != e.bar_access)
-        continue;
-      // Same VF, same export; its PF keeps its VFs only if num_vfs stays.
-      for (const auto& pf : config_.physical_functions)
-        if (pf.num_vfs != w.pf_cfg->num_vfs && (pf.ref == w.pf_cfg->ref)) return true;
-      return !e.server;  // one that could not be served is tried again
-    }
-    return true;
+    const bool drop = [&] {
+      for (const auto& w : keep) {
+        if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket ||
+            policy_of(w.assign->msix_policy) != e.policy || w.assign->bar_access != e.bar_access)
+          continue;
+        // Same VF, same export; its PF keeps its VFs only if num_vfs stays.
+        for (const auto& pf : config_.physical_functions)
+          if (pf.num_vfs != w.pf_cfg->num_vfs && (pf.ref == w.pf_cfg->ref)) return true;
+        return !e.server;  // one that could not be served is tried again
+      }
+      return true;
+    }();
+    if (drop) forget_export(e);
+    return drop;
   });
+}
+
+void Daemon::forget_export(const VfExport& e) {
+  if (!e.server || e.server->fd_recipients().empty()) return;
+  auto& pids = fd_given_[e.vf];
+  for (pid_t p : e.server->fd_recipients())
+    if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
+}
+
+// The host layer's question before it unbinds a VF from vfio-pci: does a
+// process still hold its VFIO device? Only VFs whose device fd went to a
+// client are looked for (a /proc walk), and a VF nobody holds any more is
+// forgotten.
+std::string Daemon::release_holders(const PciAddress& vf) {
+  for (const auto& e : vf_exports_) forget_export(e);  // an export still up (released under it)
+  const auto given = fd_given_.find(vf.to_string());
+  if (given == fd_given_.end()) return {};
+  const auto holders = vfio::device_holders(vf.to_string(), given->second);
+  if (holders.empty()) {
+    fd_given_.erase(given);
+    return {};
+  }
+  return vfio::describe(holders);
+}
+
+control::json Daemon::held_vfs_json() const {
+  json out = json::array();
+  for (const auto& [vf, pids] : fd_given_) {
+    if (std::any_of(vf_exports_.begin(), vf_exports_.end(), [&](const VfExport& e) { return e.vf == vf; })) continue;
+    const auto holders = vfio::device_holders(vf, pids);
+    if (!holders.empty()) out.push_back({{"vf", vf}, {"held_by", vfio::describe(holders)}});
+  }
+  return out;
 }
 
 void Daemon::sync_vf_exports() {
@@ -455,6 +498,8 @@ json Daemon::vf_exports_json() const {
                         {"protocol_errors", st.protocol_errors}, {"refused_peers", st.refused_peers},
                         {"last_error", st.last_error}};
       j["dma_windows"] = e.proxy->dma_windows();
+      if (!e.server->fd_recipients().empty())
+        j["device_fd_holders"] = vfio::describe(vfio::device_holders(e.vf, e.server->fd_recipients()));
       const irq::RouteStats t = e.proxy->interrupt_totals();
       j["interrupts"] = {{"fired", t.fired}, {"delivered", t.delivered}, {"masked_pending", t.masked_pending},
                          {"replayed", t.replayed}, {"dropped", t.dropped}, {"masks", t.masks}, {"unmasks", t.unmasks},
@@ -613,7 +658,11 @@ json Daemon::release(const json& req) {
   // sriovd lets go of the VF before the host layer takes it off vfio-pci.
   const PciAddress pf_addr = *pf;
   const unsigned vf_index = *index;
-  std::erase_if(vf_exports_, [&](const VfExport& e) { return e.pf == pf_addr && e.index == vf_index; });
+  std::erase_if(vf_exports_, [&](const VfExport& e) {
+    if (e.pf != pf_addr || e.index != vf_index) return false;
+    forget_export(e);
+    return true;
+  });
   std::vector<host::Step> steps;
   try {
     steps = host_->release_vf(config_, *pf, *index);

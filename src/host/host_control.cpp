@@ -151,6 +151,21 @@ void HostControl::set(const Key& key, const json& value) {
   }
 }
 
+void HostControl::wait_until_released(const PciAddress& dev) {
+  if (!release_check_) return;
+  const auto deadline = std::chrono::steady_clock::now() + release_wait_;
+  for (;;) {
+    const std::string holders = release_check_(dev);
+    if (holders.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error("unbinding " + dev.to_string() + " from vfio-pci: its VFIO device is still held by " +
+                               holders + " after " + std::to_string(release_wait_.count()) +
+                               " ms (a VMM given the device fd - assign.bar_access: mmap - keeps the VF until it "
+                               "closes that fd and its BAR mappings); the VF stays on vfio-pci, out of use");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 json HostControl::get_binding(const PciAddress& dev) {
   return {{"driver", driver(dev)}, {"override", override_text(sysfs_.read(dev_path(dev, "driver_override")))}};
 }
@@ -162,6 +177,7 @@ void HostControl::set_binding(const PciAddress& dev, const json& value) {
   std::string have = driver(dev);
   const std::string have_override = override_text(sysfs_.read(dev_path(dev, "driver_override")));
 
+  if (have == kVfio && want != kVfio) wait_until_released(dev);
   if (want == "*") {
     // The device's own driver, whichever the kernel picks with no override.
     if (have == kVfio || (!have.empty() && !have_override.empty())) {

@@ -103,6 +103,7 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
                                       std::move(allowed_uids)},
                 [this](UniqueFd fd, const ucred& peer) {
                   spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
+                  client_pid_ = peer.pid;
                   adopt(std::move(fd));
                 },
                 [this] { return conn_.connected(); },
@@ -449,7 +450,11 @@ void Server::region_info(const Message& m, Reply& r) {
   // A client whose buffer (argsz) is too small for the capabilities gets
   // the fixed part with the argsz it needs, as VFIO does.
   if (q.argsz >= info.argsz) r.payload.insert(r.payload.end(), caps.begin(), caps.end());
-  if (d.fd >= 0) r.fds.push_back(d.fd);
+  if (d.fd >= 0) {
+    r.fds.push_back(d.fd);
+    if (std::find(fd_recipients_.begin(), fd_recipients_.end(), client_pid_) == fd_recipients_.end())
+      fd_recipients_.push_back(client_pid_);
+  }
   return;
 }
 

@@ -360,3 +360,40 @@ TEST(StateFile, RoundTripsLedgerAndTransaction) {
 
 }  // namespace
 }  // namespace sriovd::host
+
+namespace sriovd::host {
+namespace {
+
+// A VMM that still holds a VF's VFIO device (given its fd: bar_access
+// mmap) would make the unbind from vfio-pci wait in the kernel until it
+// lets go. The host layer asks first, waits a bounded time, and then fails
+// naming the holder, with the VF left on vfio-pci; once the holder is gone
+// the same release goes through.
+TEST(Reconciler, AReleaseWaitsBoundedForAVfioHolderAndThenNamesIt) {
+  SimHost h;
+  auto r = h.reconciler();
+  r->converge(SimHost::config(kThreeVfs));
+  std::string holder = "pid 4242 (qemu-system-x86) fd 23";
+  unsigned asked = 0;
+  h.control.set_release_check(
+      [&](const PciAddress& dev) {
+        ++asked;
+        return dev == kVf0 ? holder : std::string();
+      },
+      std::chrono::milliseconds(200));
+  try {
+    r->release_all();
+    FAIL() << "a held VF was unbound";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unbinding 0000:3b:02.0 from vfio-pci: its VFIO device is still held by "
+                                    "pid 4242 (qemu-system-x86) fd 23 after 200 ms"));
+  }
+  EXPECT_GT(asked, 2U) << "it did not wait for the holder";
+  EXPECT_EQ(h.control.driver(kVf0), "vfio-pci") << "the held VF left vfio-pci";
+  holder.clear();  // the VMM exits
+  r->release_all();
+  EXPECT_NE(h.control.driver(kVf0), "vfio-pci");
+}
+
+}  // namespace
+}  // namespace sriovd::host

@@ -108,6 +108,13 @@ class Daemon {
     std::string not_served;  // why, when it is not served
   };
   std::vector<VfExport> vf_exports_;
+  // Pids given a VF's device fd (bar_access: mmap), by VF address, kept
+  // past the export: such a VMM may hold the VF after it disconnects, and
+  // the host layer asks before it unbinds (release_holders).
+  std::map<std::string, std::vector<pid_t>> fd_given_;
+  void forget_export(const VfExport& e);
+  std::string release_holders(const PciAddress& vf);
+  control::json held_vfs_json() const;
   struct WantedExport {
     PciAddress pf;
     unsigned index;

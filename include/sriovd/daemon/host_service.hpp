@@ -47,6 +47,8 @@ class HostService {
   // ids and MSI-X vector count.
   std::unique_ptr<vfio::Device> open_vf(const config::Config& cfg, const config::PfRef& pf, unsigned index);
   [[nodiscard]] host::SimulatedKernel* simulated() { return sim_.get(); }
+  // See HostControl::set_release_check.
+  void set_release_check(host::HostControl::ReleaseCheck check) { control_->set_release_check(std::move(check)); }
   [[nodiscard]] const std::vector<std::string>& recovered() const { return recovered_; }
 
  private:

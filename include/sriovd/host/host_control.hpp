@@ -4,6 +4,7 @@
 // driver bound is an error here, not a surprise later.
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,16 @@ class HostControl {
 
   SysfsIo& sysfs() { return sysfs_; }
 
+  // Asked before a device is unbound from vfio-pci: who still holds its
+  // VFIO device ("" - nobody). The unbind would wait in the kernel for that
+  // holder, so it waits here instead, at most `wait`, and then fails
+  // naming the holder (the device stays on vfio-pci, out of use).
+  using ReleaseCheck = std::function<std::string(const PciAddress& device)>;
+  void set_release_check(ReleaseCheck check, std::chrono::milliseconds wait = std::chrono::seconds(3)) {
+    release_check_ = std::move(check);
+    release_wait_ = wait;
+  }
+
  private:
   PciAddress target(const Key& key);
   std::string dev_path(const PciAddress& dev, const std::string& attr) const;
@@ -56,8 +67,11 @@ class HostControl {
   void set_numvfs(const PciAddress& pf, const json& value);
   void wait_for_vfs(const PciAddress& pf, unsigned n);
 
+  void wait_until_released(const PciAddress& dev);
   SysfsIo& sysfs_;
   VfLinkControl& vf_link_;
+  ReleaseCheck release_check_;
+  std::chrono::milliseconds release_wait_{3000};
   std::chrono::milliseconds vf_timeout_;
 };
 

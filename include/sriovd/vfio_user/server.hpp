@@ -55,6 +55,10 @@ class Server {
   [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const ServerStats& stats() const { return stats_; }
   [[nodiscard]] const std::vector<DmaWindow>& dma_windows() const { return windows_; }
+  // The clients (pids) this server handed a region's fd to - with
+  // bar_access: mmap, the VF's own device fd, which such a client may keep
+  // after it disconnects (vfio/holders.hpp).
+  [[nodiscard]] const std::vector<pid_t>& fd_recipients() const { return fd_recipients_; }
 
   // Server-to-client DMA (VFIO_USER_DMA_READ/WRITE) for memory the client
   // shared without an fd. Control thread only; waits for the reply and
@@ -120,6 +124,8 @@ class Server {
     }
   };
   std::vector<Mapping> mappings_;  // parallel to windows_
+  std::vector<pid_t> fd_recipients_;
+  pid_t client_pid_ = 0;
   std::vector<Mapping> held_;      // windows a device could not let go (never unmapped)
   uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
   [[nodiscard]] bool memory_faulted() const;
