@@ -107,8 +107,8 @@ struct QueueStats {
   std::atomic<uint64_t> dropped{0};   // no room, truncated, or a tap error
   std::atomic<uint64_t> kicks{0};
   std::atomic<uint64_t> notifies{0};
-  std::atomic<uint64_t> resubmitted{0};
-  std::atomic<uint64_t> sw_offload{0};  // RX packets segmented or checksummed in software for the driver  // buffers a previous back-end left in flight, handed out again
+  std::atomic<uint64_t> resubmitted{0};  // buffers a previous back-end left in flight, handed out again
+  std::atomic<uint64_t> sw_offload{0};   // RX packets segmented or checksummed in software for the driver
 };
 
 class NetDevice {
