@@ -3,6 +3,7 @@
 #include <linux/vfio.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -28,16 +29,19 @@ T load(const std::vector<uint8_t>& p, size_t at = 0) {
 
 }  // namespace
 
-Client::Client(const std::string& socket_path, nlohmann::json capabilities) {
+Client::Client(const std::string& socket_path, nlohmann::json capabilities, Dialect dialect) : dialect_(dialect) {
   sock_ = connect_unix(socket_path, "vfio-user socket");
   if (capabilities.is_null())
     capabilities = {{"capabilities", {{"max_msg_fds", kMaxMsgFds}, {"max_data_xfer_size", kMaxDataXfer}}}};
-  const std::string text = capabilities.dump();
   std::vector<uint8_t> payload(4);
+  const uint16_t minor = dialect_.version_json ? kMinor : 1;
   std::memcpy(payload.data(), &kMajor, 2);
-  std::memcpy(payload.data() + 2, &kMinor, 2);
-  payload.insert(payload.end(), text.begin(), text.end());
-  payload.push_back(0);
+  std::memcpy(payload.data() + 2, &minor, 2);
+  if (dialect_.version_json) {
+    const std::string text = capabilities.dump();
+    payload.insert(payload.end(), text.begin(), text.end());
+    payload.push_back(0);
+  }
   Reply r = call(kVersion, payload);
   if (r.payload.size() < 4) throw Error(EPROTO, "VERSION reply of " + std::to_string(r.payload.size()) + " bytes");
   std::memcpy(&minor_, r.payload.data() + 2, 2);
@@ -98,7 +102,7 @@ void Client::serve_dma(const Reply& m) {
 }
 
 Client::Reply Client::request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds, uint32_t flags) {
-  const uint16_t id = next_id_++;
+  const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
   send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0}, payload, fds);
   if (flags & kNoReply) return {};
   for (;;) {
@@ -128,8 +132,13 @@ DeviceInfo Client::device_info() {
 }
 
 Client::Region Client::region(uint32_t index) {
-  RegionInfo q{4096, 0, index, 0, 0, 0};
-  Reply r = call(kDeviceGetRegionInfo, bytes_of(q));
+  // The fixed struct with room for the capabilities; a dialect may send its
+  // whole reply buffer as the payload.
+  const uint32_t argsz = dialect_.region_info_argsz ? dialect_.region_info_argsz : 4064;
+  RegionInfo q{argsz, 0, index, 0, 0, 0};
+  std::vector<uint8_t> payload(dialect_.region_info_argsz ? argsz : sizeof q);
+  std::memcpy(payload.data(), &q, sizeof q);
+  Reply r = call(kDeviceGetRegionInfo, payload);
   Region out;
   out.info = load<RegionInfo>(r.payload);
   if (!r.fds.empty()) out.fd = std::move(r.fds[0]);
@@ -221,6 +230,7 @@ void Client::dma_map(uint64_t iova, uint64_t size, int fd, uint64_t offset, bool
   DmaMap d{sizeof(DmaMap), kDmaFlagRead | (writable ? kDmaFlagWrite : 0U), offset, iova, size};
   const int fds[1] = {fd};
   call(kDmaMap, bytes_of(d), fd >= 0 ? std::span<const int>(fds) : std::span<const int>{});
+  if (fd >= 0 && dialect_.fd_with_unmap) mapped_.push_back({iova, size, UniqueFd(::dup(fd))});
 }
 
 void Client::dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool writable) {
@@ -230,7 +240,11 @@ void Client::dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool wr
 
 void Client::dma_unmap(uint64_t iova, uint64_t size) {
   DmaUnmap d{sizeof(DmaUnmap), 0, iova, size};
-  call(kDmaUnmap, bytes_of(d));
+  int fd[1] = {-1};
+  for (const Mapped& m : mapped_)
+    if (m.iova == iova && m.size == size) fd[0] = m.fd.get();
+  call(kDmaUnmap, bytes_of(d), fd[0] >= 0 ? std::span<const int>(fd) : std::span<const int>{});
+  std::erase_if(mapped_, [&](const Mapped& m) { return m.iova == iova && m.size == size; });
   std::erase_if(local_, [&](const Local& l) { return l.iova == iova && l.size == size; });
 }
 

@@ -619,6 +619,47 @@ TEST_F(VfProxyMapped, AForeignClientsBigArgszAndUnmapFdAreServed) {
   EXPECT_EQ(sim->dma_windows(), 0U);
 }
 
+// Issue 12, item 4, end to end with the project's client in the foreign
+// dialect: VERSION 0.1 with no JSON (the spec's defaults apply), id 0 on
+// every message, GET_REGION_INFO with its whole buffer, its own virtual
+// addresses as IOVAs, the fd back with DMA_UNMAP, and never SET_IRQS or
+// DEVICE_RESET (it polls). The device works for it - config space, BARs,
+// DMA into its memory - and the next client finds the export clean.
+TEST_F(VfProxyMapped, AForeignClientThatPollsGetsAWorkingDevice) {
+  constexpr size_t kWindow = 2 << 20;
+  UniqueFd mem(::memfd_create("foreign-guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), kWindow), 0);
+  auto* va = static_cast<uint8_t*>(::mmap(nullptr, kWindow, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0));
+  ASSERT_NE(va, MAP_FAILED);
+  const auto iova = reinterpret_cast<uint64_t>(va);  // VA as IOVA: around 2^45..2^47
+  {
+    Client c(socket, Dialect::foreign());
+    EXPECT_EQ(c.minor(), 1U) << "the server answers the version asked for";
+    EXPECT_TRUE(c.server_capabilities().is_object()) << "and says what it can (the client may ignore it)";
+    EXPECT_EQ(c.device_info().num_regions, 9U);
+    EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
+    const Client::Region bar0 = c.region(0);
+    EXPECT_GT(bar0.info.size, 0U);
+    EXPECT_TRUE(bar0.fd.valid()) << "bar_access: mmap hands out the BAR's fd";
+    EXPECT_FALSE(bar0.sparse.empty());
+    c.dma_map(iova, kWindow, mem.get(), 0);
+    const uint8_t frame[] = {0xde, 0xad, 0xbe, 0xef};
+    sim->dma_write(iova + 0x800, frame, sizeof frame);  // the VF writes a completion into its memory
+    EXPECT_EQ(std::memcmp(va + 0x800, frame, sizeof frame), 0) << "DMA did not reach the client's memory";
+    sim->trigger(vfio::kMsixIrq, 0);  // an interrupt nobody asked for: nothing breaks, nothing is sent
+    EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
+    c.dma_unmap(iova, kWindow);  // with the fd
+    EXPECT_EQ(sim->dma_windows(), 0U);
+    c.dma_map(iova, kWindow, mem.get(), 0);  // and leaves without unmapping or a reset
+  }
+  ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
+  EXPECT_EQ(sim->dma_windows(), 0U) << "the window outlived the client that mapped it";
+  Client next(socket);
+  EXPECT_EQ(next.device_info().num_regions, 9U);
+  EXPECT_EQ(exported->server->stats().protocol_errors, 0U) << exported->server->stats().last_error;
+  ::munmap(va, kWindow);
+}
+
 // LimitMEMLOCK=infinity lets the kernel pin whatever the VMM maps for DMA,
 // charged to the daemon: each export bounds it (assign.max_dma_mib).
 TEST_F(VfProxyTest, DmaWindowsArePinnedOnlyUpToTheExportsLimit) {

@@ -17,10 +17,25 @@
 
 namespace sriovd::vfio_user {
 
+// How a client speaks the protocol. The default is this project's own
+// client; foreign() is an independent client that sriovd must serve
+// unmodified (a storage toolkit's NVMe driver, tried against sriovd):
+// everything it does is allowed by the spec, and none of it is what QEMU
+// does. The server tests run with both.
+struct Dialect {
+  bool version_json = true;       // VERSION carries the capabilities JSON (false: version 0.1, 4 bytes)
+  bool id_zero = false;           // every message has id 0
+  uint32_t region_info_argsz = 0; // GET_REGION_INFO's argsz and payload size (0: the fixed struct + 4064 argsz)
+  bool fd_with_unmap = false;     // DMA_UNMAP carries the window's fd back
+  static Dialect own() { return {}; }
+  static Dialect foreign() { return {false, true, 4064, true}; }
+};
+
 class Client {
  public:
   // Connects and negotiates VERSION (throws Error if the server refuses).
-  explicit Client(const std::string& socket_path, nlohmann::json capabilities = nullptr);
+  explicit Client(const std::string& socket_path, nlohmann::json capabilities = nullptr, Dialect dialect = {});
+  Client(const std::string& socket_path, Dialect dialect) : Client(socket_path, nullptr, dialect) {}
 
   struct Reply {
     Header hdr;
@@ -76,6 +91,13 @@ class Client {
   void serve_dma(const Reply& m);
 
   UniqueFd sock_;
+  Dialect dialect_;
+  struct Mapped {
+    uint64_t iova;
+    uint64_t size;
+    UniqueFd fd;  // kept for a dialect that sends it back with DMA_UNMAP
+  };
+  std::vector<Mapped> mapped_;
   uint16_t next_id_ = 1;
   uint16_t minor_ = 0;
   nlohmann::json server_caps_;
