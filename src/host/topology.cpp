@@ -22,7 +22,7 @@ namespace {
 thread_local std::jmp_buf* g_jump = nullptr;
 thread_local char g_error[512];
 
-[[noreturn]] void on_error(char* msg, ...) {
+__attribute__((noreturn)) void on_error(char* msg, ...) {
   va_list args;
   va_start(args, msg);
   std::vsnprintf(g_error, sizeof g_error, msg, args);
