@@ -428,9 +428,10 @@ std::string Daemon::release_holders(const PciAddress& vf) {
 
 control::json Daemon::held_vfs_json() const {
   json out = json::array();
-  for (const auto& [vf, pids] : fd_given_) {
+  for (const auto& given : fd_given_) {
+    const std::string& vf = given.first;
     if (std::any_of(vf_exports_.begin(), vf_exports_.end(), [&](const VfExport& e) { return e.vf == vf; })) continue;
-    const auto holders = vfio::device_holders(vf, pids);
+    const auto holders = vfio::device_holders(vf, given.second);
     if (!holders.empty()) out.push_back({{"vf", vf}, {"held_by", vfio::describe(holders)}});
   }
   return out;
