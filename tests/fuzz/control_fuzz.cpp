@@ -92,7 +92,8 @@ std::vector<std::string> converse(const std::string& bytes, std::chrono::millise
       const ssize_t n = ::send(fd.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) sent += static_cast<size_t>(n);
       if (n < 0 && errno != EAGAIN) sent = bytes.size();  // the daemon closed (a line over the limit)
-    } else if (!half_closed) {
+    }
+    if (sent == bytes.size() && !half_closed) {
       ::shutdown(fd.get(), SHUT_WR);
       half_closed = true;
     }
