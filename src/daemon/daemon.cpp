@@ -568,8 +568,7 @@ void Daemon::start_virtio() {
         nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
-        nc.tap_offloads = (o.csum ? 0x01U : 0U) | (o.tso4 ? 0x02U : 0U) | (o.tso6 ? 0x04U : 0U) |
-                          (o.tso_ecn ? 0x08U : 0U) | (o.ufo ? 0x10U : 0U);
+        nc.tap_offloads = virtio::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
         std::unique_ptr<virtio::PacketPort> port;
         if (dev.backend_kind == config::BackendKind::tap) {
           port = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
@@ -583,7 +582,7 @@ void Daemon::start_virtio() {
           if (dev.vf.via == config::VfAttach::macvtap) {
             // A macvtap is a tap: the kernel segments and checksums what
             // the driver cannot take (TUNSETOFFLOAD follows its features).
-            nc.tap_offloads = 0x01U | 0x02U | 0x04U;  // TUN_F_CSUM, TSO4, TSO6
+            nc.tap_offloads = virtio::tun_offload_flags(true, true, true, false, false);
             port = std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
           } else {
             const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3

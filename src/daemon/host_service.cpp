@@ -176,7 +176,7 @@ json HostService::devices_json(const config::Config& cfg) {
       vf["driver"] = vf_info->driver;
       vf["iommu_group"] = vf_info->iommu_group;
       vf["netdevs"] = vf_info->netdevs;
-      if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->table_size;
+      if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->vectors;
       std::string state;
       if (released_.count({info->address, i}))
         state = "released";

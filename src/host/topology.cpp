@@ -37,7 +37,7 @@ struct RawDevice {
   unsigned vendor, device, class_code;
   int numa_node;
   int has_msix;
-  unsigned msix_control, msix_table, msix_pba;
+  unsigned msix_cap, msix_control, msix_table, msix_pba;
   int has_sriov;
   unsigned total_vfs, num_vfs;
   char driver[64];
@@ -78,6 +78,7 @@ int scan_raw(const char* bus_path, RawDevice* out, int max) {
     r.numa_node = d->numa_node;
     if (pci_cap* cap = pci_find_cap(d, PCI_CAP_ID_MSIX, PCI_CAP_NORMAL)) {
       r.has_msix = 1;
+      r.msix_cap = cap->addr;
       r.msix_control = pci_read_word(d, cap->addr + 2);  // Message Control
       r.msix_table = pci_read_long(d, cap->addr + PCI_MSIX_TABLE);
       r.msix_pba = pci_read_long(d, cap->addr + PCI_MSIX_PBA);
@@ -118,9 +119,10 @@ std::vector<PciDeviceInfo> scan_pci(const std::string& sysfs_root) {
     info.iommu_group = r.iommu_group;
     info.numa_node = r.numa_node;
     if (r.has_msix) {
-      info.msix = MsixInfo{static_cast<uint16_t>((r.msix_control & PCI_MSIX_TABSIZE) + 1),
-                           static_cast<uint8_t>(r.msix_table & PCI_MSIX_BIR), r.msix_table & ~PCI_MSIX_BIR,
-                           static_cast<uint8_t>(r.msix_pba & PCI_MSIX_BIR), r.msix_pba & ~PCI_MSIX_BIR};
+      info.msix = pci::MsixLayout{static_cast<uint16_t>(r.msix_cap),
+                                  static_cast<uint16_t>((r.msix_control & PCI_MSIX_TABSIZE) + 1),
+                                  static_cast<uint8_t>(r.msix_table & PCI_MSIX_BIR), r.msix_table & ~PCI_MSIX_BIR,
+                                  static_cast<uint8_t>(r.msix_pba & PCI_MSIX_BIR), r.msix_pba & ~PCI_MSIX_BIR};
     }
     info.sriov = r.has_sriov != 0;
     info.total_vfs = static_cast<uint16_t>(r.total_vfs);

@@ -2,7 +2,7 @@
 
 namespace sriovd::host {
 
-using control::json;
+using json = nlohmann::json;
 
 VfSettings VfSettings::only(const VfSettings& mask) const {
   VfSettings out;

@@ -93,11 +93,17 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
   virtio_cap(c, kCapDevice, kCapPciCfg, 16, kDeviceCfg, 0, kDeviceOffset, kDeviceSize);
   virtio_cap(c, kCapPciCfg, 0, 20, kPciCfg, 0, 0, 0);
   msix_ = std::make_unique<msix::MsixState>(static_cast<uint16_t>(routes_.size()), vectors_);
+  config_ = make_config();
+  virtio_reset();
+}
+
+// The guest's config space: BAR0 (the virtio structures) and BAR1 (MSI-X),
+// both 64-bit-less memory BARs of fixed size, nothing placed yet.
+std::unique_ptr<pci::VirtualConfig> VirtioNetPci::make_config() {
   std::array<pci::BarInfo, 6> bars{};
   bars[0].size = kBar0Size;
   bars[1].size = kBar1Size;
-  config_ = std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
-  virtio_reset();
+  return std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
 }
 
 VirtioNetPci::~VirtioNetPci() {
@@ -449,10 +455,7 @@ void VirtioNetPci::client_gone() {
   }
   disable_irqs(vfio::kMsixIrq);
   msix_->reset();
-  std::array<pci::BarInfo, 6> bars{};
-  bars[0].size = kBar0Size;
-  bars[1].size = kBar1Size;
-  config_ = std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
+  config_ = make_config();  // BARs unplaced again, as a new client expects
   cfg_bar_ = 0;
   cfg_offset_ = cfg_length_ = 0;
 }

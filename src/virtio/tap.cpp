@@ -18,6 +18,11 @@
 
 namespace sriovd::virtio {
 
+unsigned tun_offload_flags(bool csum, bool tso4, bool tso6, bool tso_ecn, bool ufo) {
+  return (csum ? TUN_F_CSUM : 0U) | (tso4 ? TUN_F_TSO4 : 0U) | (tso6 ? TUN_F_TSO6 : 0U) |
+         (tso_ecn ? TUN_F_TSO_ECN : 0U) | (ufo ? TUN_F_UFO : 0U);
+}
+
 namespace {
 
 void move_to_netns(const std::string& ifname, const std::string& netns);

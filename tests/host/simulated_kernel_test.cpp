@@ -117,7 +117,7 @@ TEST(Topology, LibpciReadsTheSimulatedTree) {
   EXPECT_EQ(vf1.vf_index, 1);
   EXPECT_GE(vf1.iommu_group, 0);
   ASSERT_TRUE(vf1.msix);
-  EXPECT_EQ(vf1.msix->table_size, 4);
+  EXPECT_EQ(vf1.msix->vectors, 4);
   EXPECT_EQ(vf1.msix->table_bir, 3);
   EXPECT_EQ(vf1.msix->pba_offset, 0x2000U);
 }

@@ -25,10 +25,10 @@ int main(int argc, char** argv) {
     host::HostControl control(sysfs, netlink);
     if (cmd == "scan") {
       for (const auto& d : host::scan_pci("/sys")) {
-        control::json j = {{"address", d.address.to_string()}, {"driver", d.driver},
+        nlohmann::json j = {{"address", d.address.to_string()}, {"driver", d.driver},
                            {"iommu_group", d.iommu_group}, {"sriov", d.sriov},
                            {"total_vfs", d.total_vfs}, {"num_vfs", d.num_vfs}, {"vf_index", d.vf_index}};
-        if (d.msix) j["msix_vectors"] = d.msix->table_size;
+        if (d.msix) j["msix_vectors"] = d.msix->vectors;
         std::printf("%s\n", j.dump().c_str());
       }
       return 0;

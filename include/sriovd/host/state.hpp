@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "sriovd/control/protocol.hpp"
+#include <nlohmann/json.hpp>
 #include "sriovd/util/pci_address.hpp"
 
 namespace sriovd::host {
 
-using control::json;
+using json = nlohmann::json;
 
 enum class KeyKind {
   autoprobe,    // PF sriov_drivers_autoprobe: bool

@@ -5,18 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/pci_address.hpp"
 
 namespace sriovd::host {
-
-// The MSI-X capability as a device reports it (PCI Local Bus 3.0 §6.8.2).
-struct MsixInfo {
-  uint16_t table_size = 0;  // vectors
-  uint8_t table_bir = 0;
-  uint32_t table_offset = 0;
-  uint8_t pba_bir = 0;
-  uint32_t pba_offset = 0;
-};
 
 struct PciDeviceInfo {
   PciAddress address;
@@ -27,7 +19,7 @@ struct PciDeviceInfo {
   int iommu_group = -1;
   int numa_node = -1;
   std::vector<std::string> netdevs;
-  std::optional<MsixInfo> msix;
+  std::optional<pci::MsixLayout> msix;  // the MSI-X capability as the device reports it
   bool sriov = false;  // has the SR-IOV extended capability
   uint16_t total_vfs = 0;
   uint16_t num_vfs = 0;

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "sriovd/control/protocol.hpp"
+#include <nlohmann/json.hpp>
 #include "sriovd/util/pci_address.hpp"
 
 namespace sriovd::host {
@@ -26,8 +26,8 @@ struct VfSettings {
   // The fields set in `mask`, taken from this.
   [[nodiscard]] VfSettings only(const VfSettings& mask) const;
 
-  [[nodiscard]] control::json to_json() const;
-  static VfSettings from_json(const control::json& j);
+  [[nodiscard]] nlohmann::json to_json() const;
+  static VfSettings from_json(const nlohmann::json& j);
 };
 
 // Reads and changes VF settings through a PF's netdev.

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "sriovd/irq/source_binder.hpp"
 #include "sriovd/util/fd.hpp"
 
 namespace sriovd::irq {
@@ -48,15 +49,6 @@ enum class Policy : uint8_t { direct, relay, adaptive };
 
 const char* to_string(Mode);
 const char* to_string(Policy);
-
-// Points a device's vector at an eventfd: VFIO_DEVICE_SET_IRQS with one
-// eventfd, or the simulated VF's equivalent. Called on the control plane
-// and on mode switches, never per interrupt.
-class SourceBinder {
- public:
-  virtual ~SourceBinder() = default;
-  virtual void bind(unsigned vector, int eventfd) = 0;
-};
 
 struct RouteSpec {
   std::string device;             // for listings: "0000:3b:02.0" or a virtio device name

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "sriovd/irq/engine.hpp"
+#include "sriovd/irq/source_binder.hpp"
 
 namespace sriovd::vfio {
 

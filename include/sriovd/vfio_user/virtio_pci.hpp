@@ -85,6 +85,7 @@ class VirtioNetPci : public ExportedDevice {
   void start_device();
   void virtio_reset();
   void rebuild_memory();
+  std::unique_ptr<pci::VirtualConfig> make_config();
   void stop_device();
   void access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
 

@@ -8,6 +8,10 @@
 
 namespace sriovd::virtio {
 
+// The TUNSETOFFLOAD flags (TUN_F_*) for what a tap may hand the device:
+// checksum offload, TSO over IPv4 and IPv6, TSO with ECN, UFO.
+unsigned tun_offload_flags(bool csum, bool tso4, bool tso6, bool tso_ecn, bool ufo);
+
 // A tap device carrying virtio-net headers (IFF_VNET_HDR, 12-byte header):
 // what the guest puts in front of a packet goes to the kernel as it is, and
 // the kernel's checksum/GSO metadata comes back the same way.
