@@ -205,5 +205,167 @@ TEST_F(VfioUserOnVfio, DirectBindHandsTheClientFdToVfio) {
   EXPECT_EQ(engine.mode(r), irq::Mode::direct);
 }
 
+// Issue 12: the device end to end for a client that is not QEMU. The PF is
+// a real (QEMU-emulated) NVMe controller; a client in the foreign dialect
+// (VERSION without JSON, id 0, whole-buffer argsz, VA-as-IOVA, the fd back
+// with DMA_UNMAP) maps BAR0 through the passed fd, puts the admin queues in
+// a DMA window of its memory, enables the controller and runs Identify
+// Controller - first polling the completion queue (it never set up
+// interrupts), then with vector 0 given an eventfd, so that the admin
+// completion's MSI-X interrupt goes kernel -> sriovd's routing engine (or
+// straight to the eventfd, direct) -> the client, under each policy.
+class NvmeThroughTheExport : public VfioUserOnVfio, public ::testing::WithParamInterface<irq::Policy> {};
+
+struct Nvme {
+  Client& c;
+  volatile uint8_t* regs = nullptr;  // BAR0 through the passed fd, when a sparse area covers it
+  size_t mapped = 0;
+  uint32_t dstrd = 0;
+  uint32_t read32(uint32_t off) {
+    if (regs && off + 4 <= mapped) return *reinterpret_cast<volatile uint32_t*>(regs + off);
+    return c.read32(0, off);
+  }
+  void write32(uint32_t off, uint32_t v) {
+    if (regs && off + 4 <= mapped) {
+      *reinterpret_cast<volatile uint32_t*>(regs + off) = v;
+      return;
+    }
+    c.write32(0, off, v);
+  }
+  uint64_t read64(uint32_t off) { return read32(off) | (static_cast<uint64_t>(read32(off + 4)) << 32U); }
+  void write64(uint32_t off, uint64_t v) {
+    write32(off, static_cast<uint32_t>(v));
+    write32(off + 4, static_cast<uint32_t>(v >> 32U));
+  }
+  bool wait_ready(bool ready) {
+    const auto cap = read64(0x00);
+    const auto limit = std::chrono::milliseconds(500 * std::max<uint64_t>(1, (cap >> 24U) & 0xffU));
+    return test::wait_until([&] { return ((read32(0x1c) & 1U) != 0) == ready; }, limit + 5s);
+  }
+};
+
+constexpr size_t kNvmeMem = 64 << 10;  // SQ at 0, CQ at 4 KiB, Identify data at 8 KiB
+
+TEST_P(NvmeThroughTheExport, AForeignClientRunsIdentifyAndGetsTheCompletionInterrupt) {
+  start(GetParam());
+  client.reset();  // one client at a time: the foreign one takes over
+  ASSERT_TRUE(test::wait_until([&] { return !server->connected(); }, 5s));
+  Client c(socket, Dialect::foreign());
+  ASSERT_EQ(c.device_info().num_regions, 9U);
+  const uint16_t vendor = static_cast<uint16_t>(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0));
+
+  // BAR0 through the passed fd: the sparse area at offset 0 holds the
+  // registers and doorbells (the MSI-X pages are not in it).
+  Client::Region bar0 = c.region(0);
+  ASSERT_TRUE(bar0.fd.valid()) << "bar_access: mmap passes the device fd";
+  Nvme nvme{c};
+  void* map = MAP_FAILED;
+  for (const SparseArea& a : bar0.sparse) {
+    if (a.offset != 0) continue;
+    map = ::mmap(nullptr, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, bar0.fd.get(),
+                 static_cast<off_t>(bar0.info.offset + a.offset));
+    if (map != MAP_FAILED) {
+      nvme.regs = static_cast<volatile uint8_t*>(map);
+      nvme.mapped = a.size;
+    }
+  }
+  EXPECT_NE(map, MAP_FAILED) << "the register page is not mapped through the fd";
+  const uint64_t cap = nvme.read64(0x00);
+  nvme.dstrd = static_cast<uint32_t>((cap >> 32U) & 0xfU);
+  ASSERT_NE(cap, ~0ULL);
+
+  // Its own memory, at its own virtual address as IOVA.
+  UniqueFd mem(::memfd_create("nvme-admin", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), kNvmeMem), 0);
+  auto* host = static_cast<uint8_t*>(::mmap(nullptr, kNvmeMem, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0));
+  ASSERT_NE(host, MAP_FAILED);
+  std::memset(host, 0, kNvmeMem);
+  const auto iova = reinterpret_cast<uint64_t>(host);
+  c.dma_map(iova, kNvmeMem, mem.get(), 0);
+
+  // Controller reset, admin queues of 16, enable (4 KiB pages, 64/16-byte entries).
+  nvme.write32(0x14, 0);
+  ASSERT_TRUE(nvme.wait_ready(false));
+  nvme.write32(0x24, (15U << 16U) | 15U);
+  nvme.write64(0x28, iova);
+  nvme.write64(0x30, iova + 0x1000);
+  nvme.write32(0x14, (4U << 20U) | (6U << 16U) | 1U);
+  ASSERT_TRUE(nvme.wait_ready(true)) << "the controller did not become ready";
+
+  uint16_t tail = 0, head = 0;
+  uint32_t phase = 1;
+  auto identify = [&](uint16_t cid) {
+    std::memset(host + 0x2000, 0, 4096);
+    auto* sqe = reinterpret_cast<uint32_t*>(host + 64U * tail);
+    std::memset(sqe, 0, 64);
+    sqe[0] = 0x06U | (static_cast<uint32_t>(cid) << 16U);  // Identify
+    const uint64_t prp1 = iova + 0x2000;
+    std::memcpy(&sqe[6], &prp1, 8);
+    sqe[10] = 1;  // CNS 1: the controller
+    tail = static_cast<uint16_t>((tail + 1) % 16);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    nvme.write32(0x1000, tail);  // SQ 0 tail doorbell
+  };
+  auto completion = [&](uint16_t cid) {
+    auto* cqe = reinterpret_cast<volatile uint32_t*>(host + 0x1000 + 16U * head);
+    const bool came = test::wait_until([&] { return ((cqe[3] >> 16U) & 1U) == phase; }, 10s);
+    if (!came) return false;
+    const uint32_t dw3 = cqe[3];
+    EXPECT_EQ(dw3 & 0xffffU, cid);
+    EXPECT_EQ(dw3 >> 17U, 0U) << "Identify completed with an error status";
+    head = static_cast<uint16_t>((head + 1) % 16);
+    if (head == 0) phase ^= 1U;
+    nvme.write32(0x1000 + (4U << nvme.dstrd), head);  // CQ 0 head doorbell
+    return true;
+  };
+  auto check_identify = [&] {
+    uint16_t vid;
+    std::memcpy(&vid, host + 0x2000, 2);
+    EXPECT_EQ(vid, vendor) << "Identify Controller's VID is the PCI vendor";
+    const std::string serial(reinterpret_cast<const char*>(host + 0x2000 + 4), 20);
+    EXPECT_EQ(serial.substr(0, 7), "sriovd0") << "the serial the VM harness gave the controller";
+  };
+
+  // 1. Polling, no interrupts set up.
+  identify(1);
+  ASSERT_TRUE(completion(1)) << "no completion for Identify (polled)";
+  check_identify();
+
+  // 2. Vector 0 (the admin completion queue's) to an eventfd.
+  UniqueFd efd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  const uint64_t entry = layout.table_offset;
+  c.write32(layout.table_bir, entry, 0xfee00000);
+  c.write32(layout.table_bir, entry + 8, 0x40);
+  const int fds[1] = {efd.get()};
+  c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 0, fds);
+  const uint32_t dw0 = c.read32(VFIO_PCI_CONFIG_REGION_INDEX, layout.cap_offset);
+  c.write32(VFIO_PCI_CONFIG_REGION_INDEX, layout.cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
+  c.write32(layout.table_bir, entry + 12, 0);
+  const irq::RouteId r = *proxy->route(0);
+  const uint64_t delivered_before = engine.stats(r).delivered;
+  identify(2);
+  EXPECT_GE(take(efd.get(), 10s), 1U) << "the admin completion's interrupt did not reach the client's eventfd ("
+                                      << irq::to_string(GetParam()) << ")";
+  ASSERT_TRUE(completion(2));
+  check_identify();
+  if (GetParam() == irq::Policy::relay) {
+    EXPECT_TRUE(test::wait_until([&] { return engine.stats(r).delivered > delivered_before; }, 2s))
+        << "the relay did not carry the interrupt";
+  }
+  if (GetParam() == irq::Policy::direct) {
+    EXPECT_EQ(engine.mode(r), irq::Mode::direct);
+  }
+
+  nvme.write32(0x14, 0);  // controller off before its memory goes
+  EXPECT_TRUE(nvme.wait_ready(false));
+  c.dma_unmap(iova, kNvmeMem);  // with the fd, as that client does
+  if (map != MAP_FAILED) ::munmap(map, nvme.mapped);
+  ::munmap(host, kNvmeMem);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, NvmeThroughTheExport,
+                         ::testing::Values(irq::Policy::relay, irq::Policy::direct, irq::Policy::adaptive),
+                         [](const auto& p) { return std::string(irq::to_string(p.param)); });
+
 }  // namespace
 }  // namespace sriovd::vfio_user

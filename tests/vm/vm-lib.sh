@@ -21,6 +21,10 @@ VM_MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 d
   drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev
   drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci net/core/failover drivers/net/net_failover
   drivers/net/virtio_net"
+# The emulated IOMMU's address width: 48 bits, so that a client whose IOVAs
+# are its virtual addresses (around 2^46) can map them; QEMU 7.2 defaults to
+# 39 (VM_IOMMU_AW_BITS=39 to try that: DMA_MAP then refuses, naming the
+# container's range).
 # Extra QEMU arguments for a scenario (a vhost-user netdev, say).
 VM_QEMU_EXTRA=${VM_QEMU_EXTRA:-}
 
@@ -114,7 +118,7 @@ vm_run() {
   local rc=0
   timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
     -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 2 \
-    -device intel-iommu,intremap=on${VM_IOMMU_OPTS:-} \
+    -device intel-iommu,intremap=on,aw-bits=${VM_IOMMU_AW_BITS:-48}${VM_IOMMU_OPTS:-} \
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \
