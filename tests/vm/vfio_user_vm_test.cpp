@@ -322,8 +322,8 @@ TEST_P(NvmeThroughTheExport, AForeignClientRunsIdentifyAndGetsTheCompletionInter
     uint16_t vid;
     std::memcpy(&vid, host + 0x2000, 2);
     EXPECT_EQ(vid, vendor) << "Identify Controller's VID is the PCI vendor";
-    const std::string serial(reinterpret_cast<const char*>(host + 0x2000 + 4), 20);
-    EXPECT_EQ(serial.substr(0, 7), "sriovd0") << "the serial the VM harness gave the controller";
+    const std::string model(reinterpret_cast<const char*>(host + 0x2000 + 24), 40);
+    EXPECT_EQ(model.substr(0, 9), "QEMU NVMe") << "Identify Controller's model number: " << model;
   };
 
   // 1. Polling, no interrupts set up.
