@@ -34,6 +34,6 @@ if vm_host_probe bind "$VF" vfio-pci >/dev/null 2>/tmp/bind.err; then echo "VMTE
 SRIOVD_VM_DEVICE=$VF vm_vfio_user_test --gtest_filter='Policies/NvmeThroughTheExport.*' >/tmp/gtest-nvme.log 2>&1
 cat /tmp/gtest-nvme.log
 grep '^\[       OK \]' /tmp/gtest-nvme.log | sed 's/^\[       OK \] \([^ ]*\).*/VMTEST PASS \1/'
-grep '^\[  FAILED  \] [A-Za-z/]*\.[A-Za-z/]* (' /tmp/gtest-nvme.log | sed 's/^\[  FAILED  \] \([^ ]*\).*/VMTEST FAIL \1/'
-grep -q '^\[  PASSED  \]' /tmp/gtest-nvme.log || echo "VMTEST FAIL nvme-vf-gtest-did-not-pass"
+grep '^\[  FAILED  \] .* ([0-9]* ms)$' /tmp/gtest-nvme.log | sed 's/^\[  FAILED  \] \([^ ,]*\).*/VMTEST FAIL \1/'
+{ grep -q '^\[  PASSED  \]' /tmp/gtest-nvme.log && ! grep -q 'FAILED TEST' /tmp/gtest-nvme.log; } || echo "VMTEST FAIL nvme-vf-gtest-did-not-pass"
 echo 0 >"/sys/bus/pci/devices/$PF/sriov_numvfs"
