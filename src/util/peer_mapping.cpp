@@ -1,4 +1,5 @@
 #include "sriovd/util/peer_mapping.hpp"
+#include "sriovd/util/hex.hpp"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -114,14 +115,6 @@ void PeerMapping::release() {
 bool PeerMapping::faulted() const { return slot_ >= 0 && g_slots[slot_].faulted.load(std::memory_order_acquire); }
 
 uint64_t peer_mapping_faults() { return g_faults.load(std::memory_order_relaxed); }
-
-namespace {
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-}  // namespace
 
 std::string peer_memory_problem(int fd, uint64_t offset, uint64_t size) {
   if (size == 0) return "an empty range";

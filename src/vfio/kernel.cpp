@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/hex.hpp"
 
 namespace sriovd::vfio {
 
@@ -30,14 +31,6 @@ Container::Container() : fd_(::open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC)) {
   if (::ioctl(fd_.get(), VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU) != 1)
     throw std::runtime_error("VFIO container does not support the type1v2 IOMMU (vfio_iommu_type1 not loaded?)");
 }
-
-namespace {
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-}  // namespace
 
 void Container::set_iommu() {
   if (iommu_set_) return;

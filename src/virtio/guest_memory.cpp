@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/hex.hpp"
 
 namespace sriovd::virtio {
 
@@ -29,11 +30,6 @@ thread_local IovaCache t_iova;
 
 std::atomic<uint64_t> g_version{1};
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 }  // namespace
 
