@@ -1,0 +1,215 @@
+// The control API's views of the daemon: what `sriovctl status`, `devices`,
+// `routes` and `stats` show. Read-only; on the control thread.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon_internal.hpp"
+#include "sriovd/daemon/daemon.hpp"
+#include "sriovd/vfio/holders.hpp"
+#include "sriovd/version.hpp"
+#include "sriovd/virtio/macvtap.hpp"
+
+namespace sriovd::daemon {
+
+using control::json;
+
+namespace {
+
+// Per-queue counters of a virtio-net device, as sriovctl shows them.
+json queue_stats(const virtio::NetDevice& device) {
+  json queues = json::array();
+  for (unsigned q = 0; q < device.num_queues(); ++q) {
+    const auto& st = device.stats(q);
+    queues.push_back({{"queue", q}, {"packets", st.packets.load()}, {"bytes", st.bytes.load()},
+                      {"dropped", st.dropped.load()}, {"kicks", st.kicks.load()}, {"notifies", st.notifies.load()},
+                      {"sw_offload", st.sw_offload.load()}, {"resubmitted", st.resubmitted.load()}});
+  }
+  return queues;
+}
+
+}  // namespace
+
+json Daemon::status_json() const {
+  const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::steady_clock::now() - started_);
+  json events = json::array();
+  for (const auto& e : udev_events_)
+    events.push_back({{"action", e.action}, {"device", e.device}, {"pf", e.pf}, {"managed", e.managed}});
+  return {
+      {"version", kVersion},
+      {"pid", ::getpid()},
+      {"state", stopping_ ? "stopping" : "running"},
+      {"host", config::to_string(config_.host)},
+      {"config", options_.config_path},
+      {"control_socket", config_.control.socket},
+      {"log_level", spdlog::level::to_string_view(spdlog::get_level()).data()},
+      {"uptime_s", uptime.count()},
+      {"physical_functions", config_.physical_functions.size()},
+      {"vfs", count_vfs(config_)},
+      {"virtio_devices", config_.virtio_devices.size()},
+      {"watchdog_usec", notifier_.watchdog_interval() ? notifier_.watchdog_interval()->count() * 2 : 0},
+      {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}, {"last_error", reloads_.last_error}}},
+      {"udev_events", events},
+  };
+}
+
+json Daemon::devices_json() const {
+  json out = host_->devices_json(config_);
+  json virtio = json::array();
+  for (const auto& dev : config_.virtio_devices) {
+    json backend = {{"type", config::to_string(dev.backend_kind)}};
+    if (dev.backend_kind == config::BackendKind::tap) {
+      backend["name"] = dev.tap.name;
+      if (!dev.tap.netns.empty()) backend["netns"] = dev.tap.netns;
+    } else {
+      backend["pf"] = dev.vf.pf.to_string();
+      backend["vf"] = dev.vf.vf;
+      backend["via"] = config::to_string(dev.vf.via);
+    }
+    for (const auto& e : virtio_)
+      if (e.name == dev.name && e.device) {
+        const auto* macvtap = dynamic_cast<const virtio::Macvtap*>(&e.device->port());
+        backend["netdev"] = macvtap ? macvtap->lower() : e.device->port().name();
+        if (macvtap) backend["macvtap"] = macvtap->name();
+      }
+    json j = {{"name", dev.name},
+              {"transport", config::to_string(dev.transport)},
+              {"socket", dev.socket},
+              {"queue_pairs", dev.queue_pairs},
+              {"queue_size", dev.queue_size},
+              {"packed", config::to_string(dev.packed)},
+              {"backend", backend}};
+    for (const auto& e : virtio_) {
+      if (e.name != dev.name) continue;
+      if (!e.backend && !e.pci_server) {
+        j["state"] = "not served";
+        j["reason"] = e.not_served;
+        continue;
+      }
+      if (e.pci_server) {
+        const auto& st = e.pci_server->stats();
+        j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+        j["features"] = e.device->features();
+        j["needs_reset"] = e.device->broken();
+        j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
+                          {"protocol_errors", st.protocol_errors}, {"last_error", st.last_error}};
+        j["queues"] = queue_stats(*e.device);
+        continue;
+      }
+      j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected")
+                   : dev.socket_mode == config::SocketMode::client ? "connecting"
+                                                                  : "listening";
+      j["socket_mode"] = config::to_string(dev.socket_mode);
+      j["features"] = e.device->features();
+      j["needs_reset"] = e.device->broken();
+      j["queues"] = queue_stats(*e.device);
+      j["vhost_user"] = {{"connections", e.backend->stats().connections},
+                         {"messages", e.backend->stats().messages},
+                         {"protocol_errors", e.backend->stats().protocol_errors},
+                         {"last_error", e.backend->stats().last_error}};
+    }
+    virtio.push_back(std::move(j));
+  }
+  out["virtio_devices"] = virtio;
+  out["vfio_user_exports"] = vf_exports_json();
+  // VFs no export serves any more whose device fd a VMM still holds: they
+  // stay on vfio-pci, out of use, until it lets go.
+  out["held_vfs"] = held_vfs_json();
+  return out;
+}
+
+control::json Daemon::held_vfs_json() const {
+  json out = json::array();
+  for (const auto& given : fd_given_) {
+    const std::string& vf = given.first;
+    if (std::any_of(vf_exports_.begin(), vf_exports_.end(), [&](const VfExport& e) { return e.vf == vf; })) continue;
+    const auto holders = vfio::device_holders(vf, given.second);
+    if (!holders.empty()) out.push_back({{"vf", vf}, {"held_by", vfio::describe(holders)}});
+  }
+  return out;
+}
+
+json Daemon::vf_exports_json() const {
+  json out = json::array();
+  for (const auto& e : vf_exports_) {
+    json j = {{"pf", e.pf.to_string()}, {"vf_index", e.index}, {"vf", e.vf}, {"socket", e.socket},
+              {"msix_policy", irq::to_string(e.policy)}, {"bar_access", config::to_string(e.bar_access)}};
+    if (!e.server) {
+      j["state"] = "not served";
+      j["reason"] = e.not_served;
+    } else {
+      const auto& st = e.server->stats();
+      j["state"] = e.server->connected() ? "connected" : "listening";
+      j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
+                        {"protocol_errors", st.protocol_errors}, {"refused_peers", st.refused_peers},
+                        {"last_error", st.last_error}};
+      j["dma_windows"] = e.proxy->dma_windows();
+      if (!e.server->fd_recipients().empty())
+        j["device_fd_holders"] = vfio::describe(vfio::device_holders(e.vf, e.server->fd_recipients()));
+      const irq::RouteStats t = e.proxy->interrupt_totals();
+      j["interrupts"] = {{"fired", t.fired}, {"delivered", t.delivered}, {"masked_pending", t.masked_pending},
+                         {"replayed", t.replayed}, {"dropped", t.dropped}, {"masks", t.masks}, {"unmasks", t.unmasks},
+                         {"mode_switches", t.mode_switches}};
+      j["msix"] = {{"vectors", e.proxy->msix().vectors()},
+                   {"enabled", e.proxy->msix().enabled()},
+                   {"function_masked", e.proxy->msix().function_masked()},
+                   {"vfio_enabled_vectors", e.proxy->vfio_enabled_vectors()},
+                   {"vfio_reenables", e.proxy->vfio_reenables()}};
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+json Daemon::routes_json() const {
+  json routes = json::array();
+  for (const auto& r : irq_->list())
+    routes.push_back({{"id", r.id},
+                      {"device", r.device},
+                      {"vector", r.vector},
+                      {"policy", irq::to_string(r.policy)},
+                      {"mode", irq::to_string(r.mode)},
+                      {"masked", r.masked},
+                      {"pending", r.pending},
+                      {"sink", r.has_sink},
+                      {"fired", r.stats.fired},
+                      {"delivered", r.stats.delivered},
+                      {"masked_pending", r.stats.masked_pending},
+                      {"replayed", r.stats.replayed},
+                      {"dropped", r.stats.dropped},
+                      {"masks", r.stats.masks},
+                      {"unmasks", r.stats.unmasks},
+                      {"mode_switches", r.stats.mode_switches}});
+  return {{"routes", routes},
+          {"relay_threads", irq_->options().relay_threads},
+          {"busy_poll", irq_->options().busy_poll}};
+}
+
+json Daemon::stats_json() const {
+  json totals = {{"routes", 0}, {"fired", 0}, {"delivered", 0}, {"masked_pending", 0}, {"replayed", 0},
+                 {"dropped", 0}, {"mode_switches", 0}};
+  for (const auto& r : irq_->list()) {
+    totals["routes"] = totals["routes"].get<uint64_t>() + 1;
+    totals["fired"] = totals["fired"].get<uint64_t>() + r.stats.fired;
+    totals["delivered"] = totals["delivered"].get<uint64_t>() + r.stats.delivered;
+    totals["masked_pending"] = totals["masked_pending"].get<uint64_t>() + r.stats.masked_pending;
+    totals["replayed"] = totals["replayed"].get<uint64_t>() + r.stats.replayed;
+    totals["dropped"] = totals["dropped"].get<uint64_t>() + r.stats.dropped;
+    totals["mode_switches"] = totals["mode_switches"].get<uint64_t>() + r.stats.mode_switches;
+  }
+  const auto& c = control_->stats();
+  return {{"control",
+           {{"connections", c.connections},
+            {"active", c.active},
+            {"requests", c.requests},
+            {"errors", c.errors},
+            {"rejected_peers", c.rejected_peers}}},
+          {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}}},
+          {"udev_events", udev_events_total_},
+          {"routes", totals}};
+}
+
+}  // namespace sriovd::daemon
