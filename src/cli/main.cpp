@@ -1,6 +1,8 @@
 // sriovctl: talks to a running sriovd over its control socket.
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -85,6 +87,13 @@ void print_devices(const json& r) {
     std::fputs("\n", stdout);
     std::fputs(ex.render().c_str(), stdout);
   }
+  // VFs no export serves whose VFIO device a VMM still holds (bar_access: mmap).
+  if (r.contains("held_vfs") && !r["held_vfs"].empty()) {
+    Table held({"HELD-VF", "HELD-BY"});
+    for (const auto& h : r["held_vfs"]) held.add({field(h, "vf"), field(h, "held_by")});
+    std::fputs("\n", stdout);
+    std::fputs(held.render().c_str(), stdout);
+  }
 }
 
 void print_steps(const json& steps, const char* none) {
@@ -113,104 +122,81 @@ void print_flat(const json& j, const std::string& prefix = "") {
   }
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"sriovctl - query and steer a running sriovd"};
-  app.require_subcommand(1);
+// What the command line asked for, beyond the subcommand's name.
+struct Args {
   std::string socket = sriovd::control::kDefaultSocket;
   bool as_json = false;
   double timeout_s = 10.0;
-  app.add_option("-s,--socket", socket, "control socket of the daemon")->capture_default_str();
-  app.add_flag("-j,--json", as_json, "print the daemon's JSON reply");
-  app.add_option("-t,--timeout", timeout_s, "seconds to wait for a reply")->capture_default_str();
-
-  for (const char* name : {"status", "devices", "routes", "stats", "reload", "plan", "version"}) {
-    static const std::map<std::string, std::string> help = {
-        {"status", "daemon state, configuration and uptime"},
-        {"devices", "PFs, VFs and virtio devices with their drivers, owners and state"},
-        {"routes", "interrupt routes with their counters"},
-        {"stats", "counters of the control API, reloads and routes"},
-        {"reload", "re-read the configuration file and apply the difference (a bad file changes nothing)"},
-        {"plan", "show what a reload of the file on disk would change on the host, without acting"},
-        {"version", "daemon and client versions"}};
-    app.add_subcommand(name, help.at(name));
-  }
-  auto* release = app.add_subcommand("release", "give one VF back to the host (until the next reload)");
   std::string release_pf, release_device;
   int release_vf = -1;
-  release->add_option("pf", release_pf, "PF address or netdev");
-  release->add_option("vf", release_vf, "VF index");
-  release->add_option("--device", release_device, "the VF's own PCI address instead of PF and index");
-  auto* fault = app.add_subcommand("simulate-fault", "simulated host only: make a sysfs write or VF setting fail");
   std::string fault_path;
   int fault_errno = 5, fault_skip = 0, fault_times = 1;
-  fault->add_option("path", fault_path, "substring of the sysfs path, or netlink/<pf>/vf<N>")->required();
-  fault->add_option("--errno", fault_errno, "error to fail with (default EIO)");
-  fault->add_option("--skip", fault_skip, "matching operations to let through first");
-  fault->add_option("--times", fault_times, "how many to fail");
-  auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   std::string udev_action, udev_device, udev_pf;
   bool udev_env = false;
-  udev->add_option("action", udev_action, "add, remove, change, bind or unbind")->required();
-  udev->add_option("device", udev_device, "PCI address of the VF (udev's %k)")->required();
-  udev->add_option("--pf", udev_pf, "the VF's PF, when sysfs no longer shows it");
-  udev->add_flag("--udev-env", udev_env, "print KEY=VALUE lines for udev's IMPORT{program}");
+};
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
-  }
-  const std::string cmd = app.get_subcommands().front()->get_name();
+void add_commands(CLI::App& app, Args& a) {
+  app.require_subcommand(1);
+  app.add_option("-s,--socket", a.socket, "control socket of the daemon")->capture_default_str();
+  app.add_flag("-j,--json", a.as_json, "print the daemon's JSON reply");
+  app.add_option("-t,--timeout", a.timeout_s, "seconds to wait for a reply")->capture_default_str();
+  static const std::pair<const char*, const char*> plain[] = {
+      {"status", "daemon state, configuration and uptime"},
+      {"devices", "PFs, VFs and virtio devices with their drivers, owners and state"},
+      {"routes", "interrupt routes with their counters"},
+      {"stats", "counters of the control API, reloads and routes"},
+      {"reload", "re-read the configuration file and apply the difference (a bad file changes nothing)"},
+      {"plan", "show what a reload of the file on disk would change on the host, without acting"},
+      {"version", "daemon and client versions"}};
+  for (const auto& [name, help] : plain) app.add_subcommand(name, help);
+  auto* release = app.add_subcommand("release", "give one VF back to the host (until the next reload)");
+  release->add_option("pf", a.release_pf, "PF address or netdev");
+  release->add_option("vf", a.release_vf, "VF index");
+  release->add_option("--device", a.release_device, "the VF's own PCI address instead of PF and index");
+  auto* fault = app.add_subcommand("simulate-fault", "simulated host only: make a sysfs write or VF setting fail");
+  fault->add_option("path", a.fault_path, "substring of the sysfs path, or netlink/<pf>/vf<N>")->required();
+  fault->add_option("--errno", a.fault_errno, "error to fail with (default EIO)");
+  fault->add_option("--skip", a.fault_skip, "matching operations to let through first");
+  fault->add_option("--times", a.fault_times, "how many to fail");
+  auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
+  udev->add_option("action", a.udev_action, "add, remove, change, bind or unbind")->required();
+  udev->add_option("device", a.udev_device, "PCI address of the VF (udev's %k)")->required();
+  udev->add_option("--pf", a.udev_pf, "the VF's PF, when sysfs no longer shows it");
+  udev->add_flag("--udev-env", a.udev_env, "print KEY=VALUE lines for udev's IMPORT{program}");
+}
+
+// The request line for `cmd`; nullopt (after saying why) when the
+// arguments do not make one.
+std::optional<json> request_for(const std::string& cmd, const Args& a) {
   json request = {{"cmd", cmd}};
   if (cmd == "release") {
-    if (!release_device.empty()) {
-      request["device"] = release_device;
-    } else if (!release_pf.empty() && release_vf >= 0) {
-      request["pf"] = release_pf;
-      request["vf"] = release_vf;
+    if (!a.release_device.empty()) {
+      request["device"] = a.release_device;
+    } else if (!a.release_pf.empty() && a.release_vf >= 0) {
+      request["pf"] = a.release_pf;
+      request["vf"] = a.release_vf;
     } else {
       std::fprintf(stderr, "sriovctl: release: give PF and VF index, or --device ADDRESS\n");
-      return kExitUsage;
+      return std::nullopt;
     }
   }
   if (cmd == "simulate-fault") {
-    request["path"] = fault_path;
-    request["errno"] = fault_errno;
-    request["skip"] = fault_skip;
-    request["times"] = fault_times;
+    request["path"] = a.fault_path;
+    request["errno"] = a.fault_errno;
+    request["skip"] = a.fault_skip;
+    request["times"] = a.fault_times;
   }
   if (cmd == "udev-event") {
-    request["action"] = udev_action;
-    request["device"] = udev_device;
-    if (!udev_pf.empty()) request["pf"] = udev_pf;
+    request["action"] = a.udev_action;
+    request["device"] = a.udev_device;
+    if (!a.udev_pf.empty()) request["pf"] = a.udev_pf;
   }
+  return request;
+}
 
-  json reply;
-  try {
-    sriovd::control::Client client(socket, std::chrono::milliseconds(static_cast<long>(timeout_s * 1000)));
-    reply = client.request(request);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sriovctl: %s\n", e.what());
-    return kExitUnreachable;
-  }
-
-  if (!reply.value("ok", false)) {
-    if (as_json) {
-      std::printf("%s\n", reply.dump(2).c_str());
-    } else {
-      const json& err = reply["error"];
-      std::fprintf(stderr, "sriovctl: %s: %s\n", cmd.c_str(), field(err, "message").c_str());
-    }
-    return kExitFailed;
-  }
-  const json& result = reply["result"];
-  if (as_json) {
-    std::printf("%s\n", result.dump(2).c_str());
-    return 0;
-  }
+// A successful reply's result, as text for a person (or udev).
+void print_result(const std::string& cmd, const json& result, const Args& a) {
   if (cmd == "status") {
     print_status(result);
   } else if (cmd == "devices") {
@@ -229,12 +215,50 @@ int main(int argc, char** argv) {
   } else if (cmd == "release") {
     std::printf("released %s:\n", field(result, "released").c_str());
     print_steps(result["changes"], "  (no host changes)");
-  } else if (cmd == "udev-event" && udev_env) {
+  } else if (cmd == "udev-event" && a.udev_env) {
     std::printf("SRIOVD_MANAGED=%d\n", result.value("managed", false) ? 1 : 0);
     if (result.contains("pf")) std::printf("SRIOVD_PF=%s\n", result["pf"].get<std::string>().c_str());
     if (result.contains("vf_index")) std::printf("SRIOVD_VF_INDEX=%s\n", field(result, "vf_index").c_str());
   } else {
     print_flat(result);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sriovctl - query and steer a running sriovd"};
+  Args a;
+  add_commands(app, a);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  const std::string cmd = app.get_subcommands().front()->get_name();
+  const std::optional<json> request = request_for(cmd, a);
+  if (!request) return kExitUsage;
+
+  json reply;
+  try {
+    sriovd::control::Client client(a.socket, std::chrono::milliseconds(static_cast<long>(a.timeout_s * 1000)));
+    reply = client.request(*request);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sriovctl: %s\n", e.what());
+    return kExitUnreachable;
+  }
+  if (!reply.value("ok", false)) {
+    if (a.as_json)
+      std::printf("%s\n", reply.dump(2).c_str());
+    else
+      std::fprintf(stderr, "sriovctl: %s: %s\n", cmd.c_str(), field(reply["error"], "message").c_str());
+    return kExitFailed;
+  }
+  const json& result = reply["result"];
+  if (a.as_json)
+    std::printf("%s\n", result.dump(2).c_str());
+  else
+    print_result(cmd, result, a);
   return 0;
 }
