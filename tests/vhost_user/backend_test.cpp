@@ -33,14 +33,7 @@ class NullPort : public test::EventPort {
 
 class Frontend {
  public:
-  explicit Frontend(const std::string& path) : fd_(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, path.c_str());
-    if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect");
-    timeval tv{2, 0};
-    ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  }
+  explicit Frontend(const std::string& path) : fd_(test::connect_frontend(path)) {}
   void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}, uint32_t flags = kVersion) {
     Header h{request, flags, size};
     std::vector<uint8_t> bytes(sizeof h + size);

@@ -96,6 +96,16 @@ class BackendRunner {
   }
 };
 
+// A front-end's connection to `path`: replies are waited for at most
+// `reply_wait` (SO_RCVTIMEO), so a back-end that does not answer fails the
+// test instead of hanging it.
+inline UniqueFd connect_frontend(const std::string& path, int reply_wait_s = 2) {
+  UniqueFd fd = connect_unix(path, "vhost-user socket");
+  timeval tv{reply_wait_s, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
 // One front-end request with NEED_REPLY (except SET_PROTOCOL_FEATURES,
 // which negotiates REPLY_ACK and is not acknowledged); the ack's status,
 // or -1 when the back-end hung up instead of answering.

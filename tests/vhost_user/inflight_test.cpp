@@ -84,13 +84,7 @@ class HoldingPort : public test::EventPort {
   std::vector<uint8_t> sent_;
 };
 
-bool eventually(const std::function<bool()>& f) {
-  for (int i = 0; i < 600; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
+bool eventually(const std::function<bool()>& f) { return sriovd::test::wait_until(f, 3s); }
 
 constexpr uint64_t kRam = 1 << 20;
 constexpr uint16_t kQueue = 64;
@@ -143,13 +137,7 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   // buffer first (asked for once, then always handed back), then the
   // features, memory and rings. `base` is what the front-end believes.
   void connect(uint32_t base) {
-    sock.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, dir.file("vnet.sock").c_str());
-    ASSERT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    timeval tv{3, 0};
-    ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sock = test::connect_frontend(dir.file("vnet.sock"), 3);
     const uint64_t proto = kProtoReplyAck | kProtoInflightShmfd;
     send(kSetProtocolFeatures, &proto, 8);
     if (!inflight_fd) {

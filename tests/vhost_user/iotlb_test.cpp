@@ -24,6 +24,7 @@
 #include "sriovd/vfio_user/virtio_net_driver.hpp"
 #include "vhost_user/harness.hpp"
 #include "support/temp_dir.hpp"
+#include "support/process.hpp"
 
 namespace sriovd::vhost_user {
 namespace {
@@ -54,13 +55,7 @@ class RecordingPort : public test::EventPort {
   std::vector<std::vector<uint8_t>> sent_;
 };
 
-bool wait_for(const std::function<bool()>& f) {
-  for (int i = 0; i < 400; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
+bool wait_for(const std::function<bool()>& f) { return sriovd::test::wait_until(f, 2s); }
 
 class IotlbTest : public ::testing::Test {
  protected:
@@ -82,11 +77,7 @@ class IotlbTest : public ::testing::Test {
     ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
     ASSERT_EQ(::ftruncate(ram_fd.get(), 1 << 20), 0);
     ram = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
-    sock.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strcpy(a.sun_path, dir.file("vnet.sock").c_str());
-    ASSERT_EQ(::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    sock = test::connect_frontend(dir.file("vnet.sock"));
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     backend_channel.reset(sv[0]);
