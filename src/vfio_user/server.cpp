@@ -15,6 +15,7 @@
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
+#include "sriovd/util/hex.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -75,11 +76,6 @@ bool shape_of(uint16_t command, Shape& s) {
   }
 }
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 }  // namespace
 
@@ -349,7 +345,9 @@ void Server::version(const Message& m, Reply& r) {
 void Server::dma_map(Message& m, Reply& /*r*/) {
   const auto d = load<DmaMap>(m.payload);
   const std::string what = "DMA window [" + hex(d.address) + ", +" + hex(d.size) + ")";
-  if (d.argsz != sizeof d) throw Error(EINVAL, "DMA_MAP argsz " + std::to_string(d.argsz));
+  // Not a query: argsz is the size of this message's structure (the spec's
+  // 32 bytes), not of a buffer for a reply - anything else is malformed.
+  if (d.argsz != sizeof d) throw Error(EINVAL, "DMA_MAP argsz " + std::to_string(d.argsz) + ", 32 expected");
   if (d.flags & ~(kDmaFlagRead | kDmaFlagWrite)) throw Error(EINVAL, what + " with unknown flags " + hex(d.flags));
   if (d.size == 0 || d.address + d.size < d.address) throw Error(EINVAL, what + ": empty or wrapping");
   if ((d.address | d.size) % kPageSizes) throw Error(EINVAL, what + " is not page aligned");
@@ -480,6 +478,9 @@ void Server::region_io_fds(const Message& m, Reply& r) {
 
 void Server::set_irqs(Message& m, Reply& /*r*/) {
   const auto s = load<IrqSet>(m.payload);
+  // Not a query: argsz is the size of this message's structure and its data
+  // (the spec), so it must be the payload's; a bigger one claims data that
+  // is not there.
   if (s.argsz != m.payload.size())
     throw Error(EINVAL, "SET_IRQS argsz " + std::to_string(s.argsz) + " for a payload of " + std::to_string(m.payload.size()));
   const uint32_t data = s.flags & (VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_DATA_EVENTFD);
