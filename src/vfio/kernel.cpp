@@ -39,6 +39,22 @@ void Container::set_iommu() {
   read_iova_ranges();
 }
 
+namespace {
+// Walks a VFIO capability chain in what the kernel wrote to `buf`, from
+// `first`: fn(id, offset) for each header that fits, stopping at a chain
+// that leaves the buffer or goes back.
+template <typename Fn>
+void for_each_cap(const std::vector<uint8_t>& buf, uint32_t first, Fn fn) {
+  for (uint32_t off = first; off != 0 && off + sizeof(vfio_info_cap_header) <= buf.size();) {
+    vfio_info_cap_header h;
+    std::memcpy(&h, buf.data() + off, sizeof h);
+    fn(h.id, off);
+    if (h.next <= off) return;
+    off = h.next;
+  }
+}
+}  // namespace
+
 // The IOVA ranges the IOMMU can map (VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE):
 // an emulated intel-iommu with 39 address bits, say, takes nothing above
 // 2^39, and a client whose IOVAs are its virtual addresses (~2^45) is told
@@ -54,23 +70,19 @@ void Container::read_iova_ranges() {
       buf.resize(info->argsz);
       continue;
     }
-    if (!(info->flags & VFIO_IOMMU_INFO_CAPS) || info->cap_offset == 0) return;
-    for (uint32_t off = info->cap_offset; off != 0 && off + sizeof(vfio_info_cap_header) <= buf.size();) {
-      vfio_info_cap_header h;
-      std::memcpy(&h, buf.data() + off, sizeof h);
-      if (h.id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE && off + sizeof(vfio_iommu_type1_info_cap_iova_range) <= buf.size()) {
-        vfio_iommu_type1_info_cap_iova_range cap;
-        std::memcpy(&cap, buf.data() + off, sizeof cap);
-        const size_t first = off + sizeof cap;
-        for (uint32_t i = 0; i < cap.nr_iovas && first + (i + 1) * sizeof(vfio_iova_range) <= buf.size(); ++i) {
-          vfio_iova_range r;
-          std::memcpy(&r, buf.data() + first + i * sizeof r, sizeof r);
-          iova_ranges_.push_back({r.start, r.end});
-        }
+    if (!(info->flags & VFIO_IOMMU_INFO_CAPS)) return;
+    for_each_cap(buf, info->cap_offset, [&](uint16_t id, uint32_t off) {
+      if (id != VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE || off + sizeof(vfio_iommu_type1_info_cap_iova_range) > buf.size())
+        return;
+      vfio_iommu_type1_info_cap_iova_range cap;
+      std::memcpy(&cap, buf.data() + off, sizeof cap);
+      const size_t first = off + sizeof cap;
+      for (uint32_t i = 0; i < cap.nr_iovas && first + (i + 1) * sizeof(vfio_iova_range) <= buf.size(); ++i) {
+        vfio_iova_range r;
+        std::memcpy(&r, buf.data() + first + i * sizeof r, sizeof r);
+        iova_ranges_.push_back({r.start, r.end});
       }
-      if (h.next <= off) break;  // a chain that goes back: stop
-      off = h.next;
-    }
+    });
     return;
   }
 }
@@ -178,26 +190,19 @@ RegionInfo KernelDevice::region(uint32_t index) {
       continue;
     }
     RegionInfo out{index, info->flags, info->size, info->offset, {}, false};
-    if ((info->flags & VFIO_REGION_INFO_FLAG_CAPS) && info->cap_offset != 0) {
-      uint32_t off = info->cap_offset;
-      // Walk the capability chain, bounds-checked against what the kernel wrote.
-      for (int hops = 0; off != 0 && off + sizeof(vfio_info_cap_header) <= buf.size() && hops < 16; ++hops) {
-        vfio_info_cap_header hdr;
-        std::memcpy(&hdr, buf.data() + off, sizeof hdr);
-        if (hdr.id == VFIO_REGION_INFO_CAP_MSIX_MAPPABLE) out.msix_mappable = true;
-        if (hdr.id == VFIO_REGION_INFO_CAP_SPARSE_MMAP &&
-            off + sizeof(vfio_region_info_cap_sparse_mmap) <= buf.size()) {
-          vfio_region_info_cap_sparse_mmap sparse;
-          std::memcpy(&sparse, buf.data() + off, sizeof sparse);
-          const size_t areas_at = off + sizeof sparse;
-          for (uint32_t i = 0; i < sparse.nr_areas && areas_at + (i + 1) * sizeof(vfio_region_sparse_mmap_area) <= buf.size(); ++i) {
-            vfio_region_sparse_mmap_area a;
-            std::memcpy(&a, buf.data() + areas_at + i * sizeof a, sizeof a);
-            out.sparse.push_back({a.offset, a.size});
-          }
+    if (info->flags & VFIO_REGION_INFO_FLAG_CAPS) {
+      for_each_cap(buf, info->cap_offset, [&](uint16_t id, uint32_t off) {
+        if (id == VFIO_REGION_INFO_CAP_MSIX_MAPPABLE) out.msix_mappable = true;
+        if (id != VFIO_REGION_INFO_CAP_SPARSE_MMAP || off + sizeof(vfio_region_info_cap_sparse_mmap) > buf.size()) return;
+        vfio_region_info_cap_sparse_mmap sparse;
+        std::memcpy(&sparse, buf.data() + off, sizeof sparse);
+        const size_t areas_at = off + sizeof sparse;
+        for (uint32_t i = 0; i < sparse.nr_areas && areas_at + (i + 1) * sizeof(vfio_region_sparse_mmap_area) <= buf.size(); ++i) {
+          vfio_region_sparse_mmap_area a;
+          std::memcpy(&a, buf.data() + areas_at + i * sizeof a, sizeof a);
+          out.sparse.push_back({a.offset, a.size});
         }
-        off = hdr.next;
-      }
+      });
     }
     return out;
   }
