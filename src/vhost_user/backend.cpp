@@ -327,13 +327,11 @@ bool Backend::set_protocol_features(Message& m) {
 }
 
 bool Backend::reset_device(Message& /*m*/) {
-  drop_inflight();
-  device_.reset();
-  memory_.clear();
-  memory_.set_iotlb(nullptr);
-  access_platform_ = false;
-  iotlb_.clear();
-  iotlb_.reclaim();
+  // What the session lent is taken back only from stopped workers; one
+  // that does not stop keeps it (on_end leaves the release pending).
+  device_.stop();
+  if (device_.wedged()) throw ProtocolError("the device's worker did not stop for the reset");
+  release_session();
   status_ = 0;
   return false;
 }
