@@ -77,14 +77,8 @@ std::vector<std::pair<uint64_t, uint64_t>> MsixLayout::trapped_pages(uint8_t bir
 
 std::vector<uint8_t> make_endpoint_config(const EndpointSpec& s) {
   std::vector<uint8_t> c(4096, 0);
-  auto put16 = [&](size_t off, unsigned v) {
-    c[off] = static_cast<uint8_t>(v);
-    c[off + 1] = static_cast<uint8_t>(v >> 8U);
-  };
-  auto put32 = [&](size_t off, unsigned v) {
-    put16(off, v & 0xffffU);
-    put16(off + 2, v >> 16U);
-  };
+  auto put16 = [&](size_t off, unsigned v) { pci::put16(c, off, static_cast<uint16_t>(v)); };
+  auto put32 = [&](size_t off, unsigned v) { pci::put32(c, off, v); };
   put16(0x00, s.vendor);
   put16(0x02, s.device);
   put16(0x06, 0x0010);  // Status: Capabilities List

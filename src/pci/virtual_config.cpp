@@ -7,6 +7,16 @@
 
 namespace sriovd::pci {
 
+BarInfo decode_bar(std::span<const uint8_t> config, unsigned i, uint64_t size) {
+  const uint32_t reg = get32(config, 0x10 + 4U * i);
+  BarInfo b;
+  b.size = size;
+  b.io = reg & 1U;
+  b.is64 = !b.io && ((reg >> 1U) & 3U) == 2U;
+  b.prefetchable = !b.io && (reg & 8U);
+  return b;
+}
+
 namespace {
 
 constexpr uint32_t kCommand = 0x04;

@@ -24,12 +24,6 @@ pci::MsixLayout layout_of(const std::vector<uint8_t>& config, const std::string&
   return *layout;
 }
 
-uint32_t bar_register(const std::vector<uint8_t>& config, unsigned i) {
-  uint32_t v;
-  std::memcpy(&v, config.data() + 0x10 + 4 * i, sizeof v);
-  return v;
-}
-
 }  // namespace
 
 void VfProxy::Vectors::set_masked(unsigned v, bool masked) {
@@ -94,11 +88,7 @@ VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq:
   for (unsigned i = 0; i < 6; ++i) {
     const vfio::RegionInfo r = device_->region(i);
     if (r.size == 0) continue;
-    const uint32_t reg = bar_register(device_config_, i);
-    bars_[i].size = r.size;
-    bars_[i].io = reg & 1U;
-    bars_[i].is64 = !bars_[i].io && ((reg >> 1U) & 3U) == 2U;
-    bars_[i].prefetchable = !bars_[i].io && (reg & 8U);
+    bars_[i] = pci::decode_bar(device_config_, i, r.size);
     if (bars_[i].is64) ++i;
   }
   if (bars_[layout_.table_bir].size < layout_.table_offset + layout_.table_bytes() ||

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/pci/config_space.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -31,9 +32,9 @@ constexpr uint32_t kCapNotify = 0x5c;
 constexpr uint32_t kCapIsr = 0x70;
 constexpr uint32_t kCapDevice = 0x80;
 
-void put8(std::vector<uint8_t>& c, uint32_t at, uint8_t v) { c[at] = v; }
-void put16(std::vector<uint8_t>& c, uint32_t at, uint16_t v) { std::memcpy(&c[at], &v, 2); }
-void put32(std::vector<uint8_t>& c, uint32_t at, uint32_t v) { std::memcpy(&c[at], &v, 4); }
+using pci::put16;
+using pci::put32;
+using pci::put8;
 
 void virtio_cap(std::vector<uint8_t>& c, uint32_t at, uint8_t next, uint8_t len, uint8_t type, uint8_t bar,
                 uint32_t offset, uint32_t length) {

@@ -2,6 +2,7 @@
 // PCI configuration space: the capability chain, the MSI-X capability's
 // layout (PCI Local Bus 3.0 §6.8.2) and a builder for simulated devices.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -13,6 +14,22 @@ inline constexpr uint8_t kCapPciExpress = 0x10;
 inline constexpr uint8_t kCapMsix = 0x11;
 inline constexpr uint16_t kExtCapSriov = 0x0010;
 inline constexpr uint32_t kPage = 4096;
+
+// Little-endian fields of a config space (PCI is little-endian), written
+// and read byte by byte: no alignment or host byte order assumed.
+inline void put8(std::span<uint8_t> c, size_t at, uint8_t v) { c[at] = v; }
+inline void put16(std::span<uint8_t> c, size_t at, uint16_t v) {
+  c[at] = static_cast<uint8_t>(v);
+  c[at + 1] = static_cast<uint8_t>(v >> 8U);
+}
+inline void put32(std::span<uint8_t> c, size_t at, uint32_t v) {
+  put16(c, at, static_cast<uint16_t>(v));
+  put16(c, at + 2, static_cast<uint16_t>(v >> 16U));
+}
+inline uint32_t get32(std::span<const uint8_t> c, size_t at) {
+  return c[at] | (static_cast<uint32_t>(c[at + 1]) << 8U) | (static_cast<uint32_t>(c[at + 2]) << 16U) |
+         (static_cast<uint32_t>(c[at + 3]) << 24U);
+}
 
 struct Capability {
   uint16_t id = 0;

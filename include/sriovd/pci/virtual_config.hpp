@@ -25,6 +25,11 @@ struct BarInfo {
   bool prefetchable = false;
 };
 
+// BAR i as `config` declares it (PCI 3.0 §6.2.5.1: IO or memory, 32 or
+// 64 bits, prefetchable), with the size the device reports (VFIO's region
+// size: config space alone cannot say it without a sizing write).
+BarInfo decode_bar(std::span<const uint8_t> config, unsigned i, uint64_t size);
+
 class VirtualConfig {
  public:
   // Forwards a write of the Command register to the device (VFIO config region).
