@@ -53,6 +53,18 @@ void for_each_cap(const std::vector<uint8_t>& buf, uint32_t first, Fn fn) {
     off = h.next;
   }
 }
+
+// The `count` entries of type T that a capability at `at` carries right
+// after its own struct; only those that lie wholly inside `buf`.
+template <typename Cap, typename T, typename Fn>
+void for_each_entry(const std::vector<uint8_t>& buf, uint32_t at, uint32_t count, Fn fn) {
+  const size_t first = at + sizeof(Cap);
+  for (uint32_t i = 0; i < count && first + (i + 1) * sizeof(T) <= buf.size(); ++i) {
+    T e;
+    std::memcpy(&e, buf.data() + first + i * sizeof e, sizeof e);
+    fn(e);
+  }
+}
 }  // namespace
 
 // The IOVA ranges the IOMMU can map (VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE):
@@ -76,12 +88,8 @@ void Container::read_iova_ranges() {
         return;
       vfio_iommu_type1_info_cap_iova_range cap;
       std::memcpy(&cap, buf.data() + off, sizeof cap);
-      const size_t first = off + sizeof cap;
-      for (uint32_t i = 0; i < cap.nr_iovas && first + (i + 1) * sizeof(vfio_iova_range) <= buf.size(); ++i) {
-        vfio_iova_range r;
-        std::memcpy(&r, buf.data() + first + i * sizeof r, sizeof r);
-        iova_ranges_.push_back({r.start, r.end});
-      }
+      for_each_entry<decltype(cap), vfio_iova_range>(
+          buf, off, cap.nr_iovas, [&](const vfio_iova_range& r) { iova_ranges_.push_back({r.start, r.end}); });
     });
     return;
   }
@@ -196,12 +204,9 @@ RegionInfo KernelDevice::region(uint32_t index) {
         if (id != VFIO_REGION_INFO_CAP_SPARSE_MMAP || off + sizeof(vfio_region_info_cap_sparse_mmap) > buf.size()) return;
         vfio_region_info_cap_sparse_mmap sparse;
         std::memcpy(&sparse, buf.data() + off, sizeof sparse);
-        const size_t areas_at = off + sizeof sparse;
-        for (uint32_t i = 0; i < sparse.nr_areas && areas_at + (i + 1) * sizeof(vfio_region_sparse_mmap_area) <= buf.size(); ++i) {
-          vfio_region_sparse_mmap_area a;
-          std::memcpy(&a, buf.data() + areas_at + i * sizeof a, sizeof a);
-          out.sparse.push_back({a.offset, a.size});
-        }
+        for_each_entry<decltype(sparse), vfio_region_sparse_mmap_area>(
+            buf, off, sparse.nr_areas,
+            [&](const vfio_region_sparse_mmap_area& a) { out.sparse.push_back({a.offset, a.size}); });
       });
     }
     return out;
