@@ -18,10 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ring_device.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 
 using namespace sriovd::virtio;
+using namespace sriovd::guest;
 using Clock = std::chrono::steady_clock;
 
 namespace {

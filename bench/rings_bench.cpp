@@ -11,9 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ring_device.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 
 using namespace sriovd::virtio;
+using namespace sriovd::guest;
 using Clock = std::chrono::steady_clock;
 
 namespace {

@@ -27,7 +27,7 @@
 
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/vfio/simulated.hpp"
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
@@ -96,7 +96,7 @@ int main() {
 
   std::vector<double> echo, mask;
   {
-    Client c(socket);
+    guest::VfioUserClient c(socket);
     for (int run = 0; run < kRuns; ++run) {
       std::fprintf(stderr, "vfio-user bench: run %d: echo baseline...\n", run + 1);
       echo.push_back(echo_per_sec());

@@ -23,7 +23,7 @@
 
 #include "fuzz/input.hpp"
 #include "sriovd/irq/engine.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/net.hpp"
 
@@ -31,6 +31,7 @@ namespace {
 
 using namespace sriovd;
 using namespace sriovd::virtio;
+using namespace sriovd::guest;
 
 void check(bool ok) {
   if (!ok) std::abort();

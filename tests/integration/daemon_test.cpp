@@ -21,7 +21,7 @@
 
 #include "sriovd/control/client.hpp"
 #include "sriovd/util/fd.hpp"
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "integration/daemon_fixture.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -679,7 +679,7 @@ TEST_F(Daemon, AssignedVfIsServedOverVfioUserAndReleasedWithIt) {
   start();
   const std::string vf0 = socket() + ".vf0";
   {
-    vfio_user::Client c(vf0);
+    guest::VfioUserClient c(vf0);
     EXPECT_EQ(c.device_info().num_regions, 9U);
     EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0) & 0xffff, 0x8086U);
     EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 4U);  // msix_vectors_per_vf
@@ -696,7 +696,7 @@ TEST_F(Daemon, AssignedVfIsServedOverVfioUserAndReleasedWithIt) {
   EXPECT_TRUE(export_of(request({{"cmd", "devices"}}), vf0).is_null());
   ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
   ASSERT_TRUE(std::filesystem::exists(vf0));
-  vfio_user::Client again(vf0);
+  guest::VfioUserClient again(vf0);
   EXPECT_EQ(again.device_info().num_irqs, 5U);
 }
 
@@ -720,7 +720,7 @@ TEST_F(Daemon, EachExportHasItsOwnSocketAccessAndAReloadAppliesIt) {
   EXPECT_EQ(st.st_mode & 0777, 0600U);
   EXPECT_EQ(st.st_uid, 65534U);
   // The test runs as root: on the control API's list, not on the export's.
-  EXPECT_THROW(vfio_user::Client c(vf0), std::exception);
+  EXPECT_THROW(guest::VfioUserClient c(vf0), std::exception);
   json e = export_of(request({{"cmd", "devices"}}), vf0);
   EXPECT_EQ(e["vfio_user"]["refused_peers"], 1) << e.dump();
   EXPECT_THAT(e["vfio_user"].value("last_error", ""), HasSubstr("refused uid 0: not in the export's allowed_uids"));
@@ -729,7 +729,7 @@ TEST_F(Daemon, EachExportHasItsOwnSocketAccessAndAReloadAppliesIt) {
   ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
   ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660U);
-  vfio_user::Client c(vf0);
+  guest::VfioUserClient c(vf0);
   EXPECT_EQ(c.device_info().num_regions, 9U);
 }
 
@@ -775,7 +775,7 @@ TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
   EXPECT_LE(::recv(fd, buf, sizeof buf, 0), 0);  // closed
   ::close(fd);
   EXPECT_TRUE(request({{"cmd", "version"}}).value("ok", false));
-  vfio_user::Client c(vf0);
+  guest::VfioUserClient c(vf0);
   EXPECT_EQ(c.device_info().num_regions, 9U);
   EXPECT_GE(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["protocol_errors"].get<int>(), 1);
 }

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "sriovd/vfio/simulated.hpp"
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
 #include "support/alloc_count.hpp"
@@ -105,7 +105,7 @@ class VfProxyTest : public ::testing::Test {
 
   // What a guest driver does to use vector v: program the entry, give the
   // eventfd, enable MSI-X, unmask the vector.
-  void enable_vector(Client& c, unsigned v, int fd) {
+  void enable_vector(guest::VfioUserClient& c, unsigned v, int fd) {
     c.write32(0, v * 16 + 0, 0xfee00000);
     c.write32(0, v * 16 + 8, 0x4000 + v);
     const int fds[1] = {fd};
@@ -113,7 +113,7 @@ class VfProxyTest : public ::testing::Test {
     c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
     c.write32(0, v * 16 + 12, 0);  // Vector Control: unmasked
   }
-  bool pba_bit(Client& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
+  bool pba_bit(guest::VfioUserClient& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
 
   test::TempDir dir;
   std::string socket = dir.file("vf.sock");
@@ -124,7 +124,7 @@ class VfProxyTest : public ::testing::Test {
 };
 
 TEST_F(VfProxyTest, VersionNegotiatesCapabilities) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   EXPECT_EQ(c.minor(), kMinor);
   const auto& caps = c.server_capabilities()["capabilities"];
   EXPECT_EQ(caps["max_msg_fds"], kMaxMsgFds);
@@ -134,12 +134,12 @@ TEST_F(VfProxyTest, VersionNegotiatesCapabilities) {
 }
 
 TEST_F(VfProxyTest, DeviceAndRegionInfo) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   const DeviceInfo info = c.device_info();
   EXPECT_EQ(info.flags, static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET));
   EXPECT_EQ(info.num_regions, 9U);
   EXPECT_EQ(info.num_irqs, 5U);
-  Client::Region config = c.region(vfio::kConfigRegion);
+  guest::VfioUserClient::Region config = c.region(vfio::kConfigRegion);
   EXPECT_EQ(config.info.size, 4096U);
   EXPECT_FALSE(config.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
   EXPECT_FALSE(config.fd.valid());
@@ -167,8 +167,8 @@ class VfProxyMapped : public VfProxyTest {
 // VFIO ioctls past the MSI-X emulation and the virtual config space. Every
 // BAR access is a message the server checks.
 TEST_F(VfProxyTest, TrappedBarsHandOutNoFdAndServeEveryAccess) {
-  Client c(socket);
-  Client::Region bar = c.region(0);
+  guest::VfioUserClient c(socket);
+  guest::VfioUserClient::Region bar = c.region(0);
   EXPECT_FALSE(bar.fd.valid());
   EXPECT_FALSE(bar.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
   EXPECT_TRUE(bar.sparse.empty());
@@ -181,8 +181,8 @@ TEST_F(VfProxyTest, TrappedBarsHandOutNoFdAndServeEveryAccess) {
 }
 
 TEST_F(VfProxyMapped, BarIsMappedExceptTheMsixPages) {
-  Client c(socket);
-  Client::Region bar = c.region(0);
+  guest::VfioUserClient c(socket);
+  guest::VfioUserClient::Region bar = c.region(0);
   ASSERT_TRUE(bar.fd.valid());
   EXPECT_TRUE(bar.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
   EXPECT_TRUE(bar.info.flags & VFIO_REGION_INFO_FLAG_CAPS);
@@ -202,7 +202,7 @@ TEST_F(VfProxyMapped, BarIsMappedExceptTheMsixPages) {
 }
 
 TEST_F(VfProxyTest, ConfigSpaceIsVirtualized) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
   // BAR sizing (PCI 3.0 §6.2.5.1): all ones reads back the size mask.
   c.write32(vfio::kConfigRegion, 0x10, 0xffffffff);
@@ -223,7 +223,7 @@ TEST_F(VfProxyTest, ConfigSpaceIsVirtualized) {
 }
 
 TEST_F(VfProxyTest, TableIsEmulatedNotPassedThrough) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   c.write32(0, 16 + 0, 0xfee01000);
   c.write32(0, 16 + 8, 0x51);
   EXPECT_EQ(c.read32(0, 16), 0xfee01000U);
@@ -244,7 +244,7 @@ TEST_F(VfProxyTest, TableIsEmulatedNotPassedThrough) {
 }
 
 TEST_F(VfProxyTest, InterruptDeliveredThroughTheRoute) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd fd = eventfd_();
   enable_vector(c, 2, fd.get());
   sim->trigger(vfio::kMsixIrq, 2);
@@ -262,7 +262,7 @@ TEST_F(VfProxyTest, InterruptDeliveredThroughTheRoute) {
 }
 
 TEST_F(VfProxyTest, MaskedFireLatchesPbaAndUnmaskReplaysOnce) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd fd = eventfd_();
   enable_vector(c, 1, fd.get());
   c.write32(0, 16 + 12, 1);  // mask through the table
@@ -281,7 +281,7 @@ TEST_F(VfProxyTest, MaskedFireLatchesPbaAndUnmaskReplaysOnce) {
 // each time: once the connection's buffers have grown, the server handles
 // one without touching the heap.
 TEST_F(VfProxyTest, MaskWritesAllocateNothingOnTheServer) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd fd = eventfd_();
   enable_vector(c, 1, fd.get());
   for (int i = 0; i < 20; ++i) {  // warm-up: buffers reach their size
@@ -304,7 +304,7 @@ TEST_F(VfProxyTest, MaskWritesAllocateNothingOnTheServer) {
 }
 
 TEST_F(VfProxyTest, SetIrqsMaskUnmaskActions) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd fd = eventfd_();
   enable_vector(c, 3, fd.get());
   c.mask(vfio::kMsixIrq, 3, true);
@@ -317,7 +317,7 @@ TEST_F(VfProxyTest, SetIrqsMaskUnmaskActions) {
 }
 
 TEST_F(VfProxyTest, FunctionMaskHoldsEveryVector) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd a = eventfd_(), b = eventfd_();
   enable_vector(c, 0, a.get());
   enable_vector(c, 1, b.get());
@@ -333,7 +333,7 @@ TEST_F(VfProxyTest, FunctionMaskHoldsEveryVector) {
 }
 
 TEST_F(VfProxyTest, DmaWindowsReachTheDevice) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(mem.get(), 1 << 20), 0);
   auto* guest = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0));
@@ -367,7 +367,7 @@ TEST_F(VfProxyTest, DmaWindowsReachTheDevice) {
 }
 
 TEST_F(VfProxyTest, VfRefusesMemoryWithoutAnFd) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   std::vector<uint8_t> local(4096);
   try {
     c.dma_map_local(0x1000, 4096, local.data());
@@ -379,9 +379,9 @@ TEST_F(VfProxyTest, VfRefusesMemoryWithoutAnFd) {
 
 // Every malformed request gets an errno and the connection stays usable.
 TEST_F(VfProxyTest, BadRequestsGetErrorsNotACrash) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   auto expect_errno = [&](uint16_t cmd, std::vector<uint8_t> payload, int err, std::span<const int> fds = {}) {
-    Client::Reply r = c.request(cmd, payload, fds);
+    guest::VfioUserClient::Reply r = c.request(cmd, payload, fds);
     EXPECT_TRUE(r.hdr.flags & kError) << command_name(cmd);
     EXPECT_EQ(r.hdr.error, static_cast<uint32_t>(err)) << command_name(cmd);
     EXPECT_TRUE(r.payload.empty());
@@ -470,12 +470,12 @@ TEST_F(VfProxyTest, FramingErrorsEndOnlyThatConnection) {
     EXPECT_TRUE(closed_by_peer(fd.get()));
   }
   EXPECT_GE(exported->server->stats().protocol_errors, 5U);
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   EXPECT_EQ(c.device_info().num_regions, 9U);
 }
 
 TEST_F(VfProxyTest, OneClientAtATime) {
-  Client first(socket);
+  guest::VfioUserClient first(socket);
   UniqueFd second(raw_connect(socket));
   EXPECT_TRUE(closed_by_peer(second.get()));
   EXPECT_EQ(first.device_info().num_irqs, 5U);
@@ -488,7 +488,7 @@ TEST_F(VfProxyTest, DisconnectReleasesEverythingAndReconnectWorks) {
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
   {
-    Client c(socket);
+    guest::VfioUserClient c(socket);
     UniqueFd fd = eventfd_();
     enable_vector(c, 0, fd.get());
     c.dma_map(0, 1 << 16, mem.get(), 0);
@@ -497,7 +497,7 @@ TEST_F(VfProxyTest, DisconnectReleasesEverythingAndReconnectWorks) {
   for (int i = 0; i < 200 && (engine.size() != 0 || sim->dma_windows() != 0); ++i) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(engine.size(), 0U);
   EXPECT_EQ(sim->dma_windows(), 0U);
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   EXPECT_EQ(c.read32(0, 12), 1U);  // vector 0 masked again
   EXPECT_EQ(c.read32(vfio::kConfigRegion, kMsixCap) >> 30U, 0U);
   UniqueFd fd = eventfd_();
@@ -510,7 +510,7 @@ TEST_F(VfProxyTest, TwoHundredConnectCyclesLeakNothing) {
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
   auto cycle = [&] {
-    Client c(socket);
+    guest::VfioUserClient c(socket);
     UniqueFd fd = eventfd_();
     enable_vector(c, 1, fd.get());
     c.dma_map(0, 1 << 16, mem.get(), 0);
@@ -536,7 +536,7 @@ TEST_F(VfProxyTest, TwoHundredConnectCyclesLeakNothing) {
 
 // What a hostile client sends where the server used to trust it (issue 11).
 TEST_F(VfProxyTest, HostileDmaAndInterruptFdsAreRefused) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   // Item 3/4: a window larger than its memfd was mapped and faulted later.
   UniqueFd small(::memfd_create("small", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(small.get(), 4096), 0);
@@ -575,7 +575,7 @@ TEST_F(VfProxyTest, HostileDmaAndInterruptFdsAreRefused) {
 // writes into it (a DMA). That was a SIGBUS in the daemon; now the write
 // lands on a zero page and the client's next message ends its session.
 TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
   c.dma_map(0x100000, 1 << 16, mem.get(), 0);
@@ -586,7 +586,7 @@ TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
   ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
   EXPECT_NE(exported->server->stats().last_error.find("truncated"), std::string::npos)
       << exported->server->stats().last_error;
-  Client next(socket);  // the export goes on
+  guest::VfioUserClient next(socket);  // the export goes on
   EXPECT_EQ(next.device_info().num_regions, 9U);
 }
 
@@ -595,11 +595,11 @@ TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
 // 4064), attaches the window's fd to DMA_UNMAP and uses id 0 throughout.
 // All of that is within the protocol and is served.
 TEST_F(VfProxyMapped, AForeignClientsBigArgszAndUnmapFdAreServed) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   std::vector<uint8_t> query(4064, 0);
   const RegionInfo head{4064, 0, 0, 0, 0, 0};
   std::memcpy(query.data(), &head, sizeof head);
-  Client::Reply r = c.request(kDeviceGetRegionInfo, query);
+  guest::VfioUserClient::Reply r = c.request(kDeviceGetRegionInfo, query);
   ASSERT_FALSE(r.hdr.flags & kError) << "errno " << r.hdr.error << ": " << exported->server->stats().last_error;
   ASSERT_GE(r.payload.size(), sizeof(RegionInfo));
   EXPECT_LE(r.payload.size(), 4064U) << "the reply fits the client's argsz";
@@ -633,12 +633,12 @@ TEST_F(VfProxyMapped, AForeignClientThatPollsGetsAWorkingDevice) {
   ASSERT_NE(va, MAP_FAILED);
   const auto iova = reinterpret_cast<uint64_t>(va);  // VA as IOVA: around 2^45..2^47
   {
-    Client c(socket, Dialect::foreign());
+    guest::VfioUserClient c(socket, guest::Dialect::foreign());
     EXPECT_EQ(c.minor(), 1U) << "the server answers the version asked for";
     EXPECT_TRUE(c.server_capabilities().is_object()) << "and says what it can (the client may ignore it)";
     EXPECT_EQ(c.device_info().num_regions, 9U);
     EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);
-    const Client::Region bar0 = c.region(0);
+    const guest::VfioUserClient::Region bar0 = c.region(0);
     EXPECT_GT(bar0.info.size, 0U);
     EXPECT_TRUE(bar0.fd.valid()) << "bar_access: mmap hands out the BAR's fd";
     EXPECT_FALSE(bar0.sparse.empty());
@@ -654,7 +654,7 @@ TEST_F(VfProxyMapped, AForeignClientThatPollsGetsAWorkingDevice) {
   }
   ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
   EXPECT_EQ(sim->dma_windows(), 0U) << "the window outlived the client that mapped it";
-  Client next(socket);
+  guest::VfioUserClient next(socket);
   EXPECT_EQ(next.device_info().num_regions, 9U);
   EXPECT_EQ(exported->server->stats().protocol_errors, 0U) << exported->server->stats().last_error;
   ::munmap(va, kWindow);
@@ -664,7 +664,7 @@ TEST_F(VfProxyMapped, AForeignClientThatPollsGetsAWorkingDevice) {
 // charged to the daemon: each export bounds it (assign.max_dma_mib).
 TEST_F(VfProxyTest, DmaWindowsArePinnedOnlyUpToTheExportsLimit) {
   proxy->set_dma_limit(1 << 20);
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(mem.get(), 2 << 20), 0);
   c.dma_map(0x100000, 1 << 20, mem.get(), 0);
@@ -684,13 +684,13 @@ TEST_F(VfProxyTest, DmaWindowsArePinnedOnlyUpToTheExportsLimit) {
 // Item 14: the last message's fds (here a DMA window's memfd) were kept
 // after the client went, until the next client's first message.
 TEST_F(VfProxyTest, TheLastMessagesFdsGoWithTheClient) {
-  { Client warm(socket); }  // the first connection's one-time allocations
+  { guest::VfioUserClient warm(socket); }  // the first connection's one-time allocations
   for (int i = 0; i < 200 && exported->server->connected(); ++i) std::this_thread::sleep_for(5ms);
   const size_t before = open_fds();
   {
     UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
     ASSERT_EQ(::ftruncate(mem.get(), 1 << 16), 0);
-    Client c(socket);
+    guest::VfioUserClient c(socket);
     c.dma_map(0, 1 << 16, mem.get(), 0);
   }
   ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
@@ -747,7 +747,7 @@ class VfProxyDirect : public VfProxyTest {
 // Direct bind: the device signals the client's eventfd itself; the relay
 // does not see the interrupt at all. A mask moves it back to the relay.
 TEST_F(VfProxyDirect, DirectBindBypassesTheRelay) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   UniqueFd fd = eventfd_();
   enable_vector(c, 0, fd.get());
   const irq::RouteId r = *proxy->route(0);
@@ -810,7 +810,7 @@ TEST(VfioUserServer, DmaReadWriteForMemoryWithoutAnFd) {
       error = e.what();
     }
   };
-  Client c(dir.file("dma.sock"));
+  guest::VfioUserClient c(dir.file("dma.sock"));
   std::vector<uint8_t> local(8192, 0);
   std::memcpy(local.data(), "guest bytes!", 12);
   c.dma_map_local(0x2000, 8192, local.data());

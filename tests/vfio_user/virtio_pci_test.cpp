@@ -17,9 +17,9 @@
 #include <future>
 #include <thread>
 
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/vfio_user/server.hpp"
-#include "sriovd/vfio_user/virtio_net_driver.hpp"
+#include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -135,16 +135,16 @@ TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
   EXPECT_EQ(port.active.load(), 1U) << "a new device uses its first pair: the port steers there";
   {
     // A driver without MQ: every flow must come to the one pair it reads.
-    Client c(socket);
-    VirtioNetDriver one(c, {.queue_size = 64, .packed = false, .offloads = false});
+    guest::VfioUserClient c(socket);
+    guest::VirtioNetDriver one(c, {.queue_size = 64, .packed = false, .offloads = false});
     one.bring_up();
     EXPECT_EQ(one.queue_pairs(), 1U);
     EXPECT_EQ(port.active.load(), 1U);
   }
   {
-    Client c(socket);
+    guest::VfioUserClient c(socket);
     EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 6U);  // 4 data queues, control, config
-    VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .queue_pairs = 2});
+    guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .queue_pairs = 2});
     d.bring_up();
     ASSERT_EQ(d.queue_pairs(), 2U);
     EXPECT_TRUE(d.features() & virtio::kNetMq);
@@ -183,7 +183,7 @@ TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
 }
 
 TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   const uint32_t id = c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0);
   EXPECT_EQ(id & 0xffff, 0x1af4U);
   EXPECT_EQ(id >> 16U, 0x1041U);  // 0x1040 + virtio-net (§4.1.2.1)
@@ -205,7 +205,7 @@ TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
 }
 
 TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   c.write(0, 0x14, std::vector<uint8_t>{3});
   c.write32(0, 0x08, 1);
   c.write32(0, 0x0c, 1U | (1U << 30U));  // VERSION_1 and an unoffered bit 62
@@ -215,8 +215,8 @@ TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
   EXPECT_FALSE(status & 8);
 }
 
-void run_traffic(VirtioPciTest& t, Client& c, bool packed) {
-  VirtioNetDriver d(c, {.queue_size = 64, .packed = packed, .offloads = false});
+void run_traffic(VirtioPciTest& t, guest::VfioUserClient& c, bool packed) {
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = packed, .offloads = false});
   d.bring_up();
   EXPECT_EQ(d.packed(), packed);
   EXPECT_EQ(d.mac(), "02:5a:00:00:01:02");
@@ -241,20 +241,20 @@ void run_traffic(VirtioPciTest& t, Client& c, bool packed) {
 }
 
 TEST_F(VirtioPciTest, SplitRingTrafficBothWays) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   run_traffic(*this, c, false);
 }
 
 TEST_F(VirtioPciTest, PackedRingTrafficBothWays) {
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   run_traffic(*this, c, true);
 }
 
 // The queue's interrupt is its MSI-X vector's route: masked, it latches
 // the PBA bit; unmasked, it is delivered.
 TEST_F(VirtioPciTest, QueueInterruptHonoursTheVectorMask) {
-  Client c(socket);
-  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
   c.write32(1, 0 * 16 + 12, 1);  // mask vector 0 (RX)
   auto f = frame(64, 0x55);
@@ -279,8 +279,8 @@ std::vector<uint8_t> eth_frame(const uint8_t* dest, uint8_t fill) {
 // The control queue (§5.1.6.5): RX mode and MAC filtering decide what the
 // driver receives; MAC_ADDR_SET changes the address in config space too.
 TEST_F(VirtioPciTest, ControlQueueFiltersWhatTheDriverReceives) {
-  Client c(socket);
-  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .control_queue = true});
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .control_queue = true});
   d.bring_up();
   ASSERT_TRUE(d.features() & virtio::kNetCtrlVq);
   const uint8_t ours[6] = {0x02, 0x5a, 0x00, 0x00, 0x01, 0x02};
@@ -323,8 +323,8 @@ TEST_F(VirtioPciTest, ControlQueueFiltersWhatTheDriverReceives) {
 
 // The queue pair's worker is named and pinned to the CPU the config gives.
 TEST_F(VirtioPciTest, WorkerRunsOnTheConfiguredCpu) {
-  Client c(socket);
-  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
   bool found = false;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
@@ -345,8 +345,8 @@ TEST_F(VirtioPciTest, WorkerRunsOnTheConfiguredCpu) {
 // The link follows the port's carrier: status in the device config, a new
 // config_generation, and the configuration vector fires (§4.1.5.3).
 TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
-  Client c(socket);
-  VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
   // The configuration change vector: the last one (after the three queues).
   UniqueFd cfg_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -378,14 +378,14 @@ TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
 
 TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {
   {
-    Client c(socket);
-    VirtioNetDriver d(c, {.queue_size = 64, .packed = true, .offloads = false});
+    guest::VfioUserClient c(socket);
+    guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = true, .offloads = false});
     d.bring_up();
     EXPECT_TRUE(net->running());
   }
   for (int i = 0; i < 200 && (server->connected() || net->running()); ++i) std::this_thread::sleep_for(5ms);
   EXPECT_FALSE(net->running());
-  Client c(socket);
+  guest::VfioUserClient c(socket);
   run_traffic(*this, c, false);
 }
 

@@ -25,7 +25,7 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "vhost_user/harness.hpp"
@@ -105,11 +105,11 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     ASSERT_EQ(::ftruncate(ram_fd.get(), kRam), 0);
     ram = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
     if (packed()) {
-      rx_packed = std::make_unique<virtio::PackedDriver>(ram, 0, kQueue);
-      tx_packed = std::make_unique<virtio::PackedDriver>(ram + 0x8000, 0x8000, kQueue);
+      rx_packed = std::make_unique<guest::PackedDriver>(ram, 0, kQueue);
+      tx_packed = std::make_unique<guest::PackedDriver>(ram + 0x8000, 0x8000, kQueue);
     } else {
-      rx_split = std::make_unique<virtio::SplitDriver>(ram, 0, kQueue);
-      tx_split = std::make_unique<virtio::SplitDriver>(ram + 0x8000, 0x8000, kQueue);
+      rx_split = std::make_unique<guest::SplitDriver>(ram, 0, kQueue);
+      tx_split = std::make_unique<guest::SplitDriver>(ram + 0x8000, 0x8000, kQueue);
     }
   }
   void TearDown() override {
@@ -200,7 +200,7 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     const uint64_t gpa = kBufs + 0x1000ULL * n;
     std::memset(ram + gpa, 0, 12);
     std::memset(ram + gpa + 12, n, 60);
-    const virtio::Buffer b{gpa, 72, false};
+    const guest::Buffer b{gpa, 72, false};
     if (packed()) {
       ASSERT_GE(tx_packed->add({&b, 1}), 0);
     } else {
@@ -246,8 +246,8 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   uint8_t* inflight = nullptr;
   size_t inflight_size = 0;
   InflightDesc inflight_desc{};
-  std::unique_ptr<virtio::SplitDriver> rx_split, tx_split;
-  std::unique_ptr<virtio::PackedDriver> rx_packed, tx_packed;
+  std::unique_ptr<guest::SplitDriver> rx_split, tx_split;
+  std::unique_ptr<guest::PackedDriver> rx_packed, tx_packed;
   UniqueFd kicks[2], calls[2];
   bool hangup_ok = false, hung_up = false;
   uint16_t heads[256] = {};

@@ -19,9 +19,9 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/virtio/iotlb.hpp"
-#include "sriovd/vfio_user/virtio_net_driver.hpp"
+#include "sriovd/guest/virtio_net_driver.hpp"
 #include "vhost_user/harness.hpp"
 #include "support/temp_dir.hpp"
 #include "support/process.hpp"
@@ -96,8 +96,8 @@ class IotlbTest : public ::testing::Test {
     send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
     // The rings' IOVAs are known before the queues start, as QEMU does.
     iotlb(kIotlbUpdate, kRingIova, 0x10000, kUaddr, 3);
-    rx = std::make_unique<virtio::SplitDriver>(ram, kRingIova, kQueue);
-    tx = std::make_unique<virtio::SplitDriver>(ram + 0x4000, kRingIova + 0x4000, kQueue);
+    rx = std::make_unique<guest::SplitDriver>(ram, kRingIova, kQueue);
+    tx = std::make_unique<guest::SplitDriver>(ram + 0x4000, kRingIova + 0x4000, kQueue);
     for (unsigned q = 0; q < 2; ++q) {
       const auto r = (q == 0 ? rx : tx)->addresses();
       VringState num{q, kQueue};
@@ -133,7 +133,7 @@ class IotlbTest : public ::testing::Test {
   void transmit(uint8_t fill) {
     std::memset(ram + kBufOffset, 0, 12);
     std::memset(ram + kBufOffset + 12, fill, 60);
-    const virtio::Buffer b{kBufIova, 72, false};
+    const guest::Buffer b{kBufIova, 72, false};
     ASSERT_GE(tx->add({&b, 1}), 0);
     tx->publish();
     const uint64_t one = 1;
@@ -157,7 +157,7 @@ class IotlbTest : public ::testing::Test {
   virtio::NetDevice* device = nullptr;
   UniqueFd ram_fd, sock, backend_channel;
   uint8_t* ram = nullptr;
-  std::unique_ptr<virtio::SplitDriver> rx, tx;
+  std::unique_ptr<guest::SplitDriver> rx, tx;
   UniqueFd kicks[2], calls[2];
 };
 
@@ -282,11 +282,11 @@ TEST(IotlbFrontEnd, GuestBehindAnEmulatedIommuMovesTrafficThroughMissesAndUpdate
     test::BackendRunner vu(nc, std::make_unique<LoopPort>(), dir.file("vnet.sock"));
     virtio::NetDevice& device = vu.device;
     {
-      vfio_user::VirtioNetDriverOptions opts;
+      guest::VirtioNetDriverOptions opts;
       opts.queue_size = 64;
       opts.packed = packed;
       opts.iommu = true;
-      vfio_user::VirtioNetDriver driver(dir.file("vnet.sock"), opts);
+      guest::VirtioNetDriver driver(dir.file("vnet.sock"), opts);
       ASSERT_NO_THROW(driver.bring_up());
       EXPECT_TRUE(driver.features() & virtio::kAccessPlatform);
       EXPECT_EQ(driver.packed(), packed);

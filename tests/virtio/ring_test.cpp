@@ -9,10 +9,14 @@
 #include <thread>
 #include <vector>
 
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/virtqueue.hpp"
 
 namespace sriovd::virtio {
 namespace {
+
+using guest::Buffer;
+using guest::PackedDriver;
+using guest::SplitDriver;
 
 constexpr uint64_t kBase = 0x10000;       // guest address of the memory below
 constexpr uint64_t kMemSize = 1U << 20U;  // 1 MiB of "guest RAM"
@@ -375,6 +379,10 @@ TYPED_TEST(Rings, TwoThreadsHandOverEveryBuffer) {
 
 namespace sriovd::virtio {
 namespace {
+
+using guest::Buffer;
+using guest::PackedDriver;
+using guest::SplitDriver;
 
 // Issue 11, item 5: after recovery validated the inflight region, the
 // front-end rewrote an entry's descriptor count (and counters) in the

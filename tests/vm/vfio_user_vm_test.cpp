@@ -22,7 +22,7 @@
 #include "support/process.hpp"
 #include "vm/vm_test_support.hpp"
 #include "sriovd/vfio/kernel.hpp"
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
 
@@ -45,7 +45,7 @@ class VfioUserOnVfio : public ::testing::Test {
     proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, device_address().to_string(), BarMapping::device_fd);
     server = std::make_unique<Server>(io, socket, *proxy);
     thread = std::thread([this] { io.run(); });
-    client = std::make_unique<Client>(socket);
+    client = std::make_unique<guest::VfioUserClient>(socket);
     std::vector<uint8_t> cfg(256);
     client->read(VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg);
     layout = *pci::find_msix(cfg);
@@ -82,7 +82,7 @@ class VfioUserOnVfio : public ::testing::Test {
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   std::unique_ptr<Server> server;
   std::thread thread;
-  std::unique_ptr<Client> client;
+  std::unique_ptr<guest::VfioUserClient> client;
   pci::MsixLayout layout;
 };
 
@@ -91,7 +91,7 @@ class VfioUserOnVfio : public ::testing::Test {
 // register read through the mapping equals one through REGION_READ.
 TEST_F(VfioUserOnVfio, BarMappedThroughTheVfioFdExceptMsixPages) {
   start(irq::Policy::relay);
-  Client::Region bar = client->region(layout.table_bir);
+  guest::VfioUserClient::Region bar = client->region(layout.table_bir);
   ASSERT_TRUE(bar.fd.valid()) << "no fd for the BAR";
   ASSERT_TRUE(bar.info.flags & VFIO_REGION_INFO_FLAG_MMAP);
   ASSERT_FALSE(bar.sparse.empty());
@@ -218,7 +218,7 @@ TEST_F(VfioUserOnVfio, DirectBindHandsTheClientFdToVfio) {
 class NvmeThroughTheExport : public VfioUserOnVfio, public ::testing::WithParamInterface<irq::Policy> {};
 
 struct Nvme {
-  Client& c;
+  guest::VfioUserClient& c;
   volatile uint8_t* regs = nullptr;  // BAR0 through the passed fd, when a sparse area covers it
   size_t mapped = 0;
   uint32_t dstrd = 0;
@@ -251,13 +251,13 @@ TEST_P(NvmeThroughTheExport, AForeignClientRunsIdentifyAndGetsTheCompletionInter
   start(GetParam());
   client.reset();  // one client at a time: the foreign one takes over
   ASSERT_TRUE(test::wait_until([&] { return !server->connected(); }, 5s));
-  Client c(socket, Dialect::foreign());
+  guest::VfioUserClient c(socket, guest::Dialect::foreign());
   ASSERT_EQ(c.device_info().num_regions, 9U);
   const uint16_t vendor = static_cast<uint16_t>(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0));
 
   // BAR0 through the passed fd: the sparse area at offset 0 holds the
   // registers and doorbells (the MSI-X pages are not in it).
-  Client::Region bar0 = c.region(0);
+  guest::VfioUserClient::Region bar0 = c.region(0);
   ASSERT_TRUE(bar0.fd.valid()) << "bar_access: mmap passes the device fd";
   Nvme nvme{c};
   // Unmapped however the test ends: a mapping of the device fd keeps the

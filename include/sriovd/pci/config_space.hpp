@@ -26,6 +26,9 @@ inline void put32(std::span<uint8_t> c, size_t at, uint32_t v) {
   put16(c, at, static_cast<uint16_t>(v));
   put16(c, at + 2, static_cast<uint16_t>(v >> 16U));
 }
+inline uint16_t get16(std::span<const uint8_t> c, size_t at) {
+  return static_cast<uint16_t>(c[at] | (static_cast<uint32_t>(c[at + 1]) << 8U));
+}
 inline uint32_t get32(std::span<const uint8_t> c, size_t at) {
   return c[at] | (static_cast<uint32_t>(c[at + 1]) << 8U) | (static_cast<uint32_t>(c[at + 2]) << 16U) |
          (static_cast<uint32_t>(c[at + 3]) << 24U);

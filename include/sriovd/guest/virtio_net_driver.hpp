@@ -1,15 +1,15 @@
 #pragma once
-// The guest side of virtio-net-pci over vfio-user: what a guest kernel's
-// virtio-net driver does, in user space. Finds the virtio capabilities in
-// config space, shares guest RAM (a memfd) with DMA_MAP, negotiates
-// features, lays out the rings in that RAM, programs MSI-X (one vector per
-// queue, eventfds through SET_IRQS), takes one doorbell eventfd per queue
-// from GET_REGION_IO_FDS, and then bridges the device to a tap: frames the
-// kernel sends on the tap go out on the TX queue, frames the device
-// delivers on the RX queue go into the tap. With offloads negotiated,
-// 64 KB TSO segments and partial checksums travel end to end.
-
-#include <poll.h>
+// A guest's virtio-net driver in user space, on either transport: what a
+// guest kernel's virtio-net driver does over virtio-pci (here over
+// vfio-user: capabilities in config space, guest RAM shared with DMA_MAP,
+// MSI-X through SET_IRQS, doorbells from GET_REGION_IO_FDS), or what a VMM
+// does as a vhost-user front-end (memory table, vring addresses, kick and
+// call eventfds, an emulated IOMMU answering IOTLB misses). The driver owns
+// guest RAM, the rings and the buffers; a Transport carries the rest. It
+// bridges the device to a tap: frames the kernel sends on the tap go out on
+// the TX queue, frames the device delivers on the RX queue go into the tap.
+// With offloads negotiated, 64 KB TSO segments and partial checksums travel
+// end to end.
 
 #include <atomic>
 #include <cstdint>
@@ -18,11 +18,12 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/vfio_user/client.hpp"
-#include "sriovd/virtio/driver.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/virtio/tap.hpp"
 
-namespace sriovd::vfio_user {
+namespace sriovd::guest {
+
+class Transport;  // how the device is reached (src/guest/transport.hpp)
 
 struct VirtioNetDriverOptions {
   uint16_t queue_size = 256;
@@ -50,7 +51,7 @@ struct VirtioNetDriverStats {
 class VirtioNetDriver {
  public:
   // virtio-net-pci over vfio-user (bring_up()).
-  VirtioNetDriver(Client& client, VirtioNetDriverOptions options);
+  VirtioNetDriver(VfioUserClient& client, VirtioNetDriverOptions options);
   // The same driver as a vhost-user front-end (the VMM's side of vhost-user:
   // memory table, vring addresses, kick and call eventfds) on `socket`.
   VirtioNetDriver(std::string vhost_user_socket, VirtioNetDriverOptions options);
@@ -80,18 +81,8 @@ class VirtioNetDriver {
   [[nodiscard]] std::string mac() const;
 
  private:
-  struct Cap {
-    uint8_t bar = 0;
-    uint32_t offset = 0;
-    uint32_t length = 0;
-  };
   class Ring;
-  void find_caps();
-  uint32_t common32(uint32_t off);
-  void common_write(uint32_t off, uint64_t value, unsigned size);
-  uint8_t status();
-  void set_status(uint8_t s);
-  // Queue pair p: queues 2p (RX) and 2p + 1 (TX), MSI-X vectors the same.
+  // Queue pair p: queues 2p (RX) and 2p + 1 (TX), interrupts the same.
   struct Pair {
     std::unique_ptr<Ring> rx, tx;
     std::vector<uint16_t> tx_free;  // free TX buffer slots
@@ -99,36 +90,20 @@ class VirtioNetDriver {
   [[nodiscard]] uint64_t tx_offset(unsigned pair, uint16_t slot) const;
   [[nodiscard]] uint64_t rx_offset(unsigned pair, uint16_t slot) const;
   [[nodiscard]] uint64_t command_page() const;
+  // Guest RAM for `pairs` queue pairs and a control queue.
+  void map_ram(unsigned pairs);
   void make_pairs(unsigned count);
   void post_rx(unsigned pair);
   void reclaim_tx(Pair& p);
   size_t take_rx(unsigned pair, uint8_t* out, size_t size, virtio::Tap* tap, unsigned tap_queue);
   void kick(unsigned q);
 
-  void bring_up_pci();
-  void bring_up_vhost_user();
-  // Guest RAM for `pairs` queue pairs and a control queue.
-  void map_ram(unsigned pairs);
-  uint64_t vhost_request(uint32_t request, const void* payload, uint32_t size, const std::vector<int>& fds, bool reply,
-                         uint32_t flags = 0);
-  // The emulated IOMMU: answers the IOTLB misses waiting on the back-end
-  // channel. Returns how many it answered.
-  unsigned serve_iotlb();
-  // Polls `fds` (and the back-end channel, served as it turns readable)
-  // for up to timeout_ms; poll()'s result for `fds`.
-  int wait(pollfd* fds, nfds_t count, int timeout_ms);
-
-  Client* client_ = nullptr;
-  std::string vhost_socket_;
-  UniqueFd vhost_;  // the vhost-user connection
-  UniqueFd backend_channel_;  // our end of SET_BACKEND_REQ_FD (IOTLB misses)
-  uint64_t dma_base_ = 0;     // where guest RAM starts in the addresses the device is given
   VirtioNetDriverOptions options_;
-  Cap common_, notify_, device_;
-  uint32_t notify_multiplier_ = 0;
+  VirtioNetDriverStats stats_;
+  std::unique_ptr<Transport> transport_;
+  uint64_t dma_base_ = 0;  // where guest RAM starts in the addresses the device is given
   uint64_t features_ = 0;
   bool packed_ = false;
-  size_t hdr_len_ = 12;
   // Guest RAM.
   UniqueFd ram_fd_;
   uint8_t* ram_ = nullptr;
@@ -138,9 +113,8 @@ class VirtioNetDriver {
   std::vector<Pair> pairs_;
   std::unique_ptr<Ring> ctrl_;
   unsigned ctrl_index_ = 2;
-  std::vector<UniqueFd> irq_fds_;   // MSI-X vector eventfds: queue q's is q, the control queue's last
-  std::vector<UniqueFd> doorbells_;  // per queue, from GET_REGION_IO_FDS
-  VirtioNetDriverStats stats_;
+  std::vector<UniqueFd> irq_fds_;    // per interrupt: queue q's is q, the control queue's last
+  std::vector<UniqueFd> doorbells_;  // per queue, where the transport has them
 };
 
-}  // namespace sriovd::vfio_user
+}  // namespace sriovd::guest

@@ -15,7 +15,7 @@
 #include "sriovd/vfio_user/device.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 
-namespace sriovd::vfio_user {
+namespace sriovd::guest {
 
 // How a client speaks the protocol. The default is this project's own
 // client; foreign() is an independent client that sriovd must serve
@@ -31,14 +31,14 @@ struct Dialect {
   static Dialect foreign() { return {false, true, 4064, true}; }
 };
 
-class Client {
+class VfioUserClient {
  public:
   // Connects and negotiates VERSION (throws Error if the server refuses).
-  explicit Client(const std::string& socket_path, nlohmann::json capabilities = nullptr, Dialect dialect = {});
-  Client(const std::string& socket_path, Dialect dialect) : Client(socket_path, nullptr, dialect) {}
+  explicit VfioUserClient(const std::string& socket_path, nlohmann::json capabilities = nullptr, Dialect dialect = {});
+  VfioUserClient(const std::string& socket_path, Dialect dialect) : VfioUserClient(socket_path, nullptr, dialect) {}
 
   struct Reply {
-    Header hdr;
+    vfio_user::Header hdr;
     std::vector<uint8_t> payload;
     std::vector<UniqueFd> fds;
   };
@@ -50,19 +50,19 @@ class Client {
   [[nodiscard]] const nlohmann::json& server_capabilities() const { return server_caps_; }
   [[nodiscard]] uint16_t minor() const { return minor_; }
 
-  DeviceInfo device_info();
+  vfio_user::DeviceInfo device_info();
   struct Region {
-    RegionInfo info;
-    std::vector<SparseArea> sparse;
+    vfio_user::RegionInfo info;
+    std::vector<vfio_user::SparseArea> sparse;
     UniqueFd fd;
   };
   Region region(uint32_t index);
   struct IoFds {
-    std::vector<IoFdEntry> entries;
+    std::vector<vfio_user::IoFdEntry> entries;
     std::vector<UniqueFd> fds;
   };
   IoFds region_io_fds(uint32_t index);
-  IrqInfo irq_info(uint32_t index);
+  vfio_user::IrqInfo irq_info(uint32_t index);
 
   void read(uint32_t region, uint64_t offset, std::span<uint8_t> out);
   void write(uint32_t region, uint64_t offset, std::span<const uint8_t> in);
@@ -86,7 +86,7 @@ class Client {
   [[nodiscard]] uint64_t dma_requests_served() const { return dma_served_; }
 
  private:
-  void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
+  void send(const vfio_user::Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
   Reply receive();
   void serve_dma(const Reply& m);
 
@@ -111,4 +111,4 @@ class Client {
   uint64_t dma_served_ = 0;
 };
 
-}  // namespace sriovd::vfio_user
+}  // namespace sriovd::guest

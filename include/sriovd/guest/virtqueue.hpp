@@ -9,7 +9,7 @@
 
 #include "sriovd/virtio/ring.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::guest {
 
 struct Buffer {
   uint64_t addr = 0;  // guest physical
@@ -20,11 +20,11 @@ struct Buffer {
 class SplitDriver {
  public:
   // Lays out desc, avail and used from `host` (guest address `gpa`), which
-  // must hold split_ring_bytes(size) bytes, 16-byte aligned.
-  SplitDriver(uint8_t* host, uint64_t gpa, uint16_t size, Barriers barriers = Barriers::one_way);
+  // must hold virtio::split_ring_bytes(size) bytes, 16-byte aligned.
+  SplitDriver(uint8_t* host, uint64_t gpa, uint16_t size, virtio::Barriers barriers = virtio::Barriers::one_way);
   static uint64_t ring_bytes(uint16_t size);
 
-  [[nodiscard]] RingAddresses addresses() const { return rings_; }
+  [[nodiscard]] virtio::RingAddresses addresses() const { return rings_; }
   // Adds a chain; returns its head, or -1 when the ring has no room.
   int add(std::span<const Buffer> chain);
   // An indirect chain: the table (at table_gpa, host pointer table) holds it.
@@ -36,15 +36,15 @@ class SplitDriver {
   void set_no_interrupt(bool on);
 
   // Raw access, for malformed-ring tests.
-  SplitDesc* desc() { return desc_; }
+  virtio::SplitDesc* desc() { return desc_; }
   uint16_t* avail() { return avail_; }  // flags, idx, ring[], used_event
   [[nodiscard]] uint16_t size() const { return size_; }
 
  private:
-  Barriers barriers_;
+  virtio::Barriers barriers_;
   uint16_t size_;
-  RingAddresses rings_;
-  SplitDesc* desc_;
+  virtio::RingAddresses rings_;
+  virtio::SplitDesc* desc_;
   uint16_t* avail_;
   uint8_t* used_;
   std::vector<uint16_t> free_;
@@ -55,26 +55,26 @@ class SplitDriver {
 
 class PackedDriver {
  public:
-  PackedDriver(uint8_t* host, uint64_t gpa, uint16_t size, Barriers barriers = Barriers::one_way);
+  PackedDriver(uint8_t* host, uint64_t gpa, uint16_t size, virtio::Barriers barriers = virtio::Barriers::one_way);
   static uint64_t ring_bytes(uint16_t size);
 
-  [[nodiscard]] RingAddresses addresses() const { return rings_; }
+  [[nodiscard]] virtio::RingAddresses addresses() const { return rings_; }
   // Writes the chain with the head's flags last (release): available at once.
   int add(std::span<const Buffer> chain);
   int add_indirect(uint64_t table_gpa, uint8_t* table, std::span<const Buffer> chain);
   bool take_used(uint32_t& id, uint32_t& len);
   void set_event(uint16_t flags, uint16_t off_wrap = 0);
 
-  PackedDesc* desc() { return desc_; }
+  virtio::PackedDesc* desc() { return desc_; }
   [[nodiscard]] uint16_t size() const { return size_; }
 
  private:
-  int place(std::span<const PackedDesc> descs, uint16_t id);
-  Barriers barriers_;
+  int place(std::span<const virtio::PackedDesc> descs, uint16_t id);
+  virtio::Barriers barriers_;
   uint16_t size_;
-  RingAddresses rings_;
-  PackedDesc* desc_;
-  EventSuppress* driver_event_;
+  virtio::RingAddresses rings_;
+  virtio::PackedDesc* desc_;
+  virtio::EventSuppress* driver_event_;
   std::vector<uint16_t> free_ids_;
   std::vector<uint16_t> id_slots_;
   uint16_t next_avail_ = 0;
@@ -84,4 +84,4 @@ class PackedDriver {
   uint32_t free_slots_;
 };
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::guest

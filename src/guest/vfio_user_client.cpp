@@ -1,4 +1,4 @@
-#include "sriovd/vfio_user/client.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
 
 #include <linux/vfio.h>
 #include <sys/socket.h>
@@ -10,7 +10,9 @@
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
-namespace sriovd::vfio_user {
+namespace sriovd::guest {
+
+using namespace vfio_user;  // the wire format this client speaks
 
 namespace {
 
@@ -29,7 +31,7 @@ T load(const std::vector<uint8_t>& p, size_t at = 0) {
 
 }  // namespace
 
-Client::Client(const std::string& socket_path, nlohmann::json capabilities, Dialect dialect) : dialect_(dialect) {
+VfioUserClient::VfioUserClient(const std::string& socket_path, nlohmann::json capabilities, Dialect dialect) : dialect_(dialect) {
   sock_ = connect_unix(socket_path, "vfio-user socket");
   if (capabilities.is_null())
     capabilities = {{"capabilities", {{"max_msg_fds", kMaxMsgFds}, {"max_data_xfer_size", kMaxDataXfer}}}};
@@ -53,13 +55,13 @@ Client::Client(const std::string& socket_path, nlohmann::json capabilities, Dial
   }
 }
 
-void Client::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
+void VfioUserClient::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
   const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
   const ssize_t n = send_with_fds(sock_.get(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
   if (n != static_cast<ssize_t>(sizeof h + payload.size())) throw SystemError(n < 0 ? errno : EPIPE, "vfio-user send");
 }
 
-Client::Reply Client::receive() {
+VfioUserClient::Reply VfioUserClient::receive() {
   Reply r;
   auto read_exact = [&](uint8_t* to, size_t size) {
     size_t got = 0;
@@ -78,7 +80,7 @@ Client::Reply Client::receive() {
   return r;
 }
 
-void Client::serve_dma(const Reply& m) {
+void VfioUserClient::serve_dma(const Reply& m) {
   Header h{m.hdr.id, m.hdr.command, sizeof(Header), kTypeReply, 0};
   const auto a = load<DmaAccess>(m.payload);
   const bool write = m.hdr.command == kDmaWrite;
@@ -101,7 +103,7 @@ void Client::serve_dma(const Reply& m) {
   send(h, {}, {});
 }
 
-Client::Reply Client::request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds, uint32_t flags) {
+VfioUserClient::Reply VfioUserClient::request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds, uint32_t flags) {
   const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
   send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0}, payload, fds);
   if (flags & kNoReply) return {};
@@ -118,7 +120,7 @@ Client::Reply Client::request(uint16_t command, std::span<const uint8_t> payload
   }
 }
 
-Client::Reply Client::call(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds) {
+VfioUserClient::Reply VfioUserClient::call(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds) {
   Reply r = request(command, payload, fds);
   if (r.hdr.flags & kError)
     throw Error(r.hdr.error ? static_cast<int>(r.hdr.error) : EIO,
@@ -126,12 +128,12 @@ Client::Reply Client::call(uint16_t command, std::span<const uint8_t> payload, s
   return r;
 }
 
-DeviceInfo Client::device_info() {
+DeviceInfo VfioUserClient::device_info() {
   DeviceInfo q{sizeof(DeviceInfo), 0, 0, 0};
   return load<DeviceInfo>(call(kDeviceGetInfo, bytes_of(q)).payload);
 }
 
-Client::Region Client::region(uint32_t index) {
+VfioUserClient::Region VfioUserClient::region(uint32_t index) {
   // The fixed struct with room for the capabilities; a dialect may send its
   // whole reply buffer as the payload.
   const uint32_t argsz = dialect_.region_info_argsz ? dialect_.region_info_argsz : 4064;
@@ -156,7 +158,7 @@ Client::Region Client::region(uint32_t index) {
   return out;
 }
 
-Client::IoFds Client::region_io_fds(uint32_t index) {
+VfioUserClient::IoFds VfioUserClient::region_io_fds(uint32_t index) {
   RegionIoFds q{4096, 0, index, 0};
   Reply r = call(kDeviceGetRegionIoFds, bytes_of(q));
   const auto head = load<RegionIoFds>(r.payload);
@@ -166,36 +168,36 @@ Client::IoFds Client::region_io_fds(uint32_t index) {
   return out;
 }
 
-IrqInfo Client::irq_info(uint32_t index) {
+IrqInfo VfioUserClient::irq_info(uint32_t index) {
   IrqInfo q{sizeof(IrqInfo), 0, index, 0};
   return load<IrqInfo>(call(kDeviceGetIrqInfo, bytes_of(q)).payload);
 }
 
-void Client::read(uint32_t region, uint64_t offset, std::span<uint8_t> out) {
+void VfioUserClient::read(uint32_t region, uint64_t offset, std::span<uint8_t> out) {
   RegionAccess a{offset, region, static_cast<uint32_t>(out.size())};
   Reply r = call(kRegionRead, bytes_of(a));
   if (r.payload.size() != sizeof a + out.size()) throw Error(EPROTO, "REGION_READ reply of " + std::to_string(r.payload.size()) + " bytes");
   std::memcpy(out.data(), r.payload.data() + sizeof a, out.size());
 }
 
-void Client::write(uint32_t region, uint64_t offset, std::span<const uint8_t> in) {
+void VfioUserClient::write(uint32_t region, uint64_t offset, std::span<const uint8_t> in) {
   RegionAccess a{offset, region, static_cast<uint32_t>(in.size())};
   std::vector<uint8_t> payload(bytes_of(a).begin(), bytes_of(a).end());
   payload.insert(payload.end(), in.begin(), in.end());
   call(kRegionWrite, payload);
 }
 
-uint32_t Client::read32(uint32_t region, uint64_t offset) {
+uint32_t VfioUserClient::read32(uint32_t region, uint64_t offset) {
   uint32_t v;
   read(region, offset, {reinterpret_cast<uint8_t*>(&v), sizeof v});
   return v;
 }
 
-void Client::write32(uint32_t region, uint64_t offset, uint32_t value) {
+void VfioUserClient::write32(uint32_t region, uint64_t offset, uint32_t value) {
   write(region, offset, {reinterpret_cast<const uint8_t*>(&value), sizeof value});
 }
 
-void Client::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) {
+void VfioUserClient::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) {
   // A run of -1 entries is a de-assignment (no fds); a mix is sent as
   // separate runs, since a message carries either fds for all or none.
   for (size_t i = 0; i < fds.size();) {
@@ -209,36 +211,36 @@ void Client::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const in
   }
 }
 
-void Client::disable_irqs(uint32_t index) {
+void VfioUserClient::disable_irqs(uint32_t index) {
   IrqSet s{sizeof(IrqSet), VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, index, 0, 0};
   call(kDeviceSetIrqs, bytes_of(s));
 }
 
-void Client::mask(uint32_t index, uint32_t vector, bool masked) {
+void VfioUserClient::mask(uint32_t index, uint32_t vector, bool masked) {
   IrqSet s{sizeof(IrqSet),
            static_cast<uint32_t>(VFIO_IRQ_SET_DATA_NONE | (masked ? VFIO_IRQ_SET_ACTION_MASK : VFIO_IRQ_SET_ACTION_UNMASK)),
            index, vector, 1};
   call(kDeviceSetIrqs, bytes_of(s));
 }
 
-void Client::trigger(uint32_t index, uint32_t vector) {
+void VfioUserClient::trigger(uint32_t index, uint32_t vector) {
   IrqSet s{sizeof(IrqSet), VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, index, vector, 1};
   call(kDeviceSetIrqs, bytes_of(s));
 }
 
-void Client::dma_map(uint64_t iova, uint64_t size, int fd, uint64_t offset, bool writable) {
+void VfioUserClient::dma_map(uint64_t iova, uint64_t size, int fd, uint64_t offset, bool writable) {
   DmaMap d{sizeof(DmaMap), kDmaFlagRead | (writable ? kDmaFlagWrite : 0U), offset, iova, size};
   const int fds[1] = {fd};
   call(kDmaMap, bytes_of(d), fd >= 0 ? std::span<const int>(fds) : std::span<const int>{});
   if (fd >= 0 && dialect_.fd_with_unmap) mapped_.push_back({iova, size, UniqueFd(::dup(fd))});
 }
 
-void Client::dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool writable) {
+void VfioUserClient::dma_map_local(uint64_t iova, uint64_t size, uint8_t* local, bool writable) {
   dma_map(iova, size, -1, 0, writable);
   local_.push_back({iova, size, local, writable});
 }
 
-void Client::dma_unmap(uint64_t iova, uint64_t size) {
+void VfioUserClient::dma_unmap(uint64_t iova, uint64_t size) {
   DmaUnmap d{sizeof(DmaUnmap), 0, iova, size};
   int fd[1] = {-1};
   for (const Mapped& m : mapped_)
@@ -248,6 +250,6 @@ void Client::dma_unmap(uint64_t iova, uint64_t size) {
   std::erase_if(local_, [&](const Local& l) { return l.iova == iova && l.size == size; });
 }
 
-void Client::reset() { call(kDeviceReset, {}); }
+void VfioUserClient::reset() { call(kDeviceReset, {}); }
 
-}  // namespace sriovd::vfio_user
+}  // namespace sriovd::guest

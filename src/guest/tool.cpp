@@ -19,8 +19,8 @@
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
-#include "sriovd/vfio_user/client.hpp"
-#include "sriovd/vfio_user/virtio_net_driver.hpp"
+#include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/virtio/tap.hpp"
 #include "sriovd/version.hpp"
 
@@ -28,19 +28,19 @@ namespace {
 
 using nlohmann::json;
 using sriovd::UniqueFd;
-using sriovd::vfio_user::Client;
+using sriovd::guest::VfioUserClient;
 
 constexpr uint32_t kConfig = VFIO_PCI_CONFIG_REGION_INDEX;
 constexpr uint32_t kMsix = VFIO_PCI_MSIX_IRQ_INDEX;
 
-std::vector<uint8_t> read_config(Client& c) {
+std::vector<uint8_t> read_config(VfioUserClient& c) {
   const auto r = c.region(kConfig);
   std::vector<uint8_t> bytes(std::min<uint64_t>(r.info.size, 4096));
   c.read(kConfig, 0, bytes);
   return bytes;
 }
 
-json info(Client& c) {
+json info(VfioUserClient& c) {
   json out;
   out["protocol"] = {{"minor", c.minor()}, {"server", c.server_capabilities()}};
   const auto d = c.device_info();
@@ -105,7 +105,7 @@ struct StormOptions {
 // The guest the 2010 measurements were about: on every interrupt it masks
 // the vector, handles it, and unmasks it again.
 json storm(const StormOptions& o) {
-  Client c(o.socket);
+  VfioUserClient c(o.socket);
   const auto cfg = read_config(c);
   const auto layout = sriovd::pci::find_msix(cfg);
   if (!layout) throw std::runtime_error(o.socket + ": the device has no MSI-X capability");
@@ -195,9 +195,9 @@ struct NetOptions {
 // comes up on the tap. Runs until SIGINT/SIGTERM or --seconds.
 json virtio_net(const NetOptions& o) {
   if (o.socket.empty() && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
-  std::unique_ptr<Client> c;
-  std::unique_ptr<sriovd::vfio_user::VirtioNetDriver> drv;
-  sriovd::vfio_user::VirtioNetDriverOptions opts;
+  std::unique_ptr<VfioUserClient> c;
+  std::unique_ptr<sriovd::guest::VirtioNetDriver> drv;
+  sriovd::guest::VirtioNetDriverOptions opts;
   opts.queue_size = o.queue_size;
   opts.queue_pairs = o.queues;
   opts.packed = o.packed;
@@ -206,10 +206,10 @@ json virtio_net(const NetOptions& o) {
   opts.iommu_page = o.iommu_page;
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
   if (!o.vhost_user.empty()) {
-    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(o.vhost_user, opts);
+    drv = std::make_unique<sriovd::guest::VirtioNetDriver>(o.vhost_user, opts);
   } else {
-    c = std::make_unique<Client>(o.socket);
-    drv = std::make_unique<sriovd::vfio_user::VirtioNetDriver>(*c, opts);
+    c = std::make_unique<VfioUserClient>(o.socket);
+    drv = std::make_unique<sriovd::guest::VirtioNetDriver>(*c, opts);
   }
   auto& d = *drv;
   d.bring_up();
@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info_cmd) {
-      Client c(info_socket);
+      VfioUserClient c(info_socket);
       const json j = info(c);
       if (as_json)
         std::cout << j.dump(2) << "\n";
