@@ -462,7 +462,7 @@ void Daemon::start_virtio() {
           apply_access(dev.socket, dev.access, "vfio-user socket");
         } else {
           e.backend = std::make_unique<vhost_user::Backend>(
-              io_, dev.socket, *e.device,
+              io_, dev.socket, *e.device, *irq_,
               dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
                                                            : vhost_user::Backend::Mode::server,
               dev.access.allowed_uids);

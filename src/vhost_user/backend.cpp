@@ -93,9 +93,36 @@ namespace {
 constexpr std::chrono::milliseconds kMessageDeadline{1000};
 }  // namespace
 
-Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode,
+Backend::CallRoutes::CallRoutes(irq::Engine& e, virtio::NetDevice& device) : engine(e) {
+  for (unsigned q = 0; q < device.num_queues(); ++q) {
+    ids.push_back(engine.add({device.config().name, q, irq::Policy::relay, nullptr}));
+    device.set_queue_interrupt(q, ids.back());
+  }
+}
+
+Backend::CallRoutes::~CallRoutes() {
+  for (const irq::RouteId id : ids) engine.remove(id);
+}
+
+void Backend::CallRoutes::set(unsigned q, UniqueFd call) {
+  const bool valid = call.valid();
+  engine.set_sink(ids.at(q), std::move(call));
+  if (valid)
+    engine.unmask(ids[q]);
+  else
+    engine.mask(ids[q]);
+}
+
+void Backend::CallRoutes::clear() {
+  for (const irq::RouteId id : ids) {
+    engine.set_sink(id, UniqueFd());
+    engine.mask(id);
+  }
+}
+
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine, Mode mode,
                  std::vector<uid_t> allowed_uids)
-    : path_(std::move(socket_path)), device_(device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
+    : path_(std::move(socket_path)), device_(device), calls_(engine, device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
       retry_(io), err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())),
       in_(std::make_unique<Message>()),
       conn_(io,
@@ -181,6 +208,7 @@ Backend::~Backend() {
   device_.wait_for_workers();  // guest memory and the inflight buffer are ours, freed below
   drop_inflight();
   device_.reset();
+  for (unsigned q = 0; q < device_.num_queues(); ++q) device_.set_queue_interrupt(q, std::nullopt);  // routes go next
 }
 
 // One whole message (PeerConnection reads it without blocking, a second
@@ -414,7 +442,7 @@ bool Backend::set_vring_fd(Message& m) {
     // Without protocol features a ring starts when its kick fd arrives.
     if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
   } else if (m.hdr.request == kSetVringCall) {
-    device_.set_queue_call(q, std::move(fd));
+    calls_.set(q, std::move(fd));
   } else {
     // Never signalled (the device reports no ring errors), but held: one
     // per queue, the last one given, so a peer cannot pile them up.
@@ -608,6 +636,7 @@ void Backend::release_session() {
   release_pending_ = false;
   drop_inflight();
   device_.reset();
+  calls_.clear();
   memory_.clear();
   memory_.set_iotlb(nullptr);
   access_platform_ = false;

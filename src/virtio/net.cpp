@@ -125,10 +125,6 @@ NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Pack
   if (tap_->queues() < config_.queue_pairs)
     throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
                                 " queue(s) for " + std::to_string(config_.queue_pairs) + " queue pairs");
-  for (unsigned q = 0; q < queues_.size(); ++q) {
-    queues_[q].route = engine_.add({config_.name, q, irq::Policy::relay, nullptr});
-    queues_[q].interrupt = queues_[q].route;
-  }
   for (unsigned p = 0; p < config_.queue_pairs; ++p) rx_hold_.push_back(std::make_unique<RxHold>());
   // A multi-queue port starts with every queue attached; the driver has
   // none yet but the first pair.
@@ -158,7 +154,6 @@ bool NetDevice::steer_port() {
 NetDevice::~NetDevice() {
   stop();
   wait_for_workers();  // everything a stuck worker uses is this object's
-  for (auto& q : queues_) engine_.remove(q.route);
 }
 
 void NetDevice::wait_for_workers() {
@@ -235,16 +230,6 @@ void NetDevice::set_queue_rings(unsigned q, const RingAddresses& rings) {
 }
 void NetDevice::set_queue_base(unsigned q, uint32_t base) { queues_.at(q).base = base; }
 void NetDevice::set_queue_kick(unsigned q, UniqueFd kick) { queues_.at(q).kick = std::move(kick); }
-void NetDevice::set_queue_call(unsigned q, UniqueFd call) {
-  Queue& queue = queues_.at(q);
-  const bool valid = call.valid();
-  engine_.set_sink(queue.route, std::move(call));
-  // vhost-user has no vector masking: a call fd means "signal me".
-  if (valid)
-    engine_.unmask(queue.route);
-  else
-    engine_.mask(queue.route);
-}
 void NetDevice::set_queue_enabled(unsigned q, bool enabled) {
   queues_.at(q).enabled = enabled;
   if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();  // an RX vring: the pairs in use change
@@ -422,9 +407,6 @@ void NetDevice::reset() {
     queue.base = 0;
     queue.kick.reset();
     queue.enabled = false;
-    queue.interrupt = queue.route;
-    engine_.set_sink(queue.route, UniqueFd());
-    engine_.mask(queue.route);
   }
   for (auto& hold : rx_hold_) {  // a reset device has no packet in hand
     hold->pending = 0;

@@ -84,7 +84,7 @@ struct World {
     port = p.get();
     device = std::make_unique<virtio::NetDevice>(nc, *engine, std::move(p));
     socket = (dir / "vu.sock").string();
-    backend = std::make_unique<Backend>(io, socket, *device);
+    backend = std::make_unique<Backend>(io, socket, *device, *engine);
     ram.reset(::memfd_create("fuzz-ram", MFD_CLOEXEC));
     (void)::ftruncate(ram.get(), kRam);
     host = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram.get(), 0));

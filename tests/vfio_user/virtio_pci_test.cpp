@@ -11,6 +11,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -252,6 +253,26 @@ TEST_F(VirtioPciTest, PackedRingTrafficBothWays) {
 
 // The queue's interrupt is its MSI-X vector's route: masked, it latches
 // the PBA bit; unmasked, it is delivered.
+// Over virtio-pci a queue's interrupt is the MSI-X vector the driver
+// chose: the engine holds the transport's vector routes and nothing else
+// (the device model used to make a vhost-user-style route per queue that
+// sat idle here).
+TEST_F(VirtioPciTest, TheEngineHoldsOnlyTheMsixVectorRoutes) {
+  std::vector<irq::RouteId> vector_routes;
+  for (unsigned v = 0;; ++v) {
+    try {
+      vector_routes.push_back(pci->vector_route(v));
+    } catch (const std::out_of_range&) {
+      break;
+    }
+  }
+  ASSERT_FALSE(vector_routes.empty());
+  const auto routes = engine.list();
+  ASSERT_EQ(routes.size(), vector_routes.size());
+  for (const auto& r : routes)
+    EXPECT_NE(std::find(vector_routes.begin(), vector_routes.end(), r.id), vector_routes.end()) << "route " << r.id;
+}
+
 TEST_F(VirtioPciTest, QueueInterruptHonoursTheVectorMask) {
   guest::VfioUserClient c(socket);
   guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});

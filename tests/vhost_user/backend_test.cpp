@@ -20,6 +20,7 @@
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "vhost_user/harness.hpp"
+#include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vhost_user {
@@ -286,6 +287,62 @@ TEST_F(BackendTest, KickAndCallFdsAreMadeNonBlocking) {
   EXPECT_EQ(f.reply_u64(), 0U);
   EXPECT_TRUE(::fcntl(kick.get(), F_GETFL) & O_NONBLOCK);
   EXPECT_TRUE(::fcntl(call.get(), F_GETFL) & O_NONBLOCK);
+}
+
+// The queues' call routes are the back-end's (the transport's, as
+// virtio-pci's MSI-X routes are): one per queue, masked without a call fd,
+// unmasked with its sink when SET_VRING_CALL gives one, masked and without
+// a sink again when the front-end leaves, gone with the back-end.
+TEST(BackendCalls, EachQueueHasACallRouteOwnedByTheBackEnd) {
+  sriovd::test::TempDir dir;
+  irq::EngineOptions eo;
+  eo.relay_threads = 0;
+  irq::Engine engine(eo);
+  virtio::NetConfig nc;
+  nc.name = "vnet-test";
+  virtio::NetDevice device(nc, engine, std::make_unique<NullPort>());
+  EXPECT_TRUE(engine.list().empty()) << "the device model makes no routes of its own";
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  auto backend = std::make_unique<Backend>(io, dir.file("vnet.sock"), device, engine);
+  std::thread runner([&] { io.run(); });
+  auto routes = engine.list();
+  EXPECT_EQ(routes.size(), device.num_queues());
+  for (const auto& r : routes) {
+    EXPECT_EQ(r.device, "vnet-test");
+    EXPECT_TRUE(r.masked);
+    EXPECT_FALSE(r.has_sink);
+  }
+  {
+    Frontend f(dir.file("vnet.sock"));
+    UniqueFd call(::eventfd(0, EFD_CLOEXEC));
+    const uint64_t proto = kProtoReplyAck;
+    f.send(kSetProtocolFeatures, &proto, sizeof proto);
+    const uint64_t q1 = 1;
+    f.send(kSetVringCall, &q1, sizeof q1, {call.get()}, kVersion | kFlagNeedReply);
+    EXPECT_EQ(f.reply_u64(), 0U);
+    for (const auto& r : engine.list()) {
+      EXPECT_EQ(r.has_sink, r.vector == 1) << "queue " << r.vector;
+      EXPECT_EQ(r.masked, r.vector != 1) << "queue " << r.vector;
+    }
+  }
+  // The front-end left: no sinks, masked (asked on the io thread, which
+  // handles the hang-up).
+  EXPECT_TRUE(sriovd::test::wait_until(
+      [&] {
+        std::promise<bool> done;
+        asio::post(io, [&] {
+          bool clean = !backend->connected();
+          for (const auto& r : engine.list()) clean = clean && !r.has_sink && r.masked;
+          done.set_value(clean);
+        });
+        return done.get_future().get();
+      },
+      std::chrono::seconds(2)));
+  io.stop();
+  runner.join();
+  backend.reset();
+  EXPECT_TRUE(engine.list().empty()) << "the back-end's routes go with it";
 }
 
 // Item 16: vhost-user sockets checked no peer credentials. A front-end

@@ -41,8 +41,10 @@ class Backend {
   enum class Mode { server, client };
   // allowed_uids: who may be the front-end (peer_admitted, util/unix_socket.hpp);
   // in client mode the VMM that listens is checked.
-  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, Mode mode = Mode::server,
-          std::vector<uid_t> allowed_uids = {});
+  // Makes one route per queue on `engine` for the device's used-buffer
+  // notifications (the front-end's call eventfds are their sinks).
+  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine,
+          Mode mode = Mode::server, std::vector<uid_t> allowed_uids = {});
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -110,8 +112,23 @@ class Backend {
   void iotlb_message(const IotlbMsg& msg);
   void publish_translations();
 
+  // A queue's call: a route whose sink is the front-end's eventfd
+  // (SET_VRING_CALL), unmasked while there is one - vhost-user has no
+  // vector masking. The transport's, as virtio-pci's MSI-X routes are.
+  struct CallRoutes {
+    CallRoutes(irq::Engine& e, virtio::NetDevice& device);
+    ~CallRoutes();
+    CallRoutes(const CallRoutes&) = delete;
+    CallRoutes& operator=(const CallRoutes&) = delete;
+    void set(unsigned q, UniqueFd call);
+    void clear();  // no sinks, masked (a session's end)
+    irq::Engine& engine;
+    std::vector<irq::RouteId> ids;
+  };
+
   std::string path_;
   virtio::NetDevice& device_;
+  CallRoutes calls_;
   Mode mode_;
   std::vector<uid_t> allowed_uids_;
   asio::steady_timer retry_;

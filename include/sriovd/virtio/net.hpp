@@ -1,9 +1,12 @@
 #pragma once
 // The virtio-net device model (virtio 1.2 §5.1), transport-agnostic: a
-// transport (vhost-user now, virtio-pci over vfio-user later) hands it guest
-// memory, rings, kick fds and call routes, and it moves packets between the
-// rings and a packet port (a tap, or a VF's netdev). Queue interrupts go through the shared routing
-// engine: each queue's call is a route whose sink is the VMM's eventfd.
+// transport (the vhost-user back-end, or virtio-pci over vfio-user) hands
+// it guest memory, rings, kick fds and, per queue, the route of the shared
+// routing engine that its used-buffer notifications trigger; the transport
+// made that route (vhost-user: one per queue whose sink is the call
+// eventfd; virtio-pci: the MSI-X vector the driver chose) and the device
+// knows nothing of either. It moves packets between the rings and a packet
+// port (a tap, a VF's netdev through a packet socket, or a macvtap).
 //
 // Data plane: one worker thread per queue pair, epoll on the pair's kick
 // fds and tap fd. TX hands the guest's chain (virtio-net header first) to
@@ -145,12 +148,10 @@ class NetDevice {
   void set_queue_rings(unsigned q, const RingAddresses& rings);
   void set_queue_base(unsigned q, uint32_t base);
   void set_queue_kick(unsigned q, UniqueFd kick);
-  void set_queue_call(unsigned q, UniqueFd call);  // becomes the route's sink
   void set_queue_enabled(unsigned q, bool enabled);
-  // The route queue q's used-buffer notifications trigger, when the
-  // transport has its own (virtio-pci: the MSI-X vector the driver chose
-  // for the queue; nullopt: VIRTIO_MSI_NO_VECTOR, no interrupt). By
-  // default a queue triggers its own route, whose sink is set_queue_call's.
+  // The route queue q's used-buffer notifications trigger, the transport's
+  // (nullopt, the default: none, as VIRTIO_MSI_NO_VECTOR). Kept across
+  // reset(): it is the transport's wiring, not negotiated state.
   void set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route);
   // vhost-user INFLIGHT_SHMFD: the shared buffer holding one region per
   // queue (inflight_queue_bytes(queue_size) each) for queues [0, queues);
@@ -186,7 +187,6 @@ class NetDevice {
   [[nodiscard]] bool broken() const { return broken_.load(); }
 
   [[nodiscard]] const QueueStats& stats(unsigned q) const { return *queues_.at(q).stats; }
-  [[nodiscard]] irq::RouteId call_route(unsigned q) const { return queues_.at(q).route; }
   [[nodiscard]] const PacketPort& port() const { return *tap_; }
 
  private:
@@ -198,7 +198,6 @@ class NetDevice {
     UniqueFd kick;
     bool enabled = false;
     std::unique_ptr<Virtqueue> ring;
-    irq::RouteId route = 0;
     std::optional<irq::RouteId> interrupt;  // what notify() triggers
     std::unique_ptr<QueueStats> stats = std::make_unique<QueueStats>();
   };
