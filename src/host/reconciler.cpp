@@ -71,66 +71,68 @@ PciAddress Reconciler::resolve(const config::PfRef& ref) {
   return *addr;
 }
 
-std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfRef>& released) {
-  std::map<Key, json> desired;
-  std::set<PciAddress> numvfs_changes;
+// A PF the config names must exist, do SR-IOV and have room for num_vfs;
+// a change of num_vfs must not pull out a VF someone else bound to
+// vfio-pci. True when num_vfs changes (every VF is recreated).
+bool Reconciler::check_pf(const config::PfConfig& pf_cfg, PciAddress pf) {
+  const std::string name = pf_cfg.ref.to_string();
+  if (!host_.exists(pf)) throw std::runtime_error("PF " + name + ": no PCI device " + pf.to_string());
+  const auto total = host_.total_vfs(pf);
+  if (!total) throw std::runtime_error("PF " + name + " (" + pf.to_string() + ") does not support SR-IOV (no sriov_totalvfs)");
+  if (pf_cfg.num_vfs > *total)
+    throw std::runtime_error("PF " + name + ": num_vfs " + std::to_string(pf_cfg.num_vfs) + " exceeds sriov_totalvfs " +
+                             std::to_string(*total));
+  const unsigned current = host_.num_vfs(pf);
+  if (current == pf_cfg.num_vfs) return false;
+  for (unsigned i = 0; i < current; ++i) {
+    auto vf = host_.vf_address(pf, i);
+    if (!vf) continue;
+    const bool ours = journal_.ledger.find(Key{KeyKind::binding, pf, static_cast<int>(i)}) != nullptr;
+    if (host_.driver(*vf) == kVfio && !ours)
+      throw std::runtime_error("PF " + name + ": VF " + vf->to_string() +
+                               " is bound to vfio-pci by someone else; refusing to change sriov_numvfs from " +
+                               std::to_string(current) + " to " + std::to_string(pf_cfg.num_vfs));
+  }
+  return true;
+}
 
-  for (const auto& pf_cfg : cfg.physical_functions) {
-    const PciAddress pf = resolve(pf_cfg.ref);
-    const std::string name = pf_cfg.ref.to_string();
-    if (!host_.exists(pf)) throw std::runtime_error("PF " + name + ": no PCI device " + pf.to_string());
-    const auto total = host_.total_vfs(pf);
-    if (!total) throw std::runtime_error("PF " + name + " (" + pf.to_string() + ") does not support SR-IOV (no sriov_totalvfs)");
-    if (pf_cfg.num_vfs > *total)
-      throw std::runtime_error("PF " + name + ": num_vfs " + std::to_string(pf_cfg.num_vfs) + " exceeds sriov_totalvfs " +
-                               std::to_string(*total));
-    const unsigned current = host_.num_vfs(pf);
-    if (current != pf_cfg.num_vfs) {
-      numvfs_changes.insert(pf);
-      // Never pull VFs out from under someone else: a VF bound to vfio-pci
-      // that this daemon did not bind belongs to another user.
-      for (unsigned i = 0; i < current; ++i) {
-        auto vf = host_.vf_address(pf, i);
-        if (!vf) continue;
-        const bool ours = journal_.ledger.find(Key{KeyKind::binding, pf, static_cast<int>(i)}) != nullptr;
-        if (host_.driver(*vf) == kVfio && !ours)
-          throw std::runtime_error("PF " + name + ": VF " + vf->to_string() +
-                                   " is bound to vfio-pci by someone else; refusing to change sriov_numvfs from " +
-                                   std::to_string(current) + " to " + std::to_string(pf_cfg.num_vfs));
-      }
-    }
-    bool any_assigned = false;
-    for (const auto& vf : pf_cfg.vfs)
-      if (vf.assign && !released.count({pf, vf.index})) any_assigned = true;
-    // Native VF drivers must not grab VFs that go to vfio-pci; the others
-    // are probed explicitly below.
-    if (any_assigned) desired[Key{KeyKind::autoprobe, pf}] = false;
-    desired[Key{KeyKind::numvfs, pf}] = json{{"numvfs", pf_cfg.num_vfs}};
-    for (const auto& vf : pf_cfg.vfs) {
-      json s = settings_json(vf);
-      if (!s.empty()) desired[Key{KeyKind::vf_settings, pf, vf.index}] = s;
-    }
-    for (unsigned i = 0; i < pf_cfg.num_vfs; ++i) {
-      const config::VfConfig* vf = nullptr;
-      for (const auto& c : pf_cfg.vfs)
-        if (c.index == i) vf = &c;
-      const int idx = static_cast<int>(i);
-      if (vf && vf->assign && !released.count({pf, i})) {
-        desired[Key{KeyKind::binding, pf, idx}] = vfio_binding();
-        desired[Key{KeyKind::group_check, pf, idx}] = true;
-      } else if (any_assigned || released.count({pf, i})) {
-        // Not for a guest: the VF's own driver, as the kernel would probe it.
-        desired[Key{KeyKind::binding, pf, idx}] = json{{"driver", "*"}, {"override", ""}};
-      }
+// What the config asks of one PF and its VFs, key by key.
+void Reconciler::desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released,
+                           std::map<Key, json>& desired) {
+  bool any_assigned = false;
+  for (const auto& vf : pf_cfg.vfs)
+    if (vf.assign && !released.count({pf, vf.index})) any_assigned = true;
+  // Native VF drivers must not grab VFs that go to vfio-pci; the others
+  // are probed explicitly below.
+  if (any_assigned) desired[Key{KeyKind::autoprobe, pf}] = false;
+  desired[Key{KeyKind::numvfs, pf}] = json{{"numvfs", pf_cfg.num_vfs}};
+  for (const auto& vf : pf_cfg.vfs) {
+    json s = settings_json(vf);
+    if (!s.empty()) desired[Key{KeyKind::vf_settings, pf, vf.index}] = s;
+  }
+  for (unsigned i = 0; i < pf_cfg.num_vfs; ++i) {
+    const config::VfConfig* vf = nullptr;
+    for (const auto& c : pf_cfg.vfs)
+      if (c.index == i) vf = &c;
+    const int idx = static_cast<int>(i);
+    if (vf && vf->assign && !released.count({pf, i})) {
+      desired[Key{KeyKind::binding, pf, idx}] = vfio_binding();
+      desired[Key{KeyKind::group_check, pf, idx}] = true;
+    } else if (any_assigned || released.count({pf, i})) {
+      // Not for a guest: the VF's own driver, as the kernel would probe it.
+      desired[Key{KeyKind::binding, pf, idx}] = json{{"driver", "*"}, {"override", ""}};
     }
   }
+}
 
-  // What the config no longer asks for goes back to how it was found.
-  std::vector<Step> restores;
+// What the config no longer asks for goes back to how it was found, in
+// the reverse of applying order; settings fields no longer configured go
+// back too (added to `desired`).
+std::vector<Step> Reconciler::restores(std::map<Key, json>& desired, const std::set<PciAddress>& numvfs_changes) const {
+  std::vector<Step> out;
   for (auto it = journal_.ledger.entries().rbegin(); it != journal_.ledger.entries().rend(); ++it) {
     const auto& [key, original] = *it;
     if (desired.count(key)) {
-      // Settings fields no longer configured go back too.
       if (key.kind == KeyKind::vf_settings)
         for (auto f = original.begin(); f != original.end(); ++f)
           if (!desired[key].contains(f.key())) desired[key][f.key()] = f.value();
@@ -140,27 +142,36 @@ std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfR
     Step s;
     s.key = key;
     s.after = original;
-    restores.push_back(s);
+    out.push_back(s);
   }
-  std::stable_sort(restores.begin(), restores.end(),
+  std::stable_sort(out.begin(), out.end(),
                    [](const Step& a, const Step& b) { return apply_rank(a.key.kind) > apply_rank(b.key.kind); });
+  return out;
+}
 
-  std::vector<Step> applies;
+// Per PF: autoprobe, numvfs, then its VFs' settings and bindings, then checks.
+static std::vector<Step> applies(const std::map<Key, json>& desired) {
+  std::vector<Step> out;
   for (const auto& [key, want] : desired) {
     Step s;
     s.key = key;
     s.after = want;
-    applies.push_back(s);
+    out.push_back(s);
   }
-  // Per PF: autoprobe, numvfs, then its VFs' settings and bindings, then checks.
-  std::stable_sort(applies.begin(), applies.end(), [](const Step& a, const Step& b) {
+  std::stable_sort(out.begin(), out.end(), [](const Step& a, const Step& b) {
     if (a.key.device != b.key.device) return a.key.device < b.key.device;
     const bool a_pf = a.key.vf < 0, b_pf = b.key.vf < 0;
     if (a_pf != b_pf) return a_pf;
     if (apply_rank(a.key.kind) != apply_rank(b.key.kind)) return apply_rank(a.key.kind) < apply_rank(b.key.kind);
     return a.key.vf < b.key.vf;
   });
+  return out;
+}
 
+// The steps that change something: a step the host already satisfies goes
+// (unless its VF is recreated), and a group check stays only after a binding.
+std::vector<Step> Reconciler::needed(const std::vector<Step>& restore, const std::vector<Step>& apply,
+                                     const std::set<PciAddress>& numvfs_changes) {
   std::vector<Step> steps;
   auto keep_if_needed = [&](Step s, bool vf_recreated) {
     if (!vf_recreated && s.key.kind != KeyKind::group_check) {
@@ -175,9 +186,8 @@ std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfR
     }
     steps.push_back(std::move(s));
   };
-  for (auto& s : restores) keep_if_needed(s, false);
-  for (auto& s : applies) keep_if_needed(s, s.key.vf >= 0 && numvfs_changes.count(s.key.device));
-  // A group check alone changes nothing: keep it only after a binding.
+  for (const auto& s : restore) keep_if_needed(s, false);
+  for (const auto& s : apply) keep_if_needed(s, s.key.vf >= 0 && numvfs_changes.count(s.key.device));
   std::vector<Step> out;
   for (auto& s : steps) {
     if (s.key.kind == KeyKind::group_check &&
@@ -187,7 +197,19 @@ std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfR
       continue;
     out.push_back(std::move(s));
   }
-  return out;  // `before` is what the plan saw; apply() reads it again
+  return out;
+}
+
+std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfRef>& released) {
+  std::map<Key, json> desired;
+  std::set<PciAddress> numvfs_changes;
+  for (const auto& pf_cfg : cfg.physical_functions) {
+    const PciAddress pf = resolve(pf_cfg.ref);
+    if (check_pf(pf_cfg, pf)) numvfs_changes.insert(pf);
+    desire_pf(pf_cfg, pf, released, desired);
+  }
+  const std::vector<Step> restore = restores(desired, numvfs_changes);
+  return needed(restore, applies(desired), numvfs_changes);  // `before` is what the plan saw; apply() reads it again
 }
 
 void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {

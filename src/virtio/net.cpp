@@ -548,11 +548,73 @@ void NetDevice::watch_port(Worker& w) {
   ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
 }
 
+// The next packet for the driver into w.rx: the next segment of a GSO
+// packet being cut, or one from the port, filtered by the driver's
+// addresses (§5.1.6.5.1) and with the offloads it did not negotiate done
+// here (a tap never needs it: TUNSETOFFLOAD follows the features).
+NetDevice::RxTake NetDevice::take_rx_packet(Worker& w, Queue& q) {
+  RxHold& rx = *w.rx;
+  const bool guest_csum = features_ & kNetGuestCsum;
+  if (rx.cutter.active()) {
+    rx.pending = rx.cutter.next(rx.piece.data(), rx.piece.size(), guest_csum ? kHdrDataValid : 0);
+    rx.data = rx.piece.data();
+    if (rx.pending) return RxTake::packet;
+  }
+  const ssize_t n = tap_->recv(w.pair, rx.bounce.data(), rx.bounce.size());
+  if (n <= static_cast<ssize_t>(kHeader)) return RxTake::none;  // EAGAIN, or nothing usable
+  if ((features_ & kNetCtrlRx) && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(rx.bounce.data() + kHeader)) {
+    filtered_.fetch_add(1, std::memory_order_relaxed);
+    return RxTake::skipped;
+  }
+  rx.data = rx.bounce.data();
+  rx.pending = static_cast<size_t>(n);
+  const uint8_t gso = rx.data[1] & static_cast<uint8_t>(~kGsoEcn);
+  const bool ecn_ok = !(rx.data[1] & kGsoEcn) || (features_ & kNetGuestEcn);
+  if (gso != kGsoNone && !(ecn_ok && ((gso == kGsoTcpV4 && (features_ & kNetGuestTso4)) ||
+                                      (gso == kGsoTcpV6 && (features_ & kNetGuestTso6))))) {
+    rx.pending = 0;
+    q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
+    if ((gso != kGsoTcpV4 && gso != kGsoTcpV6) || !rx.cutter.start(rx.data, static_cast<size_t>(n)))
+      q.stats->dropped.fetch_add(1, std::memory_order_relaxed);  // UDP GSO, or not a TCP packet after all
+    return RxTake::skipped;
+  }
+  if ((rx.data[0] & kHdrNeedsCsum) && !guest_csum) {
+    q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
+    if (!complete_checksum(rx.data, rx.pending)) {
+      q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
+      rx.pending = 0;
+      return RxTake::skipped;
+    }
+  }
+  return RxTake::packet;
+}
+
+// Copies the packet in hand into the `used` chains taken for it, with
+// num_buffers set before any is published, and hands them back.
+void NetDevice::deliver_rx(Worker& w, Queue& q, unsigned used) {
+  const uint16_t num_buffers = static_cast<uint16_t>(used);
+  std::memcpy(w.rx->data + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
+  size_t off = 0;
+  for (unsigned c = 0; c < used; ++c) {
+    Chain& chain = w.chains[c];
+    uint32_t written = 0;
+    for (unsigned s = chain.readable; s < chain.count && off < w.rx->pending; ++s) {
+      Segment& seg = w.segs[c * kSegsPerChain + s];
+      const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
+      std::memcpy(seg.data, w.rx->data + off, n);
+      off += n;
+      written += static_cast<uint32_t>(n);
+    }
+    q.ring->push(chain, written);
+  }
+  q.stats->packets.fetch_add(1, std::memory_order_relaxed);
+  q.stats->bytes.fetch_add(w.rx->pending - kHeader, std::memory_order_relaxed);
+  w.rx->pending = 0;
+}
+
 bool NetDevice::do_rx(Worker& w) {
   Queue& q = queues_[2 * w.pair];
   const bool mergeable = features_ & kNetMrgRxbuf;
-  const bool filtering = features_ & kNetCtrlRx;
-  const bool guest_csum = features_ & kNetGuestCsum;
   // A pair the driver did not activate (MQ) takes nothing.
   if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
@@ -561,41 +623,10 @@ bool NetDevice::do_rx(Worker& w) {
       w.rx_more = true;
       break;
     }
-    RxHold& rx = *w.rx;
-    if (rx.pending == 0 && rx.cutter.active()) {
-      // The next segment of a GSO packet being cut for this driver.
-      rx.pending = rx.cutter.next(rx.piece.data(), rx.piece.size(), guest_csum ? kHdrDataValid : 0);
-      rx.data = rx.piece.data();
-    }
-    if (rx.pending == 0) {
-      const ssize_t n = tap_->recv(w.pair, rx.bounce.data(), rx.bounce.size());
-      if (n <= static_cast<ssize_t>(kHeader)) break;  // EAGAIN, or nothing usable
-      if (filtering && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(rx.bounce.data() + kHeader)) {
-        filtered_.fetch_add(1, std::memory_order_relaxed);
-        continue;  // not for this driver's addresses (§5.1.6.5.1)
-      }
-      rx.data = rx.bounce.data();
-      rx.pending = static_cast<size_t>(n);
-      // Offloads the port used that this driver did not negotiate are
-      // done here (a tap never needs it: TUNSETOFFLOAD follows features).
-      const uint8_t gso = rx.data[1] & static_cast<uint8_t>(~kGsoEcn);
-      const bool ecn_ok = !(rx.data[1] & kGsoEcn) || (features_ & kNetGuestEcn);
-      if (gso != kGsoNone && !(ecn_ok && ((gso == kGsoTcpV4 && (features_ & kNetGuestTso4)) ||
-                                          (gso == kGsoTcpV6 && (features_ & kNetGuestTso6))))) {
-        rx.pending = 0;
-        q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
-        if ((gso != kGsoTcpV4 && gso != kGsoTcpV6) || !rx.cutter.start(rx.data, static_cast<size_t>(n)))
-          q.stats->dropped.fetch_add(1, std::memory_order_relaxed);  // UDP GSO, or not a TCP packet after all
-        continue;
-      }
-      if ((rx.data[0] & kHdrNeedsCsum) && !guest_csum) {
-        q.stats->sw_offload.fetch_add(1, std::memory_order_relaxed);
-        if (!complete_checksum(rx.data, rx.pending)) {
-          q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
-          rx.pending = 0;
-          continue;
-        }
-      }
+    if (w.rx->pending == 0) {
+      const RxTake t = take_rx_packet(w, q);
+      if (t == RxTake::none) break;
+      if (t == RxTake::skipped) continue;
     }
     // Take as many buffers as the packet needs before publishing any, so
     // num_buffers is right when the driver looks.
@@ -633,24 +664,7 @@ bool NetDevice::do_rx(Worker& w) {
       }
       break;
     }
-    const uint16_t num_buffers = static_cast<uint16_t>(used);
-    std::memcpy(w.rx->data + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
-    size_t off = 0;
-    for (unsigned c = 0; c < used; ++c) {
-      Chain& chain = w.chains[c];
-      uint32_t written = 0;
-      for (unsigned s = chain.readable; s < chain.count && off < w.rx->pending; ++s) {
-        Segment& seg = w.segs[c * kSegsPerChain + s];
-        const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
-        std::memcpy(seg.data, w.rx->data + off, n);
-        off += n;
-        written += static_cast<uint32_t>(n);
-      }
-      q.ring->push(chain, written);
-    }
-    q.stats->packets.fetch_add(1, std::memory_order_relaxed);
-    q.stats->bytes.fetch_add(w.rx->pending - kHeader, std::memory_order_relaxed);
-    w.rx->pending = 0;
+    deliver_rx(w, q, used);
     delivered = true;
   }
   if (delivered) notify(q);

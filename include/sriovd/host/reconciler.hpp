@@ -5,6 +5,7 @@
 // undone in reverse. A journal left by a crash is rolled back on start.
 
 #include <functional>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -57,6 +58,13 @@ class Reconciler {
  private:
   std::vector<std::string> rollback(std::vector<Step>& steps);
   PciAddress resolve(const config::PfRef& ref);
+  // plan()'s parts (reconciler.cpp says what each does).
+  bool check_pf(const config::PfConfig& pf_cfg, PciAddress pf);
+  void desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released,
+                 std::map<Key, json>& desired);
+  std::vector<Step> restores(std::map<Key, json>& desired, const std::set<PciAddress>& numvfs_changes) const;
+  std::vector<Step> needed(const std::vector<Step>& restore, const std::vector<Step>& apply,
+                           const std::set<PciAddress>& numvfs_changes);
 
   HostControl& host_;
   StateFile state_;
