@@ -6,7 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "control_server.hpp"
 #include "daemon_internal.hpp"
+#include "host_service.hpp"
+#include "notify.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/version.hpp"
@@ -50,7 +53,7 @@ json Daemon::status_json() const {
       {"physical_functions", config_.physical_functions.size()},
       {"vfs", count_vfs(config_)},
       {"virtio_devices", config_.virtio_devices.size()},
-      {"watchdog_usec", notifier_.watchdog_interval() ? notifier_.watchdog_interval()->count() * 2 : 0},
+      {"watchdog_usec", notifier_->watchdog_interval() ? notifier_->watchdog_interval()->count() * 2 : 0},
       {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}, {"last_error", reloads_.last_error}}},
       {"udev_events", events},
   };

@@ -1,4 +1,4 @@
-#include "sriovd/daemon/control_server.hpp"
+#include "control_server.hpp"
 
 #include <sys/socket.h>
 #include <unistd.h>

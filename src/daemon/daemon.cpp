@@ -7,9 +7,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "control_server.hpp"
 #include "daemon_internal.hpp"
+#include "host_service.hpp"
+#include "notify.hpp"
 #include "sriovd/config/loader.hpp"
-#include "sriovd/daemon/logging.hpp"
+#include "logging.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/host/sysfs.hpp"
@@ -44,7 +47,8 @@ std::string summary(const config::Config& cfg) {
 
 Daemon::Daemon(Options options, config::Config config)
     : options_(std::move(options)), config_(std::move(config)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
-      watchdog_timer_(io_), housekeeping_timer_(io_), started_(std::chrono::steady_clock::now()) {
+      watchdog_timer_(io_), housekeeping_timer_(io_), notifier_(std::make_unique<SystemdNotifier>()),
+      started_(std::chrono::steady_clock::now()) {
   register_commands();
   irq::EngineOptions irq_options;
   irq_options.relay_threads = config_.interrupts.relay_threads;
@@ -78,7 +82,7 @@ int Daemon::run() {
   arm_watchdog();
   arm_housekeeping();
   spdlog::info("sriovd {} ready: {}", kVersion, summary(config_));
-  notifier_.ready(summary(config_));
+  notifier_->ready(summary(config_));
   io_.run();
   spdlog::info("sriovd stopped");
   return exit_code_;
@@ -97,12 +101,12 @@ void Daemon::wait_for_signal() {
 }
 
 void Daemon::arm_watchdog() {
-  const auto interval = notifier_.watchdog_interval();
+  const auto interval = notifier_->watchdog_interval();
   if (!interval) return;
   watchdog_timer_.expires_after(*interval);
   watchdog_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
-    notifier_.watchdog_ping();
+    notifier_->watchdog_ping();
     arm_watchdog();
   });
 }
@@ -128,7 +132,7 @@ void Daemon::shutdown(const char* why) {
   if (stopping_) return;
   stopping_ = true;
   spdlog::info("{}: stopping", why);
-  notifier_.stopping();
+  notifier_->stopping();
   drop_vf_exports(nullptr);
   // Before the host is released: a VF's netdev must outlive the device
   // bridged to it (and the device's macvtap is deleted by sriovd, not by
@@ -152,7 +156,7 @@ void Daemon::shutdown(const char* why) {
 
 json Daemon::reload(const std::string& trigger) {
   spdlog::info("{}: reloading {}", trigger, options_.config_path);
-  notifier_.reloading();
+  notifier_->reloading();
   json result;
   try {
     config::Config next = config::load(options_.config_path);
@@ -203,7 +207,7 @@ json Daemon::reload(const std::string& trigger) {
     result = control::make_error(control::errc::kFailed,
                                  "reload refused, running configuration unchanged: " + std::string(e.what()));
   }
-  notifier_.ready(summary(config_));
+  notifier_->ready(summary(config_));
   return result;
 }
 

@@ -1,4 +1,4 @@
-#include "sriovd/daemon/host_service.hpp"
+#include "host_service.hpp"
 
 #include <csignal>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "sriovd/daemon/logging.hpp"
+#include "logging.hpp"
 
 #include <memory>
 #include <stdexcept>

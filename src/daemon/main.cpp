@@ -9,7 +9,7 @@
 
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/daemon.hpp"
-#include "sriovd/daemon/logging.hpp"
+#include "logging.hpp"
 #include "sriovd/version.hpp"
 
 namespace {

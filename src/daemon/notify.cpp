@@ -1,4 +1,4 @@
-#include "sriovd/daemon/notify.hpp"
+#include "notify.hpp"
 
 #include <time.h>
 

@@ -240,21 +240,7 @@ json virtio_net(const NetOptions& o) {
           {"iotlb_faults", st.iotlb_faults.load()}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"sriovd-guest: a vfio-user client that plays the VMM and the guest driver"};
-  app.set_version_flag("--version", std::string(sriovd::kVersion));
-  app.require_subcommand(1);
-  app.fallthrough();
-  bool as_json = false;
-  app.add_flag("--json", as_json, "print JSON");
-
-  std::string info_socket;
-  auto* info_cmd = app.add_subcommand("info", "what the export offers: regions, sparse areas, interrupts, MSI-X");
-  info_cmd->add_option("--socket", info_socket, "the export's vfio-user socket")->required();
-
-  StormOptions so;
+CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
   auto* storm_cmd = app.add_subcommand("msix-storm", "a guest that masks its vector on every interrupt: handled/s");
   storm_cmd->add_option("--socket", so.socket, "the export's vfio-user socket")->required();
   storm_cmd->add_option("--vector", so.vector, "MSI-X vector")->capture_default_str();
@@ -268,10 +254,11 @@ int main(int argc, char** argv) {
   storm_cmd->add_option("--mask-via", so.mask_via, "table: Vector Control writes; set-irqs: SET_IRQS MASK/UNMASK")
       ->check(CLI::IsMember({"table", "set-irqs"}))
       ->capture_default_str();
-  bool no_mask = false;
   storm_cmd->add_flag("--no-mask", no_mask, "a guest that does not mask per interrupt");
+  return storm_cmd;
+}
 
-  NetOptions no;
+CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
   auto* net_cmd = app.add_subcommand(
       "virtio-net", "drive a virtio-net device as a guest would (virtio-net-pci over vfio-user, or as a vhost-user front-end) and bridge it to a tap");
   auto* net_sock = net_cmd->add_option("--socket", no.socket, "the export's vfio-user socket");
@@ -289,36 +276,56 @@ int main(int argc, char** argv) {
                     "vhost-user: a guest behind an IOMMU (ACCESS_PLATFORM; IOVAs, IOTLB misses answered with updates)");
   net_cmd->add_option("--iommu-page", no.iommu_page, "bytes each IOTLB update maps")->capture_default_str();
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
+  return net_cmd;
+}
 
+void print_net(const json& j) {
+  std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu IOTLB updates\n",
+              static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["iotlb_updates"].get<uint64_t>()));
+}
+
+void print_storm(const StormOptions& so, const json& j) {
+  std::printf("%s vector %u: %llu interrupts handled in %.2f s (%.0f/s), %llu mask+unmask writes\n", so.socket.c_str(),
+              so.vector, static_cast<unsigned long long>(j["handled"].get<uint64_t>()), j["seconds"].get<double>(),
+              j["handled_per_sec"].get<double>(), static_cast<unsigned long long>(j["masks_and_unmasks"].get<uint64_t>()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sriovd-guest: a vfio-user client that plays the VMM and the guest driver"};
+  app.set_version_flag("--version", std::string(sriovd::kVersion));
+  app.require_subcommand(1);
+  app.fallthrough();
+  bool as_json = false;
+  app.add_flag("--json", as_json, "print JSON");
+  std::string info_socket;
+  auto* info_cmd = app.add_subcommand("info", "what the export offers: regions, sparse areas, interrupts, MSI-X");
+  info_cmd->add_option("--socket", info_socket, "the export's vfio-user socket")->required();
+  StormOptions so;
+  bool no_mask = false;
+  auto* storm_cmd = add_storm_command(app, so, no_mask);
+  NetOptions no;
+  auto* net_cmd = add_net_command(app, no);
   CLI11_PARSE(app, argc, argv);
   try {
+    json j;
     if (*info_cmd) {
       VfioUserClient c(info_socket);
-      const json j = info(c);
-      if (as_json)
-        std::cout << j.dump(2) << "\n";
-      else
-        print_info(j);
+      j = info(c);
+      if (!as_json) print_info(j);
     } else if (*net_cmd) {
-      const json j = virtio_net(no);
-      if (as_json)
-        std::cout << j.dump() << "\n";
-      else
-        std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu IOTLB updates\n",
-                    static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
-                    static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),
-                    static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()),
-                    static_cast<unsigned long long>(j["iotlb_updates"].get<uint64_t>()));
+      j = virtio_net(no);
+      if (!as_json) print_net(j);
     } else if (*storm_cmd) {
       so.mask_every = !no_mask;
-      const json j = storm(so);
-      if (as_json)
-        std::cout << j.dump() << "\n";
-      else
-        std::printf("%s vector %u: %llu interrupts handled in %.2f s (%.0f/s), %llu mask+unmask writes\n", so.socket.c_str(),
-                    so.vector, static_cast<unsigned long long>(j["handled"].get<uint64_t>()), j["seconds"].get<double>(),
-                    j["handled_per_sec"].get<double>(), static_cast<unsigned long long>(j["masks_and_unmasks"].get<uint64_t>()));
+      j = storm(so);
+      if (!as_json) print_storm(so, j);
     }
+    if (as_json) std::cout << (*info_cmd ? j.dump(2) : j.dump()) << "\n";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sriovd-guest: %s\n", e.what());
     return 1;

@@ -10,9 +10,6 @@
 
 #include "sriovd/config/config.hpp"
 #include "sriovd/control/protocol.hpp"
-#include "sriovd/daemon/control_server.hpp"
-#include "sriovd/daemon/host_service.hpp"
-#include "sriovd/daemon/notify.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
@@ -22,6 +19,13 @@
 #include "sriovd/util/asio.hpp"
 
 namespace sriovd::daemon {
+
+// The daemon's own parts (src/daemon/): the control socket's server, the
+// host service and sd_notify.
+class ControlServer;
+class HostService;
+class SystemdNotifier;
+struct PeerCredentials;
 
 struct Options {
   std::string config_path;
@@ -72,7 +76,7 @@ class Daemon {
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
   asio::steady_timer housekeeping_timer_;
-  SystemdNotifier notifier_;
+  std::unique_ptr<SystemdNotifier> notifier_;
   std::unique_ptr<irq::Engine> irq_;
   std::unique_ptr<HostService> host_;
   // One per configured virtio device, in config order.
