@@ -8,35 +8,16 @@
 # queue pairs, and a second front-end after the first disconnected.
 #   tests/interop/dpdk_vhost_user.sh BUILD_DIR
 set -euo pipefail
-source "$(dirname "$0")/../../scripts/lib/kill-tree.sh"
+source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: dpdk_vhost_user.sh BUILD_DIR}
 sriovd=$build/src/sriovd
 sriovctl=$build/src/sriovctl
 
-if ! command -v dpdk-testpmd >/dev/null; then
-  if [[ $EUID -eq 0 ]]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dpdk dpdk-dev >&2
-  else
-    echo "SKIP: dpdk-testpmd is not installed and this is not root (apt-get install dpdk dpdk-dev)" >&2
-    exit 77
-  fi
-fi
-if [[ $EUID -ne 0 || ! -c /dev/net/tun ]]; then
-  echo "SKIP: needs root and /dev/net/tun for the tap and the network namespace" >&2
-  exit 77
-fi
-
-work=$(mktemp -d /tmp/sriovd-interop.XXXXXX)
+need_testpmd
+need_root_tun "the DPDK interop test"
 ns=sriovd-io$$
 tap=sdio$$
-pids=()
-cleanup() {
-  kill_tree "${pids[@]}"
-  ip netns del "$ns" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-ip netns add "$ns"
+interop_workspace sriovd-interop "$ns"
 
 passed=0
 failed=0
@@ -64,15 +45,9 @@ run_variant() {
   local backend="{type: tap, name: $tap, netns: $ns, offloads: []}"
   [[ $kind == vf ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0}"
   [[ $kind == vf-macvtap ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0, via: macvtap}"
-  cat >"$work/$name.yaml" <<CONF
-version: 1
-host: simulated
-state_dir: $work/state-$name
-simulated:
-  physical_functions:
-    - {address: "0000:3b:00.0", netdev: $pfdev}
-control:
-  socket: $work/$name-control.sock
+  {
+    simulated_host_config "$work/state-$name" "$work/$name-control.sock" "$pfdev"
+    cat <<CONF
 physical_functions:
   - {address: "0000:3b:00.0", num_vfs: 1}
 virtio_devices:
@@ -85,6 +60,7 @@ virtio_devices:
     packed: "$packed"
     backend: $backend
 CONF
+  } >"$work/$name.yaml"
   "$sriovd" --config "$work/$name.yaml" --foreground >"$work/$name-sriovd.log" 2>&1 &
   local dpid=$!
   pids+=("$dpid")
@@ -182,15 +158,9 @@ run_variant vf-macvtap-2q 2 auto ",packed_vq=1,mrg_rxbuf=1" vf-macvtap
 restart_packed() {
   local name=packed-restart
   local sock=$work/$name.sock
-  cat >"$work/$name.yaml" <<CONF
-version: 1
-host: simulated
-state_dir: $work/state-$name
-simulated:
-  physical_functions:
-    - {address: "0000:3b:00.0", netdev: sdrp$$}
-control:
-  socket: $work/$name-control.sock
+  {
+    simulated_host_config "$work/state-$name" "$work/$name-control.sock" "sdrp$$"
+    cat <<CONF
 virtio_devices:
   - name: $name
     type: net
@@ -201,6 +171,7 @@ virtio_devices:
     packed: auto
     backend: {type: tap, name: $tap, netns: $ns, offloads: []}
 CONF
+  } >"$work/$name.yaml"
   timeout 60 dpdk-testpmd -l 0-1 --no-huge -m 512 --no-pci --file-prefix "sdio$$-$name" \
     --vdev "net_virtio_user0,path=$sock,server=1,queues=1,queue_size=256,packed_vq=1,mrg_rxbuf=1" -- \
     --total-num-mbufs=16384 --forward-mode=txonly --txpkts=64 --stats-period 1 >"$work/$name-testpmd.log" 2>&1 &

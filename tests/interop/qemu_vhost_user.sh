@@ -5,34 +5,19 @@
 # creates, with an iperf3 server. The guest pings it and runs iperf3.
 #   tests/interop/qemu_vhost_user.sh BUILD_DIR
 set -euo pipefail
-source "$(dirname "$0")/../../scripts/lib/kill-tree.sh"
+source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: qemu_vhost_user.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/vm/vm-lib.sh"
 vm_install_tools || { echo "SKIP: QEMU tools missing and not root" >&2; exit 77; }
-[[ $EUID -eq 0 && -c /dev/net/tun ]] || { echo "SKIP: needs root and /dev/net/tun" >&2; exit 77; }
-
-work=$(mktemp -d /tmp/sriovd-qemu.XXXXXX)
+need_root_tun "the QEMU interop test"
 ns=sriovd-qm$$
 tap=sdqm$$
-pids=()
-cleanup() {
-  kill_tree "${pids[@]}"
-  ip netns del "$ns" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-ip netns add "$ns"
+interop_workspace sriovd-qemu "$ns"
 sock=$work/guest-net.sock
-cat >"$work/sriovd.yaml" <<CONF
-version: 1
-host: simulated
-state_dir: $work/state
-simulated:
-  physical_functions:
-    - {address: "0000:3b:00.0", netdev: sdqpf$$}
-control:
-  socket: $work/control.sock
+{
+  simulated_host_config "$work/state" "$work/control.sock" "sdqpf$$"
+  cat <<CONF
 virtio_devices:
   - name: guest-net
     type: net
@@ -42,6 +27,7 @@ virtio_devices:
     packed: "off"
     backend: {type: tap, name: $tap, netns: $ns}
 CONF
+} >"$work/sriovd.yaml"
 "$build/src/sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done

@@ -1,0 +1,62 @@
+# What the interop tests and iperf-validate share: the checks that decide
+# whether they can run, a work directory and network namespaces that are
+# removed with every process started (by PID) however the script ends, and
+# the head of a config for sriovd on a simulated host.
+#   source scripts/lib/interop.sh   (after set -euo pipefail)
+source "$(dirname "${BASH_SOURCE[0]}")/kill-tree.sh"
+
+# need_root_tun WHO: root and /dev/net/tun, or exit 77 (ctest's skip) saying why.
+need_root_tun() {
+  if [[ $EUID -ne 0 || ! -c /dev/net/tun ]]; then
+    echo "SKIP: $1 needs root and /dev/net/tun (taps, network namespaces)" >&2
+    exit 77
+  fi
+}
+
+# need_testpmd: DPDK's testpmd, installed from Debian when this is root;
+# otherwise exit 77 saying so.
+need_testpmd() {
+  command -v dpdk-testpmd >/dev/null && return 0
+  if [[ $EUID -eq 0 ]]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dpdk dpdk-dev >&2
+  else
+    echo "SKIP: dpdk-testpmd is not installed and this is not root (apt-get install dpdk dpdk-dev)" >&2
+    exit 77
+  fi
+}
+
+# interop_workspace PREFIX NS...: $work (a fresh directory), pids=() for
+# every process the script starts, and the namespaces NS... created; all of
+# it goes at exit.
+interop_workspace() {
+  local prefix=$1
+  shift
+  work=$(mktemp -d "/tmp/$prefix.XXXXXX")
+  pids=()
+  interop_namespaces=("$@")
+  trap _interop_cleanup EXIT
+  local ns
+  for ns in "${interop_namespaces[@]}"; do ip netns add "$ns"; done
+}
+_interop_cleanup() {
+  kill_tree "${pids[@]}"
+  local ns
+  for ns in "${interop_namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+
+# simulated_host_config STATE_DIR CONTROL_SOCKET PF_NETDEV: the top of a
+# sriovd config on a simulated host with one PF (0000:3b:00.0); the caller
+# appends its virtio_devices.
+simulated_host_config() {
+  cat <<CONF
+version: 1
+host: simulated
+state_dir: $1
+simulated:
+  physical_functions:
+    - {address: "0000:3b:00.0", netdev: $3}
+control:
+  socket: $2
+CONF
+}
