@@ -211,8 +211,9 @@ class NetDevice {
   void watch_port(Worker& w);
   bool do_rx(Worker& w);
   enum class RxTake { packet, skipped, none };  // a packet in hand; one dropped or filtered; the port has none
-  RxTake take_rx_packet(Worker& w, Queue& q);
-  void deliver_rx(Worker& w, Queue& q, unsigned used);
+  // do_rx's per-packet parts, inlined into it as they were written there.
+  [[gnu::always_inline]] inline RxTake take_rx_packet(Worker& w, Queue& q);
+  [[gnu::always_inline]] inline void deliver_rx(Worker& w, Queue& q, unsigned used);
   void do_ctrl(Worker& w);
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
   void notify(Queue& q);
