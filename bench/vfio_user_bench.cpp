@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "sriovd/irq/engine.hpp"
@@ -82,6 +83,8 @@ double echo_per_sec() {
 }  // namespace
 
 int main() {
+  // stdout is the JSON's alone (BENCH.md): the server's log lines go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_st("bench"));
   spdlog::set_level(spdlog::level::warn);
   const std::string socket = "/tmp/sriovd-bench-vfio-user-" + std::to_string(::getpid()) + ".sock";
   irq::EngineOptions o;
