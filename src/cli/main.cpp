@@ -138,6 +138,7 @@ struct Args {
 
 void add_commands(CLI::App& app, Args& a) {
   app.require_subcommand(1);
+  app.fallthrough();  // the global options below are taken after the subcommand too
   app.add_option("-s,--socket", a.socket, "control socket of the daemon")->capture_default_str();
   app.add_flag("-j,--json", a.as_json, "print the daemon's JSON reply");
   app.add_option("-t,--timeout", a.timeout_s, "seconds to wait for a reply")->capture_default_str();

@@ -108,6 +108,10 @@ TEST_F(Daemon, SriovctlPrintsTablesAndJson) {
   ASSERT_EQ(as_json.exit_code, 0);
   json parsed = json::parse(as_json.output);
   EXPECT_EQ(parsed["physical_functions"][0]["num_vfs"], 2);
+  // Global options after the subcommand too, as users type them.
+  auto after = test::run({SRIOVCTL_BIN, "devices", "--json", "--socket", socket(), "-t", "5"});
+  ASSERT_EQ(after.exit_code, 0) << after.output;
+  EXPECT_EQ(json::parse(after.output)["physical_functions"][0]["num_vfs"], 2);
   for (const char* cmd : {"routes", "stats", "version"}) {
     auto r = ctl({cmd});
     EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
@@ -658,6 +662,22 @@ TEST(SriovdCli, CheckConfigVersionAndUsage) {
   EXPECT_THAT(v.output, HasSubstr("sriovd 0.1.0"));
   EXPECT_EQ(test::run({SRIOVD_BIN, "--no-such-flag"}).exit_code, 64);
   EXPECT_EQ(test::run({SRIOVD_BIN, "--log-level", "loud"}).exit_code, 64);
+}
+
+// The shipped bash completion, driven as bash drives it: subcommands and
+// options come from the binary's own --help.
+TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
+  auto complete = [](const std::string& words, int cword) {
+    const std::string script = "source " + std::string(SRIOVD_SOURCE_DIR) + "/scripts/bash-completion/sriovctl; COMP_WORDS=(" +
+                               SRIOVCTL_BIN + " " + words + "); COMP_CWORD=" + std::to_string(cword) +
+                               "; _sriovctl; echo \"${COMPREPLY[*]}\"";
+    return test::run({"/bin/bash", "-c", script}).output;
+  };
+  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault udev-event\n");
+  EXPECT_EQ(complete("de", 1), "devices\n");
+  EXPECT_EQ(complete("devices --js", 2), "--json\n");
+  EXPECT_EQ(complete("simulate-fault --ti", 2), "--times --timeout\n");
+  EXPECT_EQ(complete("udev-event re", 2), "remove\n");
 }
 
 TEST(SriovctlCli, NoDaemonIsAClearError) {
