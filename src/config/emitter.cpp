@@ -129,6 +129,12 @@ std::string to_yaml(const Config& cfg) {
     out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
   out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
   out << YAML::EndMap;
+  if (!cfg.metrics.listen.empty()) {
+    out << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "listen" << YAML::Value << YAML::DoubleQuoted << cfg.metrics.listen;
+    if (cfg.metrics.allow_remote) out << YAML::Key << "allow_remote" << YAML::Value << true;
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "physical_functions" << YAML::Value << YAML::BeginSeq;
   for (const auto& pf : cfg.physical_functions) {
     out << YAML::BeginMap;

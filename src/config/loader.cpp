@@ -1,5 +1,8 @@
 #include "sriovd/config/loader.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -73,7 +76,7 @@ ConfigError::ConfigError(std::vector<Diagnostic> diagnostics)
 Config Loader::run(const YAML::Node& root) {
   Mapping top(ctx_, root, "",
               {"version", "host", "log_level", "state_dir", "simulated", "control",
-               "physical_functions", "virtio_devices", "interrupts"});
+               "physical_functions", "virtio_devices", "interrupts", "metrics"});
   if (!top.valid()) throw ConfigError(ctx_.take());
 
   if (auto v = top.unsigned_in("version", 0, UINT32_MAX, true); v && *v != 1)
@@ -108,6 +111,7 @@ Config Loader::run(const YAML::Node& root) {
   }
   if (top.has("control")) read_control(top.get("control", false));
   if (top.has("interrupts")) read_interrupts(top.get("interrupts", false));
+  if (top.has("metrics")) read_metrics(top.get("metrics", false));
   for_each_item(ctx_, top, "physical_functions",
                 [&](const YAML::Node& n, const std::string& p) { read_pf(n, p); });
   for_each_item(ctx_, top, "virtio_devices",
@@ -177,6 +181,40 @@ void Loader::read_control(const YAML::Node& node) {
     if (auto uid = Mapping::unsigned_value(ctx_, n, p, 0, UINT32_MAX - 1))
       cfg_.control.allowed_uids.push_back(static_cast<uid_t>(*uid));
   });
+}
+
+// listen: an IP literal and a port ("127.0.0.1:9808", "[::1]:9808"),
+// loopback unless allow_remote says otherwise.
+void Loader::read_metrics(const YAML::Node& node) {
+  Mapping m(ctx_, node, "metrics", {"listen", "allow_remote"});
+  if (!m.valid()) return;
+  const bool remote = m.boolean("allow_remote").value_or(false);
+  auto listen = m.string("listen", true);
+  if (!listen) return;
+  const auto colon = listen->rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen->substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : listen->substr(colon + 1);
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  in6_addr a6{};
+  in_addr a4{};
+  const bool v6 = bracketed && ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+  const bool v4 = !bracketed && ::inet_pton(AF_INET, host.c_str(), &a4) == 1;
+  const auto port_number = port.find_first_not_of("0123456789") == std::string::npos ? parse_unsigned(port) : std::nullopt;
+  if ((!v4 && !v6) || !port_number || *port_number == 0 || *port_number > 65535) {
+    ctx_.error(m.where("listen"), "metrics.listen",
+               "'" + *listen + "' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")");
+    return;
+  }
+  const bool loopback = v4 ? (ntohl(a4.s_addr) >> 24U) == 127 : IN6_IS_ADDR_LOOPBACK(&a6);
+  if (!loopback && !remote) {
+    ctx_.error(m.where("listen"), "metrics.listen",
+               "'" + *listen + "' is not a loopback address; the metrics name every VF, owner and socket of this "
+               "host, so serving them beyond it needs 'allow_remote: true'");
+    return;
+  }
+  cfg_.metrics.listen = *listen;
+  cfg_.metrics.allow_remote = remote;
 }
 
 void Loader::read_interrupts(const YAML::Node& node) {

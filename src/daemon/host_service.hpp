@@ -50,6 +50,7 @@ class HostService {
   // See HostControl::set_release_check.
   void set_release_check(host::HostControl::ReleaseCheck check) { control_->set_release_check(std::move(check)); }
   [[nodiscard]] const std::vector<std::string>& recovered() const { return recovered_; }
+  [[nodiscard]] const host::Reconciler::Counters& transactions() const { return reconciler_->counters(); }
 
  private:
   std::unique_ptr<host::SimulatedKernel> sim_;

@@ -259,6 +259,7 @@ void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {
       const std::string failed = step.describe();
       spdlog::error("host: step {} of {} failed: {}: {}", i + 1, journaled.size(), failed, e.what());
       auto problems = rollback(journaled);
+      ++counters_.rolled_back;
       journal_.ledger = journal_.txn->ledger_before;
       journal_.txn.reset();
       state_.save(journal_);
@@ -270,6 +271,7 @@ void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {
   }
   journal_.txn.reset();
   state_.save(journal_);
+  ++counters_.committed;
 }
 
 std::vector<std::string> Reconciler::rollback(std::vector<Step>& steps) {

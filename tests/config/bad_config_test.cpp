@@ -47,7 +47,7 @@ std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << c.na
 
 const std::string kTopKeys =
     "(expected one of: version, host, log_level, state_dir, simulated, control, physical_functions, "
-    "virtio_devices, interrupts)";
+    "virtio_devices, interrupts, metrics)";
 
 // clang-format off
 const BadCase kCases[] = {
@@ -257,6 +257,17 @@ const BadCase kCases[] = {
   {"SocketSharedByVirtioAndVf", kSimulated + kPf + "        assign: {owner: vm1, socket: /run/n0.sock}\n" +
    "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: tap, name: t0}}\n",
    16, 58, "virtio device 'n0': socket '/run/n0.sock' is already used by VF 0 of PF 0000:3b:00.0 (line 14)"},
+  {"MetricsNotLoopback", kSystem + "metrics: {listen: \"0.0.0.0:9808\"}\n", 3, 19,
+   "metrics.listen: '0.0.0.0:9808' is not a loopback address; the metrics name every VF, owner and socket of this host, "
+   "so serving them beyond it needs 'allow_remote: true'"},
+  {"MetricsHostName", kSystem + "metrics: {listen: \"localhost:9808\"}\n", 3, 19,
+   "metrics.listen: 'localhost:9808' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")"},
+  {"MetricsNoPort", kSystem + "metrics: {listen: \"127.0.0.1\"}\n", 3, 19,
+   "metrics.listen: '127.0.0.1' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")"},
+  {"MetricsPortTooBig", kSystem + "metrics: {listen: \"[::1]:65536\"}\n", 3, 19,
+   "metrics.listen: '[::1]:65536' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")"},
+  {"MetricsUnknownKey", kSystem + "metrics: {listen: \"127.0.0.1:9808\", port: 1}\n", 3, 37,
+   "metrics: unknown key 'port' (expected one of: listen, allow_remote)"},
 };
 // clang-format on
 

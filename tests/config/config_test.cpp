@@ -101,6 +101,18 @@ TEST(Defaults, MinimalSystemConfig) {
   EXPECT_TRUE(cfg.physical_functions.empty());
 }
 
+TEST(Metrics, OffByDefaultLoopbackOrAskedForRemote) {
+  EXPECT_TRUE(parse("version: 1\nhost: system\n", "m.yaml").metrics.listen.empty());
+  const Config v4 = parse("version: 1\nhost: system\nmetrics: {listen: \"127.0.0.1:9808\"}\n", "m.yaml");
+  EXPECT_EQ(v4.metrics.listen, "127.0.0.1:9808");
+  EXPECT_FALSE(v4.metrics.allow_remote);
+  EXPECT_EQ(parse("version: 1\nhost: system\nmetrics: {listen: \"[::1]:9100\"}\n", "m.yaml").metrics.listen, "[::1]:9100");
+  const Config remote =
+      parse("version: 1\nhost: system\nmetrics: {listen: \"0.0.0.0:9808\", allow_remote: true}\n", "m.yaml");
+  EXPECT_TRUE(remote.metrics.allow_remote);
+  EXPECT_EQ(parse(to_yaml(remote), "emitted.yaml").metrics, remote.metrics);
+}
+
 TEST(Defaults, VirtioDeviceDefaults) {
   const Config cfg = parse(R"(version: 1
 host: system

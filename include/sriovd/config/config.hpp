@@ -209,6 +209,15 @@ struct Interrupts {
   bool busy_poll = false;
 };
 
+// metrics: a Prometheus scrape endpoint, off without the section. A
+// non-loopback address only with allow_remote (the counters name every VF,
+// owner and socket of the host).
+struct Metrics {
+  std::string listen;         // "127.0.0.1:9808", "[::1]:9808"; empty: off
+  bool allow_remote = false;
+  bool operator==(const Metrics&) const = default;
+};
+
 struct Config {
   std::string path;  // the file it came from
   HostMode host = HostMode::system;
@@ -219,6 +228,7 @@ struct Config {
   std::vector<PfConfig> physical_functions;
   std::vector<VirtioDevice> virtio_devices;
   Interrupts interrupts;
+  Metrics metrics;
 };
 
 }  // namespace sriovd::config

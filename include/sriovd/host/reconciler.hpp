@@ -55,8 +55,16 @@ class Reconciler {
   // Called before each step; tests use it to die at a chosen point.
   std::function<void(const Step&, size_t index)> before_step;
 
+  // Transactions applied whole and rolled back, since this object was made.
+  struct Counters {
+    uint64_t committed = 0;
+    uint64_t rolled_back = 0;
+  };
+  [[nodiscard]] const Counters& counters() const { return counters_; }
+
  private:
   std::vector<std::string> rollback(std::vector<Step>& steps);
+  Counters counters_;
   PciAddress resolve(const config::PfRef& ref);
   // plan()'s parts (reconciler.cpp says what each does).
   bool check_pf(const config::PfConfig& pf_cfg, PciAddress pf);
