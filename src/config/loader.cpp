@@ -183,8 +183,9 @@ void Loader::read_control(const YAML::Node& node) {
   });
 }
 
-// listen: an IP literal and a port ("127.0.0.1:9808", "[::1]:9808"),
-// loopback unless allow_remote says otherwise.
+// listen: an IP literal and a port ("127.0.0.1:9808", "[::1]:9808"; port
+// 0: any free one, which `sriovctl status` shows), loopback unless
+// allow_remote says otherwise.
 void Loader::read_metrics(const YAML::Node& node) {
   Mapping m(ctx_, node, "metrics", {"listen", "allow_remote"});
   if (!m.valid()) return;
@@ -201,7 +202,7 @@ void Loader::read_metrics(const YAML::Node& node) {
   const bool v6 = bracketed && ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
   const bool v4 = !bracketed && ::inet_pton(AF_INET, host.c_str(), &a4) == 1;
   const auto port_number = port.find_first_not_of("0123456789") == std::string::npos ? parse_unsigned(port) : std::nullopt;
-  if ((!v4 && !v6) || !port_number || *port_number == 0 || *port_number > 65535) {
+  if ((!v4 && !v6) || !port_number || *port_number > 65535) {
     ctx_.error(m.where("listen"), "metrics.listen",
                "'" + *listen + "' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")");
     return;

@@ -9,6 +9,7 @@
 #include "control_server.hpp"
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
+#include "metrics.hpp"
 #include "notify.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
@@ -56,6 +57,7 @@ json Daemon::status_json() const {
       {"watchdog_usec", notifier_->watchdog_interval() ? notifier_->watchdog_interval()->count() * 2 : 0},
       {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}, {"last_error", reloads_.last_error}}},
       {"udev_events", events},
+      {"metrics", metrics_ ? json{{"listen", metrics_->listen()}, {"port", metrics_->port()}} : json(nullptr)},
   };
 }
 

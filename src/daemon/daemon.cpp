@@ -10,6 +10,7 @@
 #include "control_server.hpp"
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
+#include "metrics.hpp"
 #include "notify.hpp"
 #include "sriovd/config/loader.hpp"
 #include "logging.hpp"
@@ -60,6 +61,8 @@ Daemon::Daemon(Options options, config::Config config)
   control_ = std::make_unique<ControlServer>(
       io_, config_.control,
       [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
+  if (!config_.metrics.listen.empty())  // before the host is touched: a port in use fails the start cleanly
+    metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
   host_->set_release_check([this](const PciAddress& vf) { return release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
@@ -171,6 +174,8 @@ json Daemon::reload(const std::string& trigger) {
     if (next.interrupts.relay_threads != config_.interrupts.relay_threads ||
         next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
       throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
+    if (next.metrics != config_.metrics)
+      throw std::runtime_error("metrics (listen address) changes: that needs a restart");
     drop_vf_exports(&next);
     drop_virtio(&next);
     std::vector<host::Step> steps;

@@ -18,12 +18,17 @@
 #include "sriovd/virtio/net.hpp"
 #include "sriovd/util/asio.hpp"
 
+namespace prometheus {
+struct MetricFamily;
+}
+
 namespace sriovd::daemon {
 
 // The daemon's own parts (src/daemon/): the control socket's server, the
 // host service and sd_notify.
 class ControlServer;
 class HostService;
+class MetricsServer;
 class SystemdNotifier;
 struct PeerCredentials;
 
@@ -65,6 +70,8 @@ class Daemon {
   control::json status_json() const;
   control::json devices_json() const;
   control::json stats_json() const;
+  // What a Prometheus scrape gets (metrics.cpp); on the control thread.
+  std::vector<prometheus::MetricFamily> metrics_snapshot() const;
   control::json routes_json() const;
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
@@ -153,6 +160,8 @@ class Daemon {
   };
   std::deque<UdevEvent> udev_events_;  // the most recent few, for `status`
   uint64_t udev_events_total_ = 0;
+  // Last, so it goes first: its scrapes read everything above.
+  std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace sriovd::daemon
