@@ -129,6 +129,36 @@ std::string to_yaml(const Config& cfg) {
     out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
   out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
   out << YAML::EndMap;
+  if (cfg.kubernetes.enabled) {
+    const auto& k = cfg.kubernetes;
+    out << YAML::Key << "kubernetes" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "device_plugin_dir" << YAML::Value << k.device_plugin_dir;
+    out << YAML::Key << "cdi_dir" << YAML::Value << k.cdi_dir;
+    out << YAML::Key << "pools" << YAML::Value << YAML::BeginSeq;
+    for (const auto& pool : k.pools) {
+      out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << pool.name;
+      if (!pool.vfs.empty()) {
+        out << YAML::Key << "vfs" << YAML::Value << YAML::BeginSeq;
+        for (const auto& v : pool.vfs)
+          out << YAML::BeginMap << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << v.pf.to_string()
+              << YAML::Key << "indexes" << YAML::Value << YAML::Flow << v.indexes << YAML::EndMap;
+        out << YAML::EndSeq;
+      }
+      if (pool.selector) {
+        const auto& sel = *pool.selector;
+        out << YAML::Key << "selector" << YAML::Value << YAML::BeginMap;
+        if (sel.pf) out << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << sel.pf->to_string();
+        if (sel.vendor_id) out << YAML::Key << "vendor_id" << YAML::Value << *sel.vendor_id;
+        if (sel.device_id) out << YAML::Key << "device_id" << YAML::Value << *sel.device_id;
+        if (sel.owner) out << YAML::Key << "owner" << YAML::Value << *sel.owner;
+        out << YAML::EndMap;
+      }
+      if (!pool.virtio_devices.empty())
+        out << YAML::Key << "virtio_devices" << YAML::Value << YAML::Flow << pool.virtio_devices;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
   if (!cfg.metrics.listen.empty()) {
     out << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "listen" << YAML::Value << YAML::DoubleQuoted << cfg.metrics.listen;

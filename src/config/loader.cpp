@@ -76,7 +76,7 @@ ConfigError::ConfigError(std::vector<Diagnostic> diagnostics)
 Config Loader::run(const YAML::Node& root) {
   Mapping top(ctx_, root, "",
               {"version", "host", "log_level", "state_dir", "simulated", "control",
-               "physical_functions", "virtio_devices", "interrupts", "metrics"});
+               "physical_functions", "virtio_devices", "interrupts", "metrics", "kubernetes"});
   if (!top.valid()) throw ConfigError(ctx_.take());
 
   if (auto v = top.unsigned_in("version", 0, UINT32_MAX, true); v && *v != 1)
@@ -116,6 +116,7 @@ Config Loader::run(const YAML::Node& root) {
                 [&](const YAML::Node& n, const std::string& p) { read_pf(n, p); });
   for_each_item(ctx_, top, "virtio_devices",
                 [&](const YAML::Node& n, const std::string& p) { read_virtio(n, p); });
+  if (top.has("kubernetes")) read_kubernetes(top.get("kubernetes", false));
   check_sockets();
   check_macs();
 

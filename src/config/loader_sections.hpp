@@ -37,6 +37,11 @@ class Loader {
   void read_vf(const YAML::Node& node, const std::string& path, PfConfig& pf, const SimulatedPf* sim);
   std::optional<VfAssign> read_assign(const YAML::Node& node, const std::string& path, const SimulatedPf* sim);
 
+  // kubernetes.cpp
+  void read_kubernetes(const YAML::Node& node);
+  void read_pool(const YAML::Node& node, const std::string& path);
+  void check_pool_members();
+
   // virtio_devices.cpp
   void read_virtio(const YAML::Node& node, const std::string& path);
   std::optional<std::string> read_device_name(Mapping& m);

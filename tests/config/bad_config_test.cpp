@@ -47,7 +47,7 @@ std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << c.na
 
 const std::string kTopKeys =
     "(expected one of: version, host, log_level, state_dir, simulated, control, physical_functions, "
-    "virtio_devices, interrupts, metrics)";
+    "virtio_devices, interrupts, metrics, kubernetes)";
 
 // clang-format off
 const BadCase kCases[] = {

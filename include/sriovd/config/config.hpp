@@ -218,6 +218,39 @@ struct Metrics {
   bool operator==(const Metrics&) const = default;
 };
 
+// kubernetes: sriovd as a kubelet device plugin (v1beta1). Each pool is
+// one extended resource ("vendor.domain/name"); its members are VFs (by PF
+// and indexes, or by a selector over the configured VFs) and virtio
+// devices (their sockets). A VF is in at most one pool.
+struct PoolVfs {
+  PfRef pf;
+  std::vector<uint16_t> indexes;
+  bool operator==(const PoolVfs&) const = default;
+};
+struct PoolSelector {
+  std::optional<PfRef> pf;
+  std::optional<uint16_t> vendor_id, device_id;  // the PF's ids (a VF's device id follows its PF's)
+  std::optional<std::string> owner;             // assign.owner
+  bool operator==(const PoolSelector&) const = default;
+};
+struct ResourcePool {
+  std::string name;
+  std::vector<PoolVfs> vfs;
+  std::optional<PoolSelector> selector;
+  std::vector<std::string> virtio_devices;
+  SourceLocation where;
+  bool operator==(const ResourcePool& o) const {
+    return name == o.name && vfs == o.vfs && selector == o.selector && virtio_devices == o.virtio_devices;
+  }
+};
+struct Kubernetes {
+  bool enabled = false;  // the section is there
+  std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string cdi_dir = "/var/run/cdi";
+  std::vector<ResourcePool> pools;
+  bool operator==(const Kubernetes&) const = default;
+};
+
 struct Config {
   std::string path;  // the file it came from
   HostMode host = HostMode::system;
@@ -229,6 +262,7 @@ struct Config {
   std::vector<VirtioDevice> virtio_devices;
   Interrupts interrupts;
   Metrics metrics;
+  Kubernetes kubernetes;
 };
 
 }  // namespace sriovd::config
