@@ -76,6 +76,7 @@ Daemon::Daemon(Options options, config::Config config)
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
   }
   start_virtio();
+  update_k8s();
 }
 
 Daemon::~Daemon() = default;
@@ -120,6 +121,8 @@ void Daemon::arm_housekeeping() {
   housekeeping_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping_) return;
     irq_->housekeeping();
+    // The device plugin's health follows the host twice a second.
+    if (config_.kubernetes.enabled && ++k8s_ticks_ % 10 == 0) update_k8s();
     // Link status follows the backend's carrier (a VF whose link drops).
     for (auto& e : virtio_) {
       if (!e.device || !e.device->poll_link()) continue;
@@ -193,6 +196,7 @@ json Daemon::reload(const std::string& trigger) {
     start_virtio();
     ++reloads_.ok;
     reloads_.last_error.clear();
+    update_k8s();
     spdlog::info("reloaded: {}", summary(config_));
     result = control::make_result({{"reloaded", true}, {"summary", summary(config_)}, {"changes", steps_json(steps)}});
   } catch (const config::ConfigError& e) {
@@ -609,11 +613,14 @@ json Daemon::udev_event(const json& req) {
         const auto steps = host_->reconcile(config_);
         spdlog::info("udev: reconciled, {} change(s)", steps.size());
         sync_vf_exports();
+        update_k8s();
       } catch (const std::exception& e) {
         spdlog::error("udev: reconcile failed: {}", e.what());
       }
     });
   }
+  // The device plugin tells the kubelet of a VF that went at once.
+  if (managed && config_.kubernetes.enabled) asio::post(io_, [this] { update_k8s(); });
   json result = {{"managed", managed}, {"device", vf_addr->to_string()}};
   if (pf_addr) result["pf"] = pf_addr->to_string();
   if (index) result["vf_index"] = *index;

@@ -175,6 +175,9 @@ json HostService::devices_json(const config::Config& cfg) {
       vf["address"] = vf_info->address.to_string();
       vf["driver"] = vf_info->driver;
       vf["iommu_group"] = vf_info->iommu_group;
+      vf["vendor_id"] = vf_info->vendor;
+      vf["device_id"] = vf_info->device;
+      vf["numa_node"] = vf_info->numa_node >= 0 ? vf_info->numa_node : info->numa_node;
       vf["netdevs"] = vf_info->netdevs;
       if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->vectors;
       std::string state;

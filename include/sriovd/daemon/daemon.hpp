@@ -11,6 +11,7 @@
 #include "sriovd/config/config.hpp"
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/k8s/device_plugin.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
@@ -70,6 +71,10 @@ class Daemon {
   control::json status_json() const;
   control::json devices_json() const;
   control::json stats_json() const;
+  // The kubelet device plugin's pools as the host is now (kubernetes.cpp):
+  // members from the config, health from devices_json().
+  std::vector<k8s::Pool> k8s_pools() const;
+  void update_k8s();
   // What a Prometheus scrape gets (metrics.cpp); on the control thread.
   std::vector<prometheus::MetricFamily> metrics_snapshot() const;
   control::json routes_json() const;
@@ -160,6 +165,8 @@ class Daemon {
   };
   std::deque<UdevEvent> udev_events_;  // the most recent few, for `status`
   uint64_t udev_events_total_ = 0;
+  std::unique_ptr<k8s::NodeAgent> k8s_;  // with a kubernetes section
+  unsigned k8s_ticks_ = 0;
   // Last, so it goes first: its scrapes read everything above.
   std::unique_ptr<MetricsServer> metrics_;
 };

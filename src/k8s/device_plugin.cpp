@@ -1,0 +1,451 @@
+#include "sriovd/k8s/device_plugin.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "deviceplugin_v1beta1.grpc.pb.h"
+#include "sriovd/util/fd.hpp"
+
+namespace sriovd::k8s {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string env_name(const std::string& resource) {
+  std::string out;
+  for (const char c : resource)
+    out += std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : '_';
+  return out;
+}
+
+namespace {
+
+constexpr const char* kApiVersion = "v1beta1";
+
+// "intel.com/sriov_vf" -> "sriovd-intel.com_sriov_vf": the pool's socket
+// and CDI spec file names.
+std::string file_stem(const std::string& resource) {
+  std::string out = "sriovd-";
+  for (const char c : resource) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+  return out;
+}
+
+// Written whole or not at all: a temporary file renamed over the old one.
+void write_atomically(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+json cdi_spec(const Pool& pool) {
+  json devices = json::array();
+  for (const Device& d : pool.devices) {
+    json edits = json::object();
+    if (!d.socket.empty()) {
+      edits["mounts"] = json::array({{{"hostPath", d.socket}, {"containerPath", d.socket}, {"options", {"bind"}}}});
+      edits["env"] = json::array({"SRIOVD_VIRTIO_SOCKET_" + env_name(pool.resource) + "=" + d.socket});
+    } else {
+      json nodes = json::array({{{"path", "/dev/vfio/vfio"}}});
+      if (d.iommu_group >= 0) nodes.push_back({{"path", "/dev/vfio/" + std::to_string(d.iommu_group)}});
+      edits["deviceNodes"] = nodes;
+      edits["env"] = json::array({"PCIDEVICE_" + env_name(pool.resource) + "=" + d.id});
+    }
+    devices.push_back({{"name", d.id}, {"containerEdits", edits}});
+  }
+  return {{"cdiVersion", "0.6.0"}, {"kind", pool.resource}, {"devices", devices}};
+}
+
+// One pool's DevicePlugin service and its gRPC server.
+class PoolServer final : public v1beta1::DevicePlugin::Service {
+ public:
+  PoolServer(std::string dir, std::string cdi_dir, Pool pool)
+      : dir_(std::move(dir)), cdi_dir_(std::move(cdi_dir)), socket_name_(file_stem(pool.resource) + ".sock"),
+        pool_(std::move(pool)) {
+    write_cdi();
+  }
+  ~PoolServer() override {
+    stop();
+    std::error_code ec;
+    fs::remove(cdi_path(), ec);
+  }
+
+  [[nodiscard]] std::string socket_path() const { return dir_ + "/" + socket_name_; }
+  [[nodiscard]] const std::string& socket_name() const { return socket_name_; }
+
+  // (Re)starts the server on a fresh socket.
+  void start() {
+    stop();
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = false;
+    }
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    fs::remove(socket_path(), ec);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix://" + socket_path(), grpc::InsecureServerCredentials());
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+    if (!server_) throw std::runtime_error("device plugin " + pool_.resource + ": cannot serve on " + socket_path());
+  }
+
+  void stop() {
+    if (!server_) return;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
+    std::error_code ec;
+    fs::remove(socket_path(), ec);
+  }
+
+  // Registration.Register on the kubelet's socket; false (logged) when
+  // there is no kubelet or it refuses.
+  bool register_with_kubelet() {
+    auto channel = grpc::CreateChannel("unix://" + dir_ + "/" + NodeAgent::kKubeletSocket, grpc::InsecureChannelCredentials());
+    auto stub = v1beta1::Registration::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    v1beta1::RegisterRequest req;
+    req.set_version(kApiVersion);
+    req.set_endpoint(socket_name_);
+    req.set_resource_name(pool_.resource);
+    req.mutable_options()->set_get_preferred_allocation_available(true);
+    v1beta1::Empty reply;
+    const grpc::Status st = stub->Register(&ctx, req, &reply);
+    registered_ = st.ok();
+    if (st.ok()) {
+      ++registrations_;
+      spdlog::info("kubernetes: {} registered with the kubelet ({})", pool_.resource, socket_path());
+    } else {
+      spdlog::warn("kubernetes: {}: registration with the kubelet failed: {}", pool_.resource, st.error_message());
+    }
+    return st.ok();
+  }
+
+  void set(Pool pool) {
+    {
+      std::lock_guard lock(mu_);
+      if (pool == pool_) return;
+      pool_ = std::move(pool);
+      ++version_;
+    }
+    cv_.notify_all();
+    write_cdi();
+  }
+
+  [[nodiscard]] json status() const {
+    std::lock_guard lock(mu_);
+    size_t healthy = 0;
+    for (const auto& d : pool_.devices) healthy += d.healthy ? 1 : 0;
+    return {{"resource", pool_.resource},  {"socket", socket_path()},    {"registered", registered_.load()},
+            {"registrations", registrations_.load()}, {"devices", pool_.devices.size()}, {"healthy", healthy},
+            {"allocations", allocations_.load()}, {"refused", refused_.load()}, {"watchers", watchers_.load()}};
+  }
+
+  grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                      v1beta1::DevicePluginOptions* out) override {
+    out->set_get_preferred_allocation_available(true);
+    return grpc::Status::OK;
+  }
+
+  // The whole list at once, then again whenever it changes, until the
+  // kubelet goes or the pool does.
+  grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
+                            grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
+    ++watchers_;
+    uint64_t sent = 0;
+    bool first = true;
+    std::unique_lock lock(mu_);
+    while (!stopping_ && !ctx->IsCancelled()) {
+      if (first || sent != version_) {
+        v1beta1::ListAndWatchResponse resp;
+        for (const Device& d : pool_.devices) {
+          auto* dev = resp.add_devices();
+          dev->set_id(d.id);
+          dev->set_health(d.healthy ? "Healthy" : "Unhealthy");
+          if (d.numa_node >= 0) dev->mutable_topology()->add_nodes()->set_id(d.numa_node);
+        }
+        sent = version_;
+        first = false;
+        lock.unlock();
+        const bool ok = writer->Write(resp);
+        lock.lock();
+        if (!ok) break;
+        continue;
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(200));
+    }
+    --watchers_;
+    return grpc::Status::OK;
+  }
+
+  // Packs by NUMA node, then by PF: the devices that must be in come first,
+  // then those on their node and PF (or, without any, on the node and PF
+  // with the most available), then the rest.
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest* req,
+                                      v1beta1::PreferredAllocationResponse* out) override {
+    std::lock_guard lock(mu_);
+    for (const auto& creq : req->container_requests()) {
+      std::vector<const Device*> must, avail;
+      for (const auto& id : creq.must_include_deviceids()) {
+        const Device* d = find(id);
+        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "GetPreferredAllocation: pool " + pool_.resource +
+                                                                     " has no device '" + id + "'");
+        must.push_back(d);
+      }
+      for (const auto& id : creq.available_deviceids()) {
+        const Device* d = find(id);
+        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "GetPreferredAllocation: pool " + pool_.resource +
+                                                                     " has no device '" + id + "'");
+        if (d->healthy && std::find(must.begin(), must.end(), d) == must.end()) avail.push_back(d);
+      }
+      int node = -2;
+      std::string pf;
+      if (!must.empty()) {
+        node = must.front()->numa_node;
+        pf = must.front()->pf;
+      } else if (!avail.empty()) {
+        std::map<int, int> per_node;
+        for (const Device* d : avail) ++per_node[d->numa_node];
+        node = std::max_element(per_node.begin(), per_node.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+        std::map<std::string, int> per_pf;
+        for (const Device* d : avail)
+          if (d->numa_node == node) ++per_pf[d->pf];
+        pf = std::max_element(per_pf.begin(), per_pf.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+      }
+      std::stable_sort(avail.begin(), avail.end(), [&](const Device* a, const Device* b) {
+        return std::make_tuple(a->numa_node != node, a->pf != pf, a->id) < std::make_tuple(b->numa_node != node, b->pf != pf, b->id);
+      });
+      auto* resp = out->add_container_responses();
+      for (const Device* d : must) resp->add_deviceids(d->id);
+      for (const Device* d : avail) {
+        if (resp->deviceids_size() >= creq.allocation_size()) break;
+        resp->add_deviceids(d->id);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req, v1beta1::AllocateResponse* out) override {
+    std::lock_guard lock(mu_);
+    const std::string env = env_name(pool_.resource);
+    for (const auto& creq : req->container_requests()) {
+      auto* resp = out->add_container_responses();
+      std::vector<std::string> addresses, sockets;
+      json info = json::object();
+      bool vfio = false;
+      for (const auto& id : creq.devices_ids()) {
+        const Device* d = find(id);
+        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "Allocate: pool " + pool_.resource + " has no device '" + id + "'");
+        if (!d->healthy)
+          return refuse(grpc::StatusCode::FAILED_PRECONDITION, "Allocate: device " + id + " of pool " + pool_.resource + " is unhealthy");
+        resp->add_cdi_devices()->set_name(pool_.resource + "=" + id);
+        if (!d->socket.empty()) {
+          auto* m = resp->add_mounts();
+          m->set_host_path(d->socket);
+          m->set_container_path(d->socket);
+          sockets.push_back(d->socket);
+          continue;
+        }
+        if (d->iommu_group < 0)
+          return refuse(grpc::StatusCode::FAILED_PRECONDITION, "Allocate: device " + id + " of pool " + pool_.resource +
+                                                                   " is not bound to vfio-pci");
+        if (!vfio) {
+          auto* spec = resp->add_devices();
+          spec->set_host_path("/dev/vfio/vfio");
+          spec->set_container_path("/dev/vfio/vfio");
+          spec->set_permissions("rw");
+          vfio = true;
+        }
+        const std::string group = "/dev/vfio/" + std::to_string(d->iommu_group);
+        auto* spec = resp->add_devices();
+        spec->set_host_path(group);
+        spec->set_container_path(group);
+        spec->set_permissions("rw");
+        addresses.push_back(d->id);
+        info[d->id] = {{"generic", {{"deviceID", d->id}}}, {"vfio", {{"mount", "/dev/vfio/vfio"}, {"dev-mount", group}}}};
+      }
+      auto join = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+        return s;
+      };
+      if (!addresses.empty()) {
+        (*resp->mutable_envs())["PCIDEVICE_" + env] = join(addresses);
+        (*resp->mutable_envs())["PCIDEVICE_" + env + "_INFO"] = info.dump();
+        (*resp->mutable_envs())["PCI_RESOURCE_" + env] = join(addresses);
+      }
+      if (!sockets.empty()) (*resp->mutable_envs())["SRIOVD_VIRTIO_SOCKET_" + env] = join(sockets);
+    }
+    ++allocations_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+                                 v1beta1::PreStartContainerResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  [[nodiscard]] const Device* find(const std::string& id) const {
+    for (const Device& d : pool_.devices)
+      if (d.id == id) return &d;
+    return nullptr;
+  }
+  grpc::Status refuse(grpc::StatusCode code, const std::string& why) {
+    ++refused_;
+    spdlog::warn("kubernetes: {}", why);
+    return {code, why};
+  }
+  [[nodiscard]] fs::path cdi_path() const { return fs::path(cdi_dir_) / (file_stem(pool_.resource) + ".json"); }
+  void write_cdi() {
+    json spec;
+    {
+      std::lock_guard lock(mu_);
+      spec = cdi_spec(pool_);
+    }
+    try {
+      write_atomically(cdi_path(), spec.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      spdlog::error("kubernetes: {}: CDI spec: {}", pool_.resource, e.what());
+    }
+  }
+
+  std::string dir_, cdi_dir_, socket_name_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Pool pool_;
+  uint64_t version_ = 0;
+  bool stopping_ = false;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> registered_{false};
+  std::atomic<uint64_t> registrations_{0}, allocations_{0}, refused_{0};
+  std::atomic<int> watchers_{0};
+};
+
+}  // namespace
+
+// The pools' servers, and a thread that watches the directory: when the
+// kubelet's socket appears (a kubelet (re)start), or one of the pools'
+// sockets goes (the kubelet cleans the directory when it starts), those
+// servers start again and register.
+struct NodeAgent::Impl {
+  std::string dir, cdi_dir;
+  std::mutex mu;  // servers: update() and the watcher
+  std::map<std::string, std::unique_ptr<PoolServer>> servers;
+  UniqueFd inotify, stop_fd;
+  std::thread watcher;
+
+  void watch() {
+    alignas(inotify_event) char buf[4096];
+    for (;;) {
+      pollfd fds[2] = {{inotify.get(), POLLIN, 0}, {stop_fd.get(), POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+      if (fds[1].revents) return;
+      if (!(fds[0].revents & POLLIN)) continue;
+      const ssize_t n = ::read(inotify.get(), buf, sizeof buf);
+      bool kubelet = false;
+      std::vector<std::string> gone;
+      for (ssize_t at = 0; n > 0 && at < n;) {
+        const auto* e = reinterpret_cast<const inotify_event*>(buf + at);
+        const std::string name = e->len ? e->name : "";
+        if ((e->mask & (IN_CREATE | IN_MOVED_TO)) && name == kKubeletSocket) kubelet = true;
+        if (e->mask & (IN_DELETE | IN_MOVED_FROM)) gone.push_back(name);
+        at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      }
+      std::lock_guard lock(mu);
+      for (auto& [resource, server] : servers) {
+        // Gone and not there again: a socket this process re-made is there.
+        const bool lost = std::find(gone.begin(), gone.end(), server->socket_name()) != gone.end() &&
+                          !fs::exists(server->socket_path());
+        if (!kubelet && !lost) continue;
+        try {
+          if (lost) server->start();
+          // A kubelet that has just made its socket may not listen yet.
+          for (int i = 0; i < 30 && !server->register_with_kubelet() && kubelet; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        } catch (const std::exception& ex) {
+          spdlog::error("kubernetes: {}", ex.what());
+        }
+      }
+    }
+  }
+};
+
+NodeAgent::NodeAgent(std::string plugin_dir, std::string cdi_dir) : impl_(std::make_unique<Impl>()) {
+  impl_->dir = std::move(plugin_dir);
+  impl_->cdi_dir = std::move(cdi_dir);
+  std::error_code ec;
+  fs::create_directories(impl_->dir, ec);
+  impl_->inotify.reset(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  impl_->stop_fd.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!impl_->inotify || !impl_->stop_fd ||
+      ::inotify_add_watch(impl_->inotify.get(), impl_->dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0)
+    throw std::runtime_error("kubernetes: cannot watch " + impl_->dir + ": " + std::strerror(errno));
+  impl_->watcher = std::thread([this] { impl_->watch(); });
+}
+
+NodeAgent::~NodeAgent() {
+  const uint64_t one = 1;
+  (void)::write(impl_->stop_fd.get(), &one, sizeof one);
+  impl_->watcher.join();
+  std::lock_guard lock(impl_->mu);
+  impl_->servers.clear();
+}
+
+void NodeAgent::update(std::vector<Pool> pools) {
+  std::lock_guard lock(impl_->mu);
+  for (auto it = impl_->servers.begin(); it != impl_->servers.end();) {
+    const bool kept = std::any_of(pools.begin(), pools.end(), [&](const Pool& p) { return p.resource == it->first; });
+    if (!kept) spdlog::info("kubernetes: {} is no longer a pool; its device plugin stops", it->first);
+    it = kept ? std::next(it) : impl_->servers.erase(it);
+  }
+  for (Pool& pool : pools) {
+    auto it = impl_->servers.find(pool.resource);
+    if (it != impl_->servers.end()) {
+      it->second->set(std::move(pool));
+      continue;
+    }
+    const std::string resource = pool.resource;
+    auto server = std::make_unique<PoolServer>(impl_->dir, impl_->cdi_dir, std::move(pool));
+    server->start();
+    if (fs::exists(impl_->dir + "/" + kKubeletSocket)) (void)server->register_with_kubelet();
+    impl_->servers.emplace(resource, std::move(server));
+  }
+}
+
+json NodeAgent::status() const {
+  std::lock_guard lock(impl_->mu);
+  json out = json::array();
+  for (const auto& [resource, server] : impl_->servers) out.push_back(server->status());
+  return out;
+}
+
+}  // namespace sriovd::k8s
