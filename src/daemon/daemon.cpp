@@ -177,6 +177,10 @@ json Daemon::reload(const std::string& trigger) {
     if (next.interrupts.relay_threads != config_.interrupts.relay_threads ||
         next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
       throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
+    if (next.kubernetes.enabled && config_.kubernetes.enabled &&
+        (next.kubernetes.device_plugin_dir != config_.kubernetes.device_plugin_dir ||
+         next.kubernetes.cdi_dir != config_.kubernetes.cdi_dir))
+      throw std::runtime_error("kubernetes.device_plugin_dir or cdi_dir changes: that needs a restart");
     if (next.metrics != config_.metrics)
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
     drop_vf_exports(&next);

@@ -38,9 +38,13 @@ std::vector<k8s::Pool> Daemon::k8s_pools() const {
         for (const auto& v : host_pf.value("vfs", control::json::array()))
           if (v.value("index", -1) == vf.index) host_vf = v;
         if (!member && !(pool_cfg.selector && selected(*pool_cfg.selector, pf, vf, host_vf))) continue;
-        if (!host_vf.contains("address")) continue;  // no such VF now: nothing to list
+        // A VF listed once keeps its id (its PCI address) when it goes, so
+        // the kubelet hears it is unhealthy rather than nothing.
+        std::string& id = k8s_ids_[{pf.ref.to_string(), vf.index}];
+        if (host_vf.contains("address")) id = host_vf["address"].get<std::string>();
+        if (id.empty()) continue;  // never seen: nothing to list yet
         k8s::Device d;
-        d.id = host_vf["address"].get<std::string>();
+        d.id = id;
         d.pf = pf.ref.to_string();
         d.numa_node = host_vf.value("numa_node", -1);
         const bool vfio = host_vf.value("driver", "") == "vfio-pci";

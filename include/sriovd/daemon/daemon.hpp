@@ -167,6 +167,7 @@ class Daemon {
   uint64_t udev_events_total_ = 0;
   std::unique_ptr<k8s::NodeAgent> k8s_;  // with a kubernetes section
   unsigned k8s_ticks_ = 0;
+  mutable std::map<std::pair<std::string, uint16_t>, std::string> k8s_ids_;  // (PF, VF index) -> address last seen
   // Last, so it goes first: its scrapes read everything above.
   std::unique_ptr<MetricsServer> metrics_;
 };
