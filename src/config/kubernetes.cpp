@@ -110,7 +110,7 @@ void Loader::read_pool(const YAML::Node& node, const std::string& path) {
     }
     pool.virtio_devices.push_back(n.Scalar());
   });
-  if (pool.vfs.empty() && !pool.selector && pool.virtio_devices.empty()) {
+  if (!m.has("vfs") && !m.has("selector") && !m.has("virtio_devices")) {
     ctx_.error(m.where(), path, "pool '" + pool.name + "' has no members (vfs, selector or virtio_devices)");
     return;
   }

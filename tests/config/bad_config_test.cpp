@@ -27,6 +27,8 @@ const std::string kPf = R"(physical_functions:
     vfs:
       - index: 0
 )";
+// Line 14 after kSimulated + kPf: VF 0 for a pool.
+const std::string kK8sVf = "        assign: {owner: k, export: none}\n";
 // Lines 3-7 after kSystem: one virtio device open for more keys.
 const std::string kVirtio = R"(virtio_devices:
   - name: n0
@@ -268,6 +270,25 @@ const BadCase kCases[] = {
    "metrics.listen: '[::1]:65536' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")"},
   {"MetricsUnknownKey", kSystem + "metrics: {listen: \"127.0.0.1:9808\", port: 1}\n", 3, 37,
    "metrics: unknown key 'port' (expected one of: listen, allow_remote)"},
+  {"PoolNameNotAResourceName", kSimulated + kPf + kK8sVf + "kubernetes:\n  pools:\n    - {name: bad_name, vfs: [{pf: \"0000:3b:00.0\", indexes: [0]}]}\n",
+   17, 14, "kubernetes.pools[0].name: 'bad_name' is not a resource name 'vendor.domain/name' (a DNS subdomain, '/', up to 63 "
+   "letters, digits, '-', '_', '.')"},
+  {"PoolVfExportedOverVfioUser", kSimulated + kPf + "        assign: {owner: k, socket: /run/x.sock}\nkubernetes:\n  pools:\n"
+   "    - {name: a.com/x, vfs: [{pf: \"0000:3b:00.0\", indexes: [0]}]}\n",
+   17, 60, "kubernetes.pools[0].vfs[0].indexes[0]: VF 0 of PF 0000:3b:00.0 is exported over vfio-user to 'k'; a pool's VFs go "
+   "to pods whole ('export: none')"},
+  {"PoolVfNotAssigned", kSimulated + kPf + kK8sVf + "kubernetes:\n  pools:\n    - {name: a.com/x, vfs: [{pf: \"0000:3b:00.0\", indexes: [1]}]}\n",
+   17, 60, "kubernetes.pools[0].vfs[0].indexes[0]: VF 1 of PF 0000:3b:00.0 is not assigned (a pool's VFs are bound to "
+   "vfio-pci: vfs[].assign with 'export: none')"},
+  {"PoolVfInTwoPools", kSimulated + kPf + kK8sVf + "kubernetes:\n  pools:\n    - {name: a.com/x, vfs: [{pf: \"0000:3b:00.0\", indexes: [0]}]}\n"
+   "    - {name: a.com/y, selector: {owner: k}}\n",
+   18, 7, "kubernetes.pools: VF 0 of PF 0000:3b:00.0 is in pool 'a.com/x' and pool 'a.com/y' (a VF is in at most one pool)"},
+  {"PoolWithoutMembers", kSimulated + kPf + kK8sVf + "kubernetes:\n  pools:\n    - {name: a.com/x}\n", 17, 7,
+   "kubernetes.pools[0]: pool 'a.com/x' has no members (vfs, selector or virtio_devices)"},
+  {"PoolUnknownVirtioDevice", kSimulated + kPf + kK8sVf + "kubernetes:\n  pools:\n    - {name: a.com/x, virtio_devices: [nope]}\n",
+   17, 40, "kubernetes.pools[0].virtio_devices[0]: no virtio device 'nope' in virtio_devices"},
+  {"DevicePluginDirRelative", kSimulated + kPf + kK8sVf + "kubernetes:\n  device_plugin_dir: relative\n", 16, 22,
+   "kubernetes.device_plugin_dir: expected an absolute path, got 'relative'"},
 };
 // clang-format on
 
