@@ -8,7 +8,8 @@ each registered plugin as the kubelet does: GetDevicePluginOptions,
 ListAndWatch, GetPreferredAllocation, Allocate. Then the kubelet restarts
 (its socket deleted and made again, the plugins' sockets removed) and the
 plugins register again; a VF that leaves the simulated host is Unhealthy
-within 1 s and Healthy when it is back; a reload moves a VF between pools;
+within 1 s and Healthy when it is back; a pooled virtio device's socket is
+mounted; a reload moves a VF between pools;
 malformed and unknown requests get gRPC errors naming what is wrong.
 
     tests/integration/k8s_test.py BUILD_DIR
@@ -34,11 +35,15 @@ except ImportError:
     print("SKIP: python3-grpcio is not installed (apt-get install python3-grpcio python3-protobuf)", file=sys.stderr)
     sys.exit(77)
 
+if os.geteuid() != 0 or not os.path.exists("/dev/net/tun"):
+    print("SKIP: needs root and /dev/net/tun (the pooled virtio device's tap)", file=sys.stderr)
+    sys.exit(77)
+
 BUILD = os.path.abspath(sys.argv[1])
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SRIOVD = os.path.join(BUILD, "src", "sriovd")
 SRIOVCTL = os.path.join(BUILD, "src", "sriovctl")
-POOL_A, POOL_B = "sriovd.test/vfio_a", "sriovd.test/vfio_b"
+POOL_A, POOL_B, POOL_C = "sriovd.test/vfio_a", "sriovd.test/vfio_b", "sriovd.test/vnet"
 
 work = tempfile.mkdtemp(prefix="sriovd-k8s.")
 plugin_dir = os.path.join(work, "device-plugins")
@@ -179,6 +184,12 @@ physical_functions:
     num_vfs: 4
     vfs:
 {vfs}
+virtio_devices:
+  - name: vnet0
+    type: net
+    transport: vhost-user
+    socket: {work}/vnet0.sock
+    backend: {{type: tap, name: k8tap{os.getpid() % 100000}}}
 kubernetes:
   device_plugin_dir: {plugin_dir}
   cdi_dir: {cdi_dir}
@@ -188,6 +199,8 @@ kubernetes:
     - name: {POOL_B}
       selector: {{owner: k8s-b}}
       vfs: [{{pf: "0000:3b:00.0", indexes: {json.dumps([i for i in (0, 1, 3) if i not in pool_a_indexes])}}}]
+    - name: {POOL_C}
+      virtio_devices: [vnet0]
 """)
 
 
@@ -200,9 +213,9 @@ def main():
                               stdout=log, stderr=subprocess.STDOUT)
     procs.append(daemon)
 
-    regs = kubelet.take(2)
-    check("both pools register with the kubelet", set(regs) == {POOL_A, POOL_B}, list(regs))
-    if set(regs) != {POOL_A, POOL_B}:
+    regs = kubelet.take(3)
+    check("the three pools register with the kubelet", set(regs) == {POOL_A, POOL_B, POOL_C}, list(regs))
+    if set(regs) != {POOL_A, POOL_B, POOL_C}:
         return
     for r in regs.values():
         check(f"{r.resource_name}: version v1beta1, endpoint in the directory, preferred allocation offered",
@@ -243,6 +256,18 @@ def main():
     spec = json.load(open(spec_path)) if os.path.exists(spec_path) else {}
     check("the CDI spec: kind and devices", spec.get("kind") == POOL_A
           and {d["name"] for d in spec.get("devices", [])} == {va0, va1}, spec)
+
+    # A virtio device: its vhost-user socket is the resource, mounted.
+    c_plugin = Plugin(regs[POOL_C].endpoint)
+    c_plugin.watch()
+    got, ok = c_plugin.next_list(lambda l: l.get("vnet0", ("",))[0] == "Healthy", 5)
+    check("ListAndWatch: the virtio device, Healthy while sriovd serves its socket", ok, got)
+    resp = c_plugin.allocate(api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(
+        devices_ids=["vnet0"])]), timeout=5)
+    mounts = [(m.host_path, m.container_path) for m in resp.container_responses[0].mounts]
+    sock = os.path.join(work, "vnet0.sock")
+    check("Allocate: the virtio device's socket as a mount", mounts == [(sock, sock)]
+          and resp.container_responses[0].envs.get("SRIOVD_VIRTIO_SOCKET_SRIOVD_TEST_VNET") == sock, resp)
 
     # Bad requests: the plugin answers with an error naming it and goes on.
     for name, req, want in [
@@ -292,8 +317,8 @@ def main():
         os.unlink(os.path.join(plugin_dir, f))
     kubelet = Kubelet()
     kubelet.start()
-    regs = kubelet.take(2)
-    check("after a kubelet restart both pools register again", set(regs) == {POOL_A, POOL_B}, list(regs))
+    regs = kubelet.take(3)
+    check("after a kubelet restart every pool registers again", set(regs) == {POOL_A, POOL_B, POOL_C}, list(regs))
     check("their sockets are there again", all(os.path.exists(os.path.join(plugin_dir, r.endpoint))
                                                for r in regs.values()))
     a = Plugin(regs[POOL_A].endpoint)
@@ -312,7 +337,7 @@ def main():
     got, ok = b.next_list(lambda l: set(l) == {va1, vb2, vb3}, 2)
     check("and pool B has VF 1 too", ok, got)
     st = json.loads(ctl("--json", "status").stdout)
-    check("sriovctl status shows the pools", {p["resource"] for p in st.get("kubernetes") or []} == {POOL_A, POOL_B},
+    check("sriovctl status shows the pools", {p["resource"] for p in st.get("kubernetes") or []} == {POOL_A, POOL_B, POOL_C},
           st.get("kubernetes"))
     kubelet.stop()
 
