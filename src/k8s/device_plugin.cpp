@@ -93,6 +93,7 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
 
   [[nodiscard]] std::string socket_path() const { return dir_ + "/" + socket_name_; }
   [[nodiscard]] const std::string& socket_name() const { return socket_name_; }
+  [[nodiscard]] bool registered() const { return registered_.load(); }
 
   // (Re)starts the server on a fresh socket.
   void start() {
@@ -358,36 +359,51 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
 // servers start again and register.
 struct NodeAgent::Impl {
   std::string dir, cdi_dir;
-  std::mutex mu;  // servers: update() and the watcher
-  std::map<std::string, std::unique_ptr<PoolServer>> servers;
-  UniqueFd inotify, stop_fd;
+  std::mutex mu;  // servers (the map; each server locks its own state)
+  std::map<std::string, std::shared_ptr<PoolServer>> servers;
+  UniqueFd inotify, stop_fd, kick_fd;  // kick: a new pool wants registering
   std::thread watcher;
 
+  // Registration and restarts happen here, never on the caller of update()
+  // (the daemon's control thread): a kubelet that is slow to answer holds
+  // up this thread alone, and without the map's lock.
   void watch() {
     alignas(inotify_event) char buf[4096];
     for (;;) {
-      pollfd fds[2] = {{inotify.get(), POLLIN, 0}, {stop_fd.get(), POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+      pollfd fds[3] = {{inotify.get(), POLLIN, 0}, {stop_fd.get(), POLLIN, 0}, {kick_fd.get(), POLLIN, 0}};
+      if (::poll(fds, 3, -1) < 0 && errno != EINTR) return;
       if (fds[1].revents) return;
-      if (!(fds[0].revents & POLLIN)) continue;
-      const ssize_t n = ::read(inotify.get(), buf, sizeof buf);
-      bool kubelet = false;
+      bool kubelet = false, kicked = false;
       std::vector<std::string> gone;
-      for (ssize_t at = 0; n > 0 && at < n;) {
-        const auto* e = reinterpret_cast<const inotify_event*>(buf + at);
-        const std::string name = e->len ? e->name : "";
-        if ((e->mask & (IN_CREATE | IN_MOVED_TO)) && name == kKubeletSocket) kubelet = true;
-        if (e->mask & (IN_DELETE | IN_MOVED_FROM)) gone.push_back(name);
-        at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      if (fds[2].revents & POLLIN) {
+        uint64_t v;
+        kicked = ::read(kick_fd.get(), &v, sizeof v) == sizeof v;
       }
-      std::lock_guard lock(mu);
-      for (auto& [resource, server] : servers) {
+      if (fds[0].revents & POLLIN) {
+        const ssize_t n = ::read(inotify.get(), buf, sizeof buf);
+        for (ssize_t at = 0; n > 0 && at < n;) {
+          const auto* e = reinterpret_cast<const inotify_event*>(buf + at);
+          const std::string name = e->len ? e->name : "";
+          if ((e->mask & (IN_CREATE | IN_MOVED_TO)) && name == kKubeletSocket) kubelet = true;
+          if (e->mask & (IN_DELETE | IN_MOVED_FROM)) gone.push_back(name);
+          at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+        }
+      }
+      std::vector<std::shared_ptr<PoolServer>> all;
+      {
+        std::lock_guard lock(mu);
+        for (auto& [resource, server] : servers) all.push_back(server);
+      }
+      const bool have_kubelet = fs::exists(dir + "/" + kKubeletSocket);
+      for (auto& server : all) {
         // Gone and not there again: a socket this process re-made is there.
         const bool lost = std::find(gone.begin(), gone.end(), server->socket_name()) != gone.end() &&
                           !fs::exists(server->socket_path());
-        if (!kubelet && !lost) continue;
+        const bool unregistered = kicked && !server->registered();
+        if (!kubelet && !lost && !unregistered) continue;
         try {
           if (lost) server->start();
+          if (!have_kubelet) continue;
           // A kubelet that has just made its socket may not listen yet.
           for (int i = 0; i < 30 && !server->register_with_kubelet() && kubelet; ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -406,7 +422,8 @@ NodeAgent::NodeAgent(std::string plugin_dir, std::string cdi_dir) : impl_(std::m
   fs::create_directories(impl_->dir, ec);
   impl_->inotify.reset(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
   impl_->stop_fd.reset(::eventfd(0, EFD_CLOEXEC));
-  if (!impl_->inotify || !impl_->stop_fd ||
+  impl_->kick_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl_->inotify || !impl_->stop_fd || !impl_->kick_fd ||
       ::inotify_add_watch(impl_->inotify.get(), impl_->dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0)
     throw std::runtime_error("kubernetes: cannot watch " + impl_->dir + ": " + std::strerror(errno));
   impl_->watcher = std::thread([this] { impl_->watch(); });
@@ -421,23 +438,30 @@ NodeAgent::~NodeAgent() {
 }
 
 void NodeAgent::update(std::vector<Pool> pools) {
-  std::lock_guard lock(impl_->mu);
-  for (auto it = impl_->servers.begin(); it != impl_->servers.end();) {
-    const bool kept = std::any_of(pools.begin(), pools.end(), [&](const Pool& p) { return p.resource == it->first; });
-    if (!kept) spdlog::info("kubernetes: {} is no longer a pool; its device plugin stops", it->first);
-    it = kept ? std::next(it) : impl_->servers.erase(it);
-  }
-  for (Pool& pool : pools) {
-    auto it = impl_->servers.find(pool.resource);
-    if (it != impl_->servers.end()) {
-      it->second->set(std::move(pool));
-      continue;
+  bool added = false;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (auto it = impl_->servers.begin(); it != impl_->servers.end();) {
+      const bool kept = std::any_of(pools.begin(), pools.end(), [&](const Pool& p) { return p.resource == it->first; });
+      if (!kept) spdlog::info("kubernetes: {} is no longer a pool; its device plugin stops", it->first);
+      it = kept ? std::next(it) : impl_->servers.erase(it);
     }
-    const std::string resource = pool.resource;
-    auto server = std::make_unique<PoolServer>(impl_->dir, impl_->cdi_dir, std::move(pool));
-    server->start();
-    if (fs::exists(impl_->dir + "/" + kKubeletSocket)) (void)server->register_with_kubelet();
-    impl_->servers.emplace(resource, std::move(server));
+    for (Pool& pool : pools) {
+      auto it = impl_->servers.find(pool.resource);
+      if (it != impl_->servers.end()) {
+        it->second->set(std::move(pool));
+        continue;
+      }
+      const std::string resource = pool.resource;
+      auto server = std::make_shared<PoolServer>(impl_->dir, impl_->cdi_dir, std::move(pool));
+      server->start();
+      impl_->servers.emplace(resource, std::move(server));
+      added = true;
+    }
+  }
+  if (added) {
+    const uint64_t one = 1;
+    (void)::write(impl_->kick_fd.get(), &one, sizeof one);
   }
 }
 
