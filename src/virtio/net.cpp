@@ -428,6 +428,16 @@ void NetDevice::kick_all() {
     if (q.kick) (void)::write(q.kick.get(), &one, sizeof one);
 }
 
+// A worker found the device unusable (NEEDS_RESET): said once, with why;
+// the worker stops serving it.
+void NetDevice::fail_device(const std::string& why) {
+  if (!broken_.exchange(true)) spdlog::error("{}: {}; the device needs a reset", config_.name, why);
+}
+
+void NetDevice::fail_queue(unsigned index, const Queue& q) {
+  fail_device("queue " + std::to_string(index) + ": " + to_string(q.ring->error()));
+}
+
 void NetDevice::notify(Queue& q) {
   if (q.ring->should_notify() && q.interrupt) {
     engine_.trigger(*q.interrupt);
@@ -482,7 +492,7 @@ void NetDevice::run_pair(Worker& w) {
     // happened at all.
     if (const uint64_t faults = peer_mapping_faults(); faults != w.faults_seen) {
       w.faults_seen = faults;
-      if (memory_->faulted()) broken_ = true;
+      if (memory_->faulted()) fail_device("guest memory shrank under its mapping (a fault)");
     }
     if (broken_.load(std::memory_order_relaxed)) return;
     if (std::exchange(w.tx_more, false)) do_tx(w);
@@ -534,7 +544,7 @@ bool NetDevice::do_tx(Worker& w) {
     q.ring->push(c, 0);
   }
   tap_->flush(pair);
-  if (q.ring->broken()) broken_ = true;
+  if (q.ring->broken()) fail_queue(2 * pair + 1, q);
   if (any) notify(q);
   return any;
 }
@@ -640,7 +650,7 @@ bool NetDevice::do_rx(Worker& w) {
       if (!mergeable) break;
     }
     if (q.ring->broken()) {
-      broken_ = true;
+      fail_queue(2 * w.pair, q);
       return delivered;
     }
     if (room < w.rx->pending) {
@@ -710,7 +720,7 @@ void NetDevice::do_ctrl(Worker& w) {
     q.stats->packets.fetch_add(1, std::memory_order_relaxed);
     q.ring->push(c, written);
   }
-  if (q.ring->broken()) broken_ = true;
+  if (q.ring->broken()) fail_queue(control_queue_index(), q);
   if (any) notify(q);
 }
 

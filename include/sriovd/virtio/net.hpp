@@ -217,6 +217,8 @@ class NetDevice {
   void do_ctrl(Worker& w);
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
   void notify(Queue& q);
+  void fail_device(const std::string& why);
+  void fail_queue(unsigned index, const Queue& q);
 
   NetConfig config_;
   irq::Engine& engine_;
