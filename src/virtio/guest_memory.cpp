@@ -142,16 +142,34 @@ uint8_t* GuestMemory::translate_perm(uint64_t gpa, uint64_t len, uint8_t need) c
 
 bool GuestMemory::iotlb_miss(uint64_t iova, uint64_t len, bool device_writes) const {
   if (!iotlb_) return false;
-  uint64_t uaddr = 0;
-  if (iotlb_->lookup(iova, len, device_writes, uaddr)) return false;  // translated, but outside the memory table
-  // Ask for the first page not translated: a buffer over two pages may
-  // have its first one already. Translated all through but not contiguous
-  // in the front-end's memory (two RAM blocks) is not a miss: a segment
-  // is one pointer, so such a buffer is refused as a bad address.
-  const uint64_t gap = iotlb_->first_gap(iova, len, device_writes);
-  if (gap == iova + len) return false;
-  iotlb_->report_miss(gap, device_writes);
-  return true;
+  // The caller's translate() failed on the table published then; the
+  // control thread may have published another since (the answer to an
+  // earlier miss for the same page, found by another ring): what is judged
+  // here is the table as it is now, each look on one table.
+  for (int look = 0; look < 2; ++look) {
+    uint64_t uaddr = 0;
+    if (iotlb_->lookup(iova, len, device_writes, uaddr)) {
+      // Translated now. Outside the memory table: a bad address. Inside:
+      // it arrived after the caller looked; ask once more, so that the
+      // answer's publication wakes the stalled ring (a second update for
+      // the page is harmless).
+      if (!translate_user(uaddr, len)) return false;
+      iotlb_->report_miss(iova, device_writes);
+      return true;
+    }
+    // Ask for the first page not translated: a buffer over two pages may
+    // have its first one already.
+    const uint64_t gap = iotlb_->first_gap(iova, len, device_writes);
+    if (gap != iova + len) {
+      iotlb_->report_miss(gap, device_writes);
+      return true;
+    }
+    // Translated all through but by no single entry: not contiguous in the
+    // front-end's memory (two RAM blocks; a segment is one pointer, so such
+    // a buffer is refused as a bad address) - unless the table changed
+    // between the two looks, which the second finds.
+  }
+  return false;
 }
 
 uint8_t* GuestMemory::translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const {

@@ -120,6 +120,33 @@ TEST(PeerMemory, AnIotlbEntryWhoseFrontEndRangeWrapsIsRefused) {
   EXPECT_EQ(mem.translate(0x100000 + (1ULL << 40U), 64), nullptr);
 }
 
+// Found by a QEMU guest behind intel-iommu in CI: a ring's translate()
+// failed on one table, the control thread published the answer to an
+// earlier miss for that page before the ring asked whether it was a miss,
+// and the buffer was judged a bad address - the device went NEEDS_RESET
+// mid-iperf. Translated by then means ask again (the ring waits for the
+// answer's publication), not fail.
+TEST(PeerMemory, ATranslationPublishedAfterTheFailedLookIsAMissNotABadAddress) {
+  std::vector<uint8_t> backing(0x10000);
+  GuestMemory mem;
+  mem.add_host_region(0, backing.size(), 0x7f0000000000, backing.data());
+  Iotlb t;
+  mem.set_iotlb(&t);
+  EXPECT_EQ(mem.translate(0x200000, 64), nullptr);  // the ring's look: not there
+  t.update({0x200000, 0x1000, 0x7f0000001000, kIotlbRead | kIotlbWrite});
+  t.publish();  // the control thread, in between
+  EXPECT_TRUE(mem.iotlb_miss(0x200000, 64, false)) << "judged a bad address";
+  uint64_t iova = 0;
+  uint8_t perm = 0;
+  ASSERT_TRUE(t.take_miss(iova, perm)) << "no miss asked for: the stalled ring would never be woken";
+  EXPECT_EQ(iova, 0x200000U);
+  // Translated into nothing of the memory table stays a bad address.
+  t.update({0x300000, 0x1000, 0x600000000000, kIotlbRead});
+  t.publish();
+  EXPECT_EQ(mem.translate(0x300000, 64), nullptr);
+  EXPECT_FALSE(mem.iotlb_miss(0x300000, 64, false));
+}
+
 // Item 6: the per-thread IOVA cache was keyed by object address and counters
 // that restart at 1, so a new GuestMemory + Iotlb at the addresses of freed
 // ones hit the old entry (a use after free a fuzzer found).
