@@ -184,9 +184,9 @@ void Loader::read_control(const YAML::Node& node) {
   });
 }
 
-// listen: an IP literal and a port ("127.0.0.1:9808", "[::1]:9808"; port
-// 0: any free one, which `sriovctl status` shows), loopback unless
-// allow_remote says otherwise.
+// listen: an IPv4 literal and a port ("127.0.0.1:9808"; port 0: any free
+// one, which `sriovctl status` shows), loopback unless allow_remote says
+// otherwise. An IPv6 one ("[::1]:9808") is recognised and refused.
 void Loader::read_metrics(const YAML::Node& node) {
   Mapping m(ctx_, node, "metrics", {"listen", "allow_remote"});
   if (!m.valid()) return;
@@ -205,10 +205,17 @@ void Loader::read_metrics(const YAML::Node& node) {
   const auto port_number = port.find_first_not_of("0123456789") == std::string::npos ? parse_unsigned(port) : std::nullopt;
   if ((!v4 && !v6) || !port_number || *port_number > 65535) {
     ctx_.error(m.where("listen"), "metrics.listen",
-               "'" + *listen + "' is not an address and port (e.g. \"127.0.0.1:9808\" or \"[::1]:9808\")");
+               "'" + *listen + "' is not an address and port (e.g. \"127.0.0.1:9808\")");
     return;
   }
-  const bool loopback = v4 ? (ntohl(a4.s_addr) >> 24U) == 127 : IN6_IS_ADDR_LOOPBACK(&a6);
+  if (v6) {
+    // prometheus-cpp serves through civetweb, which Debian 12 builds without IPv6.
+    ctx_.error(m.where("listen"), "metrics.listen",
+               "'" + *listen + "': IPv6 is not served (the metrics HTTP server, Debian's civetweb, has no IPv6); "
+               "use an IPv4 address such as \"127.0.0.1:9808\"");
+    return;
+  }
+  const bool loopback = (ntohl(a4.s_addr) >> 24U) == 127;
   if (!loopback && !remote) {
     ctx_.error(m.where("listen"), "metrics.listen",
                "'" + *listen + "' is not a loopback address; the metrics name every VF, owner and socket of this "

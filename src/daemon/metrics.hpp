@@ -27,7 +27,7 @@ class MetricsServer {
  public:
   using Snapshot = std::function<std::vector<prometheus::MetricFamily>()>;
   static constexpr std::chrono::seconds kScrapeDeadline{2};
-  // Listens on `listen` ("127.0.0.1:9808", "[::1]:9808"); `snapshot` runs
+  // Listens on `listen` ("127.0.0.1:9808"); `snapshot` runs
   // on `io`'s thread. Throws naming the address when it cannot listen.
   MetricsServer(asio::io_context& io, const std::string& listen, Snapshot snapshot);
   ~MetricsServer();

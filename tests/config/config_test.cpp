@@ -106,7 +106,8 @@ TEST(Metrics, OffByDefaultLoopbackOrAskedForRemote) {
   const Config v4 = parse("version: 1\nhost: system\nmetrics: {listen: \"127.0.0.1:9808\"}\n", "m.yaml");
   EXPECT_EQ(v4.metrics.listen, "127.0.0.1:9808");
   EXPECT_FALSE(v4.metrics.allow_remote);
-  EXPECT_EQ(parse("version: 1\nhost: system\nmetrics: {listen: \"[::1]:9100\"}\n", "m.yaml").metrics.listen, "[::1]:9100");
+  EXPECT_EQ(parse("version: 1\nhost: system\nmetrics: {listen: \"127.1.2.3:9100\"}\n", "m.yaml").metrics.listen,
+            "127.1.2.3:9100");
   const Config remote =
       parse("version: 1\nhost: system\nmetrics: {listen: \"0.0.0.0:9808\", allow_remote: true}\n", "m.yaml");
   EXPECT_TRUE(remote.metrics.allow_remote);

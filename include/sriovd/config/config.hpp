@@ -213,7 +213,7 @@ struct Interrupts {
 // non-loopback address only with allow_remote (the counters name every VF,
 // owner and socket of the host).
 struct Metrics {
-  std::string listen;         // "127.0.0.1:9808", "[::1]:9808"; empty: off
+  std::string listen;         // "127.0.0.1:9808" (IPv4: the HTTP server here has no IPv6); empty: off
   bool allow_remote = false;
   bool operator==(const Metrics&) const = default;
 };
