@@ -5,7 +5,7 @@
 # values sriovctl shows after traffic (an MSI-X storm through a VF export).
 #   tests/integration/prometheus_test.sh BUILD_DIR
 set -euo pipefail
-source "$(dirname "$0")/../../scripts/lib/kill-tree.sh"
+source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: prometheus_test.sh BUILD_DIR}
 sriovd=$build/src/sriovd
 ctl=$build/src/sriovctl
@@ -38,15 +38,9 @@ fail() {
 json_get() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
 free_port() { python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 
-cat >"$work/sriovd.yaml" <<CONF
-version: 1
-host: simulated
-state_dir: $work/state
-simulated:
-  physical_functions:
-    - {address: "0000:3b:00.0", netdev: prpf$$}
-control:
-  socket: $work/control.sock
+{
+  simulated_host_config "$work/state" "$work/control.sock" "prpf$$"
+  cat <<CONF
 metrics: {listen: "127.0.0.1:0"}
 physical_functions:
   - address: "0000:3b:00.0"
@@ -54,6 +48,7 @@ physical_functions:
     vfs:
       - {index: 0, assign: {owner: vm-prom, socket: $work/vf0.sock, msix_policy: relay}}
 CONF
+} >"$work/sriovd.yaml"
 "$sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -S $work/vf0.sock ]] && break; sleep 0.1; done
@@ -123,19 +118,14 @@ expect 'count(sriovd_vf_info{pf="0000:3b:00.0"})' 2
 expect 'sriovd_host_transactions_total{outcome="committed"}' 1
 expect 'sriovd_build_info' 1
 # A second daemon whose metrics port is taken stops before it touches its host.
-cat >"$work/second.yaml" <<CONF
-version: 1
-host: simulated
-state_dir: $work/state2
-simulated:
-  physical_functions:
-    - {address: "0000:3b:00.0", netdev: pr2pf$$}
-control:
-  socket: $work/control2.sock
+{
+  simulated_host_config "$work/state2" "$work/control2.sock" "pr2pf$$"
+  cat <<CONF
 metrics: {listen: "127.0.0.1:$port"}
 physical_functions:
   - {address: "0000:3b:00.0", num_vfs: 1}
 CONF
+} >"$work/second.yaml"
 rc=0
 timeout 20 "$sriovd" --config "$work/second.yaml" --foreground >"$work/second.log" 2>&1 || rc=$?
 [[ $rc -ne 0 ]] || fail "a second sriovd started on a metrics port in use"
