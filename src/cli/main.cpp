@@ -65,9 +65,12 @@ void print_devices(const json& r) {
     Table virtio({"VIRTIO", "TRANSPORT", "SOCKET", "QUEUES", "BACKEND", "STATE"});
     for (const auto& d : r["virtio_devices"]) {
       const json& b = d["backend"];
-      const std::string backend = b.value("type", "") == "tap"
-                                      ? "tap " + field(b, "name")
-                                      : "vf " + field(b, "pf") + "/" + field(b, "vf");
+      std::string backend = b.value("type", "") == "tap" ? "tap " + field(b, "name")
+                                                          : "vf " + field(b, "pf") + "/" + field(b, "vf");
+      // How a VF's netdev is reached, and for AF_XDP whether the driver
+      // gave zero-copy or the kernel copies.
+      if (b.contains("via")) backend += " " + field(b, "via");
+      if (b.contains("xdp_mode")) backend += " (" + field(b, "xdp_mode") + ")";
       virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
                   field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend,
                   d.contains("reason") ? field(d, "state") + ": " + field(d, "reason") : field(d, "state")});

@@ -49,7 +49,14 @@ const char* to_string(PacketRingMode v) {
   }
   return "?";
 }
-const char* to_string(VfAttach v) { return v == VfAttach::af_packet ? "af_packet" : "macvtap"; }
+const char* to_string(VfAttach v) {
+  switch (v) {
+    case VfAttach::af_packet: return "af_packet";
+    case VfAttach::macvtap: return "macvtap";
+    case VfAttach::af_xdp: return "af_xdp";
+  }
+  return "?";
+}
 const char* to_string(SocketMode v) { return v == SocketMode::server ? "server" : "client"; }
 
 std::string Diagnostic::to_string() const {

@@ -24,6 +24,10 @@ std::optional<std::string> Loader::read_device_name(Mapping& m) {
 }
 
 // Queue pairs, ring layout and size, MTU and the workers' CPUs.
+// What fits one 4096-byte AF_XDP frame after the XDP headroom (256) and a
+// VLAN-tagged Ethernet header (18); virtio/xdp_socket.cpp sizes frames so.
+constexpr unsigned kAfXdpMaxMtu = 4096 - 256 - 18;
+
 void Loader::read_queues(Mapping& m, VirtioDevice& dev) {
   if (auto q = m.unsigned_in("queues", 1, 16)) dev.queue_pairs = static_cast<uint16_t>(*q);
   if (auto p = m.choice<PackedRing>("packed", {{"off", PackedRing::off},
@@ -91,10 +95,18 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
       dev.transport != Transport::vhost_user) {
     // The driver's MQ setting (control queue) would have to move flows
     // between AF_PACKET fanout members, which cannot leave their group;
-    // a macvtap's queues detach (TUNSETQUEUE) as a tap's do.
+    // a macvtap's queues detach (TUNSETQUEUE) as a tap's do, and AF_XDP
+    // sockets are steered by the port.
     ctx_.error(m.where("queues"), m.path_of("queues"),
-               "a VF backend with more than one queue pair over vfio-user needs 'via: macvtap' "
-               "(through AF_PACKET it serves one; over vhost-user either works)");
+               "a VF backend with more than one queue pair over vfio-user needs 'via: macvtap' or 'via: af_xdp' "
+               "(through AF_PACKET it serves one; over vhost-user any works)");
+    ok = false;
+  }
+  if (ok && dev.backend_kind == BackendKind::vf && dev.vf.via == VfAttach::af_xdp && dev.mtu > kAfXdpMaxMtu) {
+    // One UMEM frame per packet (no AF_XDP multi-buffer on these kernels).
+    ctx_.error(m.where("mtu"), m.path_of("mtu"),
+               "mtu " + std::to_string(dev.mtu) + " is above what 'via: af_xdp' carries (" +
+                   std::to_string(kAfXdpMaxMtu) + ": one 4096-byte frame with its headroom)");
     ok = false;
   }
   if (!ok) return;
@@ -202,7 +214,7 @@ bool Loader::read_vf_backend(Mapping& m, VirtioDevice& dev) {
   auto vf_index = m.unsigned_in("vf", 0, 255, true);
   if (!pf_name || !vf_index) return false;
   if (m.has("via")) {
-    auto via = m.choice<VfAttach>("via", {{"af_packet", VfAttach::af_packet}, {"macvtap", VfAttach::macvtap}}, true);
+    auto via = m.choice<VfAttach>("via", {{"af_packet", VfAttach::af_packet}, {"macvtap", VfAttach::macvtap}, {"af_xdp", VfAttach::af_xdp}}, true);
     if (!via) return false;
     dev.vf.via = *via;
   }

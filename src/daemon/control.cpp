@@ -15,6 +15,7 @@
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/version.hpp"
 #include "sriovd/virtio/macvtap.hpp"
+#include "sriovd/virtio/xdp_socket.hpp"
 
 namespace sriovd::daemon {
 
@@ -80,6 +81,12 @@ json Daemon::devices_json() const {
         const auto* macvtap = dynamic_cast<const virtio::Macvtap*>(&e.device->port());
         backend["netdev"] = macvtap ? macvtap->lower() : e.device->port().name();
         if (macvtap) backend["macvtap"] = macvtap->name();
+        if (const auto* xdp = dynamic_cast<const virtio::XdpSocket*>(&e.device->port())) {
+          backend["xdp_mode"] = virtio::to_string(xdp->mode());
+          json per_queue = json::array();
+          for (unsigned q = 0; q < xdp->sockets(); ++q) per_queue.push_back(xdp->received_on(q));
+          backend["xdp_received"] = per_queue;
+        }
       }
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},

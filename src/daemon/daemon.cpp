@@ -19,6 +19,7 @@
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
 #include "sriovd/virtio/macvtap.hpp"
+#include "sriovd/virtio/xdp_socket.hpp"
 #include "sriovd/virtio/packet_socket.hpp"
 #include "sriovd/virtio/tap.hpp"
 
@@ -74,6 +75,13 @@ Daemon::Daemon(Options options, config::Config config)
       spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+  }
+  // XDP programs it left on VF netdevs (each names its owner in a map).
+  try {
+    for (const auto& gone : virtio::XdpSocket::remove_left_over(config_.state_dir))
+      spdlog::warn("virtio: removed the XDP program an earlier run left on {}", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for XDP programs left by an earlier run: {}", ex.what());
   }
   start_virtio();
   update_k8s();
@@ -465,6 +473,12 @@ void Daemon::start_virtio() {
             // the driver cannot take (TUNSETOFFLOAD follows its features).
             nc.tap_offloads = virtio::tun_offload_flags(true, true, true, false, false);
             port = std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
+          } else if (dev.vf.via == config::VfAttach::af_xdp) {
+            // AF_XDP carries no checksum or GSO metadata: the driver
+            // checksums and segments itself.
+            nc.offloads = false;
+            nc.tap_offloads = 0;
+            port = std::make_unique<virtio::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
           } else {
             const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
                               : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2

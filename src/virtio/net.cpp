@@ -31,7 +31,7 @@ constexpr unsigned kMaxChains = 64;             // buffers one received packet m
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
 
-enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5 };
+enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5, kEvRoom = 6 };
 
 // Control queue classes and commands (§5.1.6.5).
 constexpr uint8_t kCtrlRx = 0, kCtrlRxPromisc = 0, kCtrlRxAllmulti = 1;
@@ -98,6 +98,7 @@ struct NetDevice::Worker {
   UniqueFd epoll;
   UniqueFd stop;
   int tap_fd = -1;
+  int room_fd = -1;  // the port's fd for room after a full transmit: tap_fd, or its own
   bool tap_armed = true;   // watching the port for received packets
   bool tx_blocked = false;  // the port had no room: watching it for room
   // Queues whose last pass ran out of budget: served again after the next
@@ -304,6 +305,7 @@ void NetDevice::start() {
     w->pair = p;
     w->rx = rx_hold_[p].get();
     w->tap_fd = tap_->fd(p);
+    w->room_fd = tap_->room_fd(p);
     w->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
     w->stop.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!w->epoll || !w->stop) throw_errno(config_.name + ": worker setup");
@@ -316,6 +318,12 @@ void NetDevice::start() {
     watch(tx.kick.get(), kEvTxKick);
     watch(rx.kick.get(), kEvRxKick);
     watch(w->tap_fd, kEvTap);
+    if (w->room_fd != w->tap_fd) {
+      epoll_event ev{};
+      ev.events = 0;  // EPOLLOUT while a transmit waits for room
+      ev.data.u64 = kEvRoom;
+      if (::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->room_fd, &ev) != 0) throw_errno(config_.name + ": epoll_ctl");
+    }
     watch(w->stop.get(), kEvStop);
     if (p == 0 && (features_ & kNetCtrlVq)) {
       Queue& ctrl = queues_[control_queue_index()];
@@ -471,6 +479,7 @@ void NetDevice::run_pair(Worker& w) {
           queues_[2 * w.pair].stats->kicks.fetch_add(1, std::memory_order_relaxed);
           do_rx(w);
           break;
+        case kEvRoom:
         case kEvTap:
           if ((events[i].events & EPOLLOUT) && w.tx_blocked) {
             w.tx_blocked = false;
@@ -553,9 +562,15 @@ bool NetDevice::do_tx(Worker& w) {
 // guest has no buffers for them, room when a transmit found none.
 void NetDevice::watch_port(Worker& w) {
   epoll_event ev{};
-  ev.events = (w.tap_armed ? EPOLLIN : 0U) | (w.tx_blocked ? EPOLLOUT : 0U);
+  const bool own_room = w.room_fd != w.tap_fd;
+  ev.events = (w.tap_armed ? EPOLLIN : 0U) | (w.tx_blocked && !own_room ? EPOLLOUT : 0U);
   ev.data.u64 = kEvTap;
   ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
+  if (own_room) {
+    ev.events = w.tx_blocked ? EPOLLOUT : 0U;
+    ev.data.u64 = kEvRoom;
+    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.room_fd, &ev);
+  }
 }
 
 // The next packet for the driver into w.rx: the next segment of a GSO
@@ -650,6 +665,7 @@ bool NetDevice::do_rx(Worker& w) {
       if (!mergeable) break;
     }
     if (q.ring->broken()) {
+      tap_->rx_done(w.pair);
       fail_queue(2 * w.pair, q);
       return delivered;
     }
@@ -677,6 +693,7 @@ bool NetDevice::do_rx(Worker& w) {
     deliver_rx(w, q, used);
     delivered = true;
   }
+  tap_->rx_done(w.pair);
   if (delivered) notify(q);
   if (!w.tap_armed && w.rx->pending == 0) {
     w.tap_armed = true;

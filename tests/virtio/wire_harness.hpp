@@ -29,7 +29,8 @@ constexpr uint16_t kEthertype = 0x88b5;  // local experimental
 // makes wire0 <-> vf0 there at `mtu`, up, without IPv6 (its router and
 // multicast chatter would arrive between the test's frames). Returns why
 // the test must skip, or "" when all is in place.
-inline std::string enter_private_netns(bool own_sysfs, unsigned mtu = 9000) {
+// `queues`: RX and TX queues of each end (a multi-queue VF's netdev).
+inline std::string enter_private_netns(bool own_sysfs, unsigned mtu = 9000, unsigned queues = 1) {
   if (::unshare(CLONE_NEWNET | (own_sysfs ? CLONE_NEWNS : 0)) != 0)
     return std::string("needs root (CAP_SYS_ADMIN) for a private network namespace: ") + std::strerror(errno);
   if (own_sysfs) {
@@ -45,7 +46,9 @@ inline std::string enter_private_netns(bool own_sysfs, unsigned mtu = 9000) {
   // veth, not dummy: the kernels here may lack the dummy module.
   const std::string m = std::to_string(mtu);
   for (const auto& cmd : std::vector<std::vector<std::string>>{
-           {"/sbin/ip", "link", "add", "wire0", "type", "veth", "peer", "name", "vf0"},
+           {"/sbin/ip", "link", "add", "wire0", "numtxqueues", std::to_string(queues), "numrxqueues",
+            std::to_string(queues), "type", "veth", "peer", "name", "vf0", "numtxqueues", std::to_string(queues),
+            "numrxqueues", std::to_string(queues)},
            {"/sbin/ip", "link", "set", "wire0", "mtu", m},
            {"/sbin/ip", "link", "set", "vf0", "mtu", m},
            {"/sbin/ip", "link", "set", "wire0", "up"},

@@ -148,9 +148,10 @@ struct TapBackend {
 enum class PacketRingMode { v3, v2, off };
 const char* to_string(PacketRingMode);
 
-// How the VF's netdev is reached: an AF_PACKET socket on it, or a macvtap
-// link (passthru) made on it for the device's lifetime.
-enum class VfAttach { af_packet, macvtap };
+// How the VF's netdev is reached: an AF_PACKET socket on it, a macvtap
+// link (passthru) made on it for the device's lifetime, or AF_XDP sockets
+// (one per queue) behind sriovd's XDP program attached to it.
+enum class VfAttach { af_packet, macvtap, af_xdp };
 const char* to_string(VfAttach);
 
 // A VF's kernel netdev as the backend: the VF-to-virtio bridge.

@@ -1,7 +1,8 @@
 #pragma once
 // Where a virtio-net device's packets go: a tap device, or a (VF's)
-// netdev through an AF_PACKET socket. Both speak the 12-byte
-// virtio_net_hdr_v1 in front of each packet to the device.
+// netdev through an AF_PACKET socket, a macvtap or AF_XDP sockets. All
+// speak the 12-byte virtio_net_hdr_v1 in front of each packet to the
+// device.
 
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -30,11 +31,18 @@ class PacketPort {
   virtual void flush(unsigned /*q*/) {}
   // One packet into buf, virtio-net header first; <= 0 when none.
   virtual ssize_t recv(unsigned q, uint8_t* buf, size_t size) = 0;
+  // The end of a pass of recv() calls on queue q (a port that batches
+  // hands the pass's buffers back to the kernel here).
+  virtual void rx_done(unsigned /*q*/) {}
   // TUN_F_* offloads the guest can take from us.
   virtual void set_offloads(unsigned tun_flags) = 0;
   // Only queues [0, n) carry traffic (the driver's MQ setting); a port
   // that can steer (a multi-queue tap) stops giving packets to the rest.
   virtual void set_active_queues(unsigned /*n*/) {}
+  // The fd that turns writable (EPOLLOUT) when queue q has room again
+  // after a send() found none: fd(q) itself, unless fd(q) is a set of
+  // sockets (an epoll fd, which never reports EPOLLOUT).
+  [[nodiscard]] virtual int room_fd(unsigned q) const { return fd(q); }
   // Carrier of what the port is attached to (control plane; an ioctl).
   [[nodiscard]] virtual bool link_up() const { return true; }
 };
