@@ -99,6 +99,7 @@ namespace {
 // SIGKILLed daemon left is found at the next start and made anew, while a
 // live daemon's, or a link that is not ours, is left alone and named.
 constexpr const char* kVethAliasPrefix = "sriovd-sim pid=";
+constexpr uint32_t kSimulatedVfQueues = 4;
 
 // The pid in an alias of ours, or 0 (not ours).
 pid_t veth_owner(rtnl_link* l) {
@@ -153,7 +154,19 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
                                ", which is running");
     delete_link(sk.get(), name);  // a crashed run's
   }
-  int err = rtnl_link_veth_add(sk.get(), name.c_str(), (name + "p").c_str(), ::getpid());
+  // Four queues each way, as a VF's netdev has several (RSS): what the
+  // AF_XDP port binds a socket to, each.
+  const nl::Link veth(rtnl_link_veth_alloc());
+  if (!veth) throw std::runtime_error("creating the veth for simulated VF netdev " + name + ": out of memory");
+  rtnl_link* peer = rtnl_link_veth_get_peer(veth.get());
+  rtnl_link_set_name(veth.get(), name.c_str());
+  rtnl_link_set_name(peer, (name + "p").c_str());
+  for (rtnl_link* end : {veth.get(), peer}) {
+    rtnl_link_set_num_tx_queues(end, kSimulatedVfQueues);
+    rtnl_link_set_num_rx_queues(end, kSimulatedVfQueues);
+  }
+  int err = rtnl_link_add(sk.get(), veth.get(), NLM_F_CREATE | NLM_F_EXCL);
+  rtnl_link_put(peer);  // rtnl_link_veth_get_peer took a reference
   if (err < 0) throw std::runtime_error("creating the veth for simulated VF netdev " + name + ": " + nl_geterror(err));
   veths_.push_back(name);
   const std::string alias = kVethAliasPrefix + std::to_string(::getpid());

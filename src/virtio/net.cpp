@@ -399,7 +399,10 @@ bool NetDevice::stop_within(std::chrono::milliseconds limit) {
   wedged_ = false;
   // Only queues a worker served have a ring: each keeps where it stood.
   for (Queue& queue : queues_) {
-    if (queue.ring) queue.base = queue.ring->base();
+    if (queue.ring) {
+      queue.ring->publish_used();  // every pass publishes its burst; this only makes sure
+      queue.base = queue.ring->base();
+    }
     queue.ring.reset();
   }
   return true;
@@ -446,7 +449,10 @@ void NetDevice::fail_queue(unsigned index, const Queue& q) {
   fail_device("queue " + std::to_string(index) + ": " + to_string(q.ring->error()));
 }
 
+// The end of a burst: its used buffers published at once, then the
+// driver interrupted if it asked to be.
 void NetDevice::notify(Queue& q) {
+  q.ring->publish_used();
   if (q.ring->should_notify() && q.interrupt) {
     engine_.trigger(*q.interrupt);
     q.stats->notifies.fetch_add(1, std::memory_order_relaxed);
@@ -550,7 +556,7 @@ bool NetDevice::do_tx(Worker& w) {
         q.stats->bytes.fetch_add(c.readable_bytes - kHeader, std::memory_order_relaxed);
       }
     }
-    q.ring->push(c, 0);
+    q.ring->add_used(c, 0);
   }
   tap_->flush(pair);
   if (q.ring->broken()) fail_queue(2 * pair + 1, q);
@@ -630,7 +636,7 @@ void NetDevice::deliver_rx(Worker& w, Queue& q, unsigned used) {
       off += n;
       written += static_cast<uint32_t>(n);
     }
-    q.ring->push(chain, written);
+    q.ring->add_used(chain, written);
   }
   q.stats->packets.fetch_add(1, std::memory_order_relaxed);
   q.stats->bytes.fetch_add(w.rx->pending - kHeader, std::memory_order_relaxed);
@@ -666,13 +672,14 @@ bool NetDevice::do_rx(Worker& w) {
     }
     if (q.ring->broken()) {
       tap_->rx_done(w.pair);
+      q.ring->publish_used();  // what was delivered before
       fail_queue(2 * w.pair, q);
       return delivered;
     }
     if (room < w.rx->pending) {
       if (!mergeable && used == 1) {
         // The guest's buffer cannot hold this packet: it is dropped.
-        q.ring->push(w.chains[0], 0);
+        q.ring->add_used(w.chains[0], 0);
         q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
         w.rx->pending = 0;
         delivered = true;
@@ -735,7 +742,7 @@ void NetDevice::do_ctrl(Worker& w) {
       written = 1;
     }
     q.stats->packets.fetch_add(1, std::memory_order_relaxed);
-    q.ring->push(c, written);
+    q.ring->add_used(c, written);
   }
   if (q.ring->broken()) fail_queue(control_queue_index(), q);
   if (any) notify(q);

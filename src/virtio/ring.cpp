@@ -218,7 +218,7 @@ class SplitQueue final : public Virtqueue {
     if (misaligned(desc_, 16) || misaligned(avail_, 2) || misaligned(used_, 4)) throw std::invalid_argument(kHostMisaligned);
     last_avail_ = cached_avail_ = static_cast<uint16_t>(base);
     // The used index continues from what the ring holds (a reconnect).
-    used_idx_ = signalled_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
+    used_idx_ = signalled_ = published_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
     if (inflight) recover(inflight);
   }
 
@@ -260,7 +260,7 @@ class SplitQueue final : public Virtqueue {
     return true;
   }
 
-  void push(const Chain& c, uint32_t written) override {
+  void add_used(const Chain& c, uint32_t written) override {
     if (track_) {
       // A batch of one: the list of the last batch is this head.
       track_[c.id].next = header_->last_batch_head;
@@ -269,11 +269,18 @@ class SplitQueue final : public Virtqueue {
     const UsedElem e{c.id, written};
     std::memcpy(used_ + 4 + (used_idx_ % size_) * sizeof(UsedElem), &e, sizeof e);
     ++used_idx_;
-    store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
     if (track_) {
+      store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+      published_ = used_idx_;
       publish<uint8_t>(track_[c.id].inflight, 0);
       publish(header_->used_idx, used_idx_);
     }
+  }
+
+  void publish_used() override {
+    if (published_ == used_idx_) return;
+    store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+    published_ = used_idx_;
   }
 
   bool enable_kicks() override {
@@ -376,6 +383,7 @@ class SplitQueue final : public Virtqueue {
   uint16_t last_avail_ = 0;
   uint16_t cached_avail_ = 0;
   uint16_t used_idx_ = 0;
+  uint16_t published_ = 0;  // the used index the driver sees
   uint16_t signalled_ = 0;
   // Inflight tracking, when the queue has a region.
   InflightSplitHeader* header_ = nullptr;
@@ -477,7 +485,13 @@ class PackedQueue final : public Virtqueue {
     return true;
   }
 
-  void push(const Chain& c, uint32_t written) override {
+  void publish_used() override {
+    if (!pending_) return;
+    store_release<B>(*pending_, pending_flags_);
+    pending_ = nullptr;
+  }
+
+  void add_used(const Chain& c, uint32_t written) override {
     const uint16_t at = next_used_;
     const bool at_wrap = used_wrap_;
     // One used descriptor per buffer; the chain's other slots are skipped.
@@ -501,13 +515,22 @@ class PackedQueue final : public Virtqueue {
     d.len = written;
     uint16_t flags = at_wrap ? (kPackedAvail | kPackedUsed) : 0;
     if (written > 0) flags |= kDescWrite;
-    store_release<B>(d.flags, flags);
-    if (track_) {
-      publish<uint8_t>(track_[c.inflight_entry].inflight, 0);
-      header_->old_free_head = header_->free_head;
-      header_->old_used_wrap_counter = used_wrap_;
-      publish(header_->old_used_idx, next_used_);
+    if (!track_ && !pending_) {
+      // The burst's first: its flags are what publish_used() stores.
+      pending_ = &d.flags;
+      pending_flags_ = flags;
+      return;
     }
+    if (!track_) {
+      // Behind the first, which the driver reads before this one.
+      std::atomic_ref<uint16_t>(d.flags).store(flags, std::memory_order_relaxed);
+      return;
+    }
+    store_release<B>(d.flags, flags);
+    publish<uint8_t>(track_[c.inflight_entry].inflight, 0);
+    header_->old_free_head = header_->free_head;
+    header_->old_used_wrap_counter = used_wrap_;
+    publish(header_->old_used_idx, next_used_);
   }
 
   bool enable_kicks() override {
@@ -673,6 +696,9 @@ class PackedQueue final : public Virtqueue {
   bool avail_wrap_ = true;
   uint16_t next_used_ = 0;
   bool used_wrap_ = true;
+  // The burst's first used descriptor, whose flags publish_used() stores.
+  uint16_t* pending_ = nullptr;
+  uint16_t pending_flags_ = 0;
   uint16_t signalled_ = 0;
   // Inflight tracking, when the queue has a region.
   InflightPackedHeader* header_ = nullptr;

@@ -94,6 +94,31 @@ TYPED_TEST(Rings, ChainOfReadableThenWritableSegments) {
   EXPECT_FALSE(r.queue->pop(c, r.segs));
 }
 
+// A burst of used buffers is invisible to the driver until publish_used(),
+// then all of it at once, in order, across the ring's wrap (packed: the
+// first descriptor's flags, stored last; split: one used index store).
+TYPED_TEST(Rings, ABurstOfUsedBuffersIsPublishedAtOnce) {
+  Rig<TypeParam::value> r(8);
+  for (int lap = 0; lap < 5; ++lap) {
+    std::vector<int> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(r.add({{kData + static_cast<uint64_t>(i) * 64, 64, true}}));
+    std::vector<Chain> chains(6);
+    for (auto& c : chains) ASSERT_TRUE(r.queue->pop(c, r.segs)) << to_string(r.queue->error());
+    for (size_t i = 0; i < chains.size(); ++i) r.queue->add_used(chains[i], static_cast<uint32_t>(10 + i));
+    uint32_t used_id = 0, len = 0;
+    EXPECT_FALSE(r.driver.take_used(used_id, len)) << "lap " << lap << ": a used buffer visible before publish_used()";
+    r.queue->publish_used();
+    for (size_t i = 0; i < chains.size(); ++i) {
+      ASSERT_TRUE(r.driver.take_used(used_id, len)) << "lap " << lap << ", buffer " << i;
+      EXPECT_EQ(used_id, static_cast<uint32_t>(ids[i]));
+      EXPECT_EQ(len, 10 + i);
+    }
+    EXPECT_FALSE(r.driver.take_used(used_id, len));
+    r.queue->publish_used();  // nothing new: no change
+    EXPECT_FALSE(r.driver.take_used(used_id, len));
+  }
+}
+
 TYPED_TEST(Rings, IndirectTable) {
   Rig<TypeParam::value> r;
   const std::vector<Buffer> chain = {{kData, 10, false}, {kData + 0x100, 20, false}, {kData + 0x200, 30, true}};

@@ -116,8 +116,23 @@ class Virtqueue {
   // The next available buffer, its segments in `segs`. false: none, or the
   // ring is broken (error() says why; it stays broken).
   virtual bool pop(Chain& chain, std::span<Segment> segs) = 0;
-  // Returns a buffer to the driver with `written` bytes written.
-  virtual void push(const Chain& chain, uint32_t written) = 0;
+  // Returns a buffer to the driver with `written` bytes written: add_used()
+  // then publish_used().
+  void push(const Chain& chain, uint32_t written) {
+    add_used(chain, written);
+    publish_used();
+  }
+  // A burst: each buffer's used entry written (split: the used element;
+  // packed: the used descriptor, all but the first's flags), and the burst
+  // made visible to the driver at once by publish_used() (split: one
+  // release store of the used index; packed: the first descriptor's flags,
+  // stored last with release, so the driver, which reads used descriptors
+  // in order, sees none of the burst before all of it). A queue with an
+  // inflight region publishes each buffer as it goes (the region's steps
+  // are per buffer). Nothing is visible to the driver before publish_used();
+  // should_notify() and base() assume it ran.
+  virtual void add_used(const Chain& chain, uint32_t written) = 0;
+  virtual void publish_used() = 0;
   // Puts back the most recently popped, not yet pushed chain (a device that
   // found too few buffers for a packet undoes its pops, latest first).
   virtual void rewind(const Chain& chain) = 0;
@@ -126,7 +141,8 @@ class Virtqueue {
   // low half, used index | wrap << 15 in the high half (a high half of 0
   // given at setup means "used where avail is").
   [[nodiscard]] virtual uint32_t base() const = 0;
-  // After pushes: does the driver want to be interrupted (flags / event idx)?
+  // After pushes (published): does the driver want to be interrupted
+  // (flags / event idx)?
   virtual bool should_notify() = 0;
   // Before the device sleeps: asks the driver to kick for anything it adds
   // after what was popped (EVENT_IDX: avail_event / the device event
