@@ -99,6 +99,7 @@ struct NetDevice::Worker {
   UniqueFd stop;
   int tap_fd = -1;
   int room_fd = -1;  // the port's fd for room after a full transmit: tap_fd, or its own
+  bool room_watched = false;  // room_fd (its own) in the epoll set
   bool tap_armed = true;   // watching the port for received packets
   bool tx_blocked = false;  // the port had no room: watching it for room
   // Queues whose last pass ran out of budget: served again after the next
@@ -318,12 +319,6 @@ void NetDevice::start() {
     watch(tx.kick.get(), kEvTxKick);
     watch(rx.kick.get(), kEvRxKick);
     watch(w->tap_fd, kEvTap);
-    if (w->room_fd != w->tap_fd) {
-      epoll_event ev{};
-      ev.events = 0;  // EPOLLOUT while a transmit waits for room
-      ev.data.u64 = kEvRoom;
-      if (::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->room_fd, &ev) != 0) throw_errno(config_.name + ": epoll_ctl");
-    }
     watch(w->stop.get(), kEvStop);
     if (p == 0 && (features_ & kNetCtrlVq)) {
       Queue& ctrl = queues_[control_queue_index()];
@@ -572,10 +567,13 @@ void NetDevice::watch_port(Worker& w) {
   ev.events = (w.tap_armed ? EPOLLIN : 0U) | (w.tx_blocked && !own_room ? EPOLLOUT : 0U);
   ev.data.u64 = kEvTap;
   ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
-  if (own_room) {
-    ev.events = w.tx_blocked ? EPOLLOUT : 0U;
+  if (own_room && w.tx_blocked != w.room_watched) {
+    // Watched only while a transmit waits: a socket waited on is woken
+    // for every frame it sends.
+    ev.events = EPOLLOUT;
     ev.data.u64 = kEvRoom;
-    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.room_fd, &ev);
+    ::epoll_ctl(w.epoll.get(), w.tx_blocked ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, w.room_fd, &ev);
+    w.room_watched = w.tx_blocked;
   }
 }
 

@@ -80,13 +80,16 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
     if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &queue_bytes, sizeof queue_bytes) != 0)
       (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &queue_bytes, sizeof queue_bytes);
     if (ring_ != PacketRing::off) {
-      setup_rings(q, mtu);
-      // Protocol 0: this socket is bound to the netdev but receives nothing.
+      // Transmit through a socket of its own (protocol 0: bound to the
+      // netdev, it receives nothing), which nobody waits on unless it is
+      // full: each sent frame's skb, freed, wakes the waiters of the socket
+      // that sent it, and the receiving socket has the worker's epoll.
       q.side.reset(::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
       if (!q.side) throw_errno("AF_PACKET transmit socket for " + ifname);
       if (::setsockopt(q.side.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0)
         throw_errno("PACKET_VNET_HDR on the transmit socket of " + ifname);
       (void)::setsockopt(q.side.get(), SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
+      setup_rings(q, mtu);
       sockaddr_ll side{};
       side.sll_family = AF_PACKET;
       side.sll_ifindex = static_cast<int>(index);
@@ -107,20 +110,23 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
 }
 
 PacketSocket::~PacketSocket() {
-  for (Queue& q : queues_)
-    if (q.map) ::munmap(q.map, q.map_len);
+  for (Queue& q : queues_) {
+    if (q.rx) ::munmap(q.rx, q.rx_len);
+    if (q.tx) ::munmap(q.tx, q.tx_len);
+  }
 }
 
-// Both rings on one mapping, RX first (the kernel's order).
+// The RX ring on the receiving socket, the TX ring on the transmitting
+// one, each mapped.
 void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
-  const int fd = q.fd.get();
   const int version = ring_ == PacketRing::v3 ? TPACKET_V3 : TPACKET_V2;
-  if (::setsockopt(fd, SOL_PACKET, PACKET_VERSION, &version, sizeof version) != 0)
-    throw_errno("PACKET_VERSION " + std::string(to_string(ring_)) + " on " + name_);
+  for (const int fd : {q.fd.get(), q.side.get()})
+    if (::setsockopt(fd, SOL_PACKET, PACKET_VERSION, &version, sizeof version) != 0)
+      throw_errno("PACKET_VERSION " + std::string(to_string(ring_)) + " on " + name_);
   int one = 1;
   // A malformed frame in the TX ring is skipped, not a stop of the ring.
-  (void)::setsockopt(fd, SOL_PACKET, PACKET_LOSS, &one, sizeof one);
-  if (ring_ == PacketRing::v2 && ::setsockopt(fd, SOL_PACKET, PACKET_COPY_THRESH, &one, sizeof one) != 0)
+  (void)::setsockopt(q.side.get(), SOL_PACKET, PACKET_LOSS, &one, sizeof one);
+  if (ring_ == PacketRing::v2 && ::setsockopt(q.fd.get(), SOL_PACKET, PACKET_COPY_THRESH, &one, sizeof one) != 0)
     throw_errno("PACKET_COPY_THRESH on " + name_);
   const uint32_t hdr = ring_ == PacketRing::v3 ? TPACKET3_HDRLEN : TPACKET2_HDRLEN;
   // A slot holds the ring header, the kernel's alignment slack, the
@@ -139,18 +145,18 @@ void PacketSocket::setup_rings(Queue& q, unsigned mtu) {
   tx.tp_frame_size = slot;
   tx.tp_frame_nr = tx.tp_block_size / slot * tx.tp_block_nr;
   const socklen_t len = ring_ == PacketRing::v3 ? sizeof(tpacket_req3) : sizeof(tpacket_req);
-  if (::setsockopt(fd, SOL_PACKET, PACKET_RX_RING, &rx, len) != 0) throw_errno("PACKET_RX_RING on " + name_);
-  if (::setsockopt(fd, SOL_PACKET, PACKET_TX_RING, &tx, len) != 0) throw_errno("PACKET_TX_RING on " + name_);
-  const size_t rx_bytes = static_cast<size_t>(rx.tp_block_size) * rx.tp_block_nr;
-  const size_t tx_bytes = static_cast<size_t>(tx.tp_block_size) * tx.tp_block_nr;
-  void* p = ::mmap(nullptr, rx_bytes + tx_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) throw_errno("mapping the AF_PACKET rings of " + name_);
-  q.map = static_cast<uint8_t*>(p);
-  q.map_len = rx_bytes + tx_bytes;
-  q.rx = q.map;
+  if (::setsockopt(q.fd.get(), SOL_PACKET, PACKET_RX_RING, &rx, len) != 0) throw_errno("PACKET_RX_RING on " + name_);
+  if (::setsockopt(q.side.get(), SOL_PACKET, PACKET_TX_RING, &tx, len) != 0) throw_errno("PACKET_TX_RING on " + name_);
+  q.rx_len = static_cast<size_t>(rx.tp_block_size) * rx.tp_block_nr;
+  q.tx_len = static_cast<size_t>(tx.tp_block_size) * tx.tp_block_nr;
+  void* p = ::mmap(nullptr, q.rx_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, q.fd.get(), 0);
+  if (p == MAP_FAILED) throw_errno("mapping the AF_PACKET RX ring of " + name_);
+  q.rx = static_cast<uint8_t*>(p);
+  p = ::mmap(nullptr, q.tx_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, q.side.get(), 0);
+  if (p == MAP_FAILED) throw_errno("mapping the AF_PACKET TX ring of " + name_);
+  q.tx = static_cast<uint8_t*>(p);
   q.rx_unit = ring_ == PacketRing::v3 ? rx.tp_block_size : rx.tp_frame_size;
   q.rx_count = ring_ == PacketRing::v3 ? rx.tp_block_nr : rx.tp_frame_nr;
-  q.tx = q.map + rx_bytes;
   q.tx_frame = tx.tp_frame_size;
   q.tx_count = tx.tp_frame_nr;
 }
@@ -161,9 +167,10 @@ ssize_t PacketSocket::send(unsigned qi, const iovec* iov, int count) {
   const ssize_t n = send_ring(q, iov, count);
   if (n >= 0 || errno != EMSGSIZE) return n;
   // Too large for a slot (a TSO segment): after what the ring holds, so
-  // the order stays.
+  // the order stays, through the receiving socket (the transmitting one
+  // sends only from its ring).
   flush(qi);
-  return send_plain(q.side.get(), iov, count);
+  return send_plain(q.fd.get(), iov, count);
 }
 
 // One writev: the first 10 of the guest's 12 header bytes, then
@@ -259,7 +266,7 @@ void PacketSocket::flush(unsigned qi) {
   q.tx_pending = false;
   // Sends every SEND_REQUEST slot; frames the kernel refuses are skipped
   // (PACKET_LOSS) and their slots come back.
-  (void)::send(q.fd.get(), nullptr, 0, MSG_DONTWAIT);
+  (void)::send(q.side.get(), nullptr, 0, MSG_DONTWAIT);
 }
 
 ssize_t PacketSocket::recv(unsigned qi, uint8_t* buf, size_t size) {

@@ -180,8 +180,10 @@ struct XdpSocket::Queue {
   uint8_t* area = nullptr;
   size_t area_len = 0;
   xsk_umem* umem = nullptr;
-  xsk_socket* xsk = nullptr;
+  xsk_socket* xsk = nullptr;     // receives
+  xsk_socket* xsk_tx = nullptr;  // transmits
   int fd = -1;
+  int tx_fd = -1;
   xsk_ring_prod fill{};
   xsk_ring_cons comp{};
   xsk_ring_cons rx{};
@@ -199,6 +201,7 @@ struct XdpSocket::Queue {
   uint32_t n_free = 0;
   uint32_t tx_pending = 0;  // reserved and written, not yet submitted
   ~Queue() {
+    if (xsk_tx) xsk_socket__delete(xsk_tx);
     if (xsk) xsk_socket__delete(xsk);
     if (umem) xsk_umem__delete(umem);
     if (area) ::munmap(area, area_len);
@@ -334,8 +337,18 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
       throw std::runtime_error("AF_XDP on " + name_ + ": registering the UMEM of queue " + std::to_string(qi) + ": " +
                                errno_text(err));
     }
-    const int err = xsk_socket__create(&x.xsk, name_.c_str(), qi, x.umem, &x.rx, &x.tx, &sc);
-    if (err == 0) break;
+    // Two sockets on the queue, sharing its UMEM, fill and completion
+    // rings: one receives (and is waited on), one transmits (and is not).
+    // Every transmitted frame's skb, freed, wakes the waiters of the socket
+    // that sent it (sock_wfree): with nobody waiting on the sender, that is
+    // nothing per frame.
+    int err = xsk_socket__create(&x.xsk, name_.c_str(), qi, x.umem, &x.rx, nullptr, &sc);
+    if (err == 0) {
+      err = xsk_socket__create_shared(&x.xsk_tx, name_.c_str(), qi, x.umem, nullptr, &x.tx, &x.fill, &x.comp, &sc);
+      if (err == 0) break;
+      x.xsk_tx = nullptr;
+      xsk_socket__delete(x.xsk);
+    }
     x.xsk = nullptr;
     xsk_umem__delete(x.umem);
     x.umem = nullptr;
@@ -347,6 +360,7 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
                              errno_text(err) + (err == -EBUSY ? " (another AF_XDP socket holds the queue)" : ""));
   }
   x.fd = xsk_socket__fd(x.xsk);
+  x.tx_fd = xsk_socket__fd(x.xsk_tx);
   xdp_options opts{};
   socklen_t len = sizeof opts;
   if (::getsockopt(x.fd, SOL_XDP, XDP_OPTIONS, &opts, &len) == 0 && qi == 0)
@@ -368,7 +382,7 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
 }
 
 int XdpSocket::fd(unsigned q) const { return queues_.at(q)->set.get(); }
-int XdpSocket::room_fd(unsigned q) const { return queues_.at(q)->fd; }
+int XdpSocket::room_fd(unsigned q) const { return queues_.at(q)->tx_fd; }
 
 uint64_t XdpSocket::received_on(unsigned q) const { return queues_.at(q)->received.load(std::memory_order_relaxed); }
 
@@ -444,7 +458,7 @@ void XdpSocket::kick(Queue& x) {
   // A zero-copy driver sends by itself and only needs a wakeup when it
   // sleeps (need_wakeup).
   if (mode_ == XdpMode::zero_copy) {
-    if (xsk_ring_prod__needs_wakeup(&x.tx)) (void)::sendto(x.fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+    if (xsk_ring_prod__needs_wakeup(&x.tx)) (void)::sendto(x.tx_fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
     return;
   }
   // Copy mode sends in this call, at most 32 frames each time (EAGAIN:
@@ -453,7 +467,7 @@ void XdpSocket::kick(Queue& x) {
   for (int round = 0; round < 64; ++round) {
     const uint32_t before = std::atomic_ref<uint32_t>(*x.tx.consumer).load(std::memory_order_acquire);
     if (before == x.tx.cached_prod) return;  // all taken
-    if (::sendto(x.fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0) continue;
+    if (::sendto(x.tx_fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0) continue;
     if (errno != EAGAIN && errno != EBUSY) {
       if (errno != ENOBUFS && errno != ENETDOWN)
         spdlog::debug("af_xdp {} queue {}: sendto: {}", name_, x.index, std::strerror(errno));

@@ -40,6 +40,9 @@ class PacketSocket : public PacketPort {
   [[nodiscard]] const std::string& name() const override { return name_; }
   [[nodiscard]] unsigned queues() const override { return static_cast<unsigned>(queues_.size()); }
   [[nodiscard]] int fd(unsigned q) const override { return queues_.at(q).fd.get(); }
+  [[nodiscard]] int room_fd(unsigned q) const override {
+    return queues_.at(q).side ? queues_.at(q).side.get() : queues_.at(q).fd.get();
+  }
   ssize_t send(unsigned q, const iovec* iov, int count) override;
   void flush(unsigned q) override;
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
@@ -51,11 +54,11 @@ class PacketSocket : public PacketPort {
  private:
   struct Queue {
     UniqueFd fd;
-    // With rings: a transmit-only socket (it receives nothing) for frames
-    // larger than a TX slot - TSO segments - sent after the ring is flushed.
+    // With rings: the transmit-only socket (it receives nothing, and is
+    // waited on only when full) of the TX ring. Frames larger than a TX
+    // slot - TSO segments - go through `fd` after the ring is flushed.
     UniqueFd side;
-    uint8_t* map = nullptr;  // RX ring, then TX ring
-    size_t map_len = 0;
+    size_t rx_len = 0, tx_len = 0;  // the two mappings
     // RX: v3 blocks, or v2 frame slots.
     uint8_t* rx = nullptr;
     uint32_t rx_unit = 0;   // block (v3) or frame (v2) size
