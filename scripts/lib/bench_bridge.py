@@ -39,8 +39,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SRIOVD = os.path.join(ROOT, "build/release/src/sriovd")
-SRIOVCTL = os.path.join(ROOT, "build/release/src/sriovctl")
+BUILD = os.path.join(ROOT, "build/release")
 VARIANTS = ["sriovd_af_packet", "dpdk_af_packet", "sriovd_af_xdp", "dpdk_af_xdp"]
 
 
@@ -138,9 +137,11 @@ virtio_devices:
     cpus: [0]
     backend: {{type: vf, pf: "0000:3b:00.0", vf: 0, via: {via}}}
 """)
-            p, path = self.start("sriovd", [SRIOVD, "--config", conf, "--foreground"])
+            p, path = self.start("sriovd", [os.path.join(self.args.build_dir, "src/sriovd"), "--config", conf,
+                                            "--foreground"])
             self.wait_for(lambda: os.path.exists(sock), f"sriovd's socket ({path})", p)
-            out = subprocess.run(["ip", "netns", "exec", self.ns, SRIOVCTL, "--socket", ctl, "--json", "devices"],
+            sriovctl = os.path.join(self.args.build_dir, "src/sriovctl")
+            out = subprocess.run(["ip", "netns", "exec", self.ns, sriovctl, "--socket", ctl, "--json", "devices"],
                                  capture_output=True, text=True, check=True).stdout
             dev = json.loads(out)["virtio_devices"][0]
             if dev.get("state") == "not served":
@@ -173,10 +174,15 @@ virtio_devices:
         p, path = self.start(name, [
             "dpdk-testpmd", "-l", lcores, "--main-lcore", main, "--no-huge", "-m", "512", "--no-pci",
             "--file-prefix", f"bb{name}{os.getpid()}{self.seq}", "--vdev", vdev, "--",
-            f"--forward-mode={mode}", f"--txpkts={size}", "--burst=32", "--total-num-mbufs=16384",
+            f"--forward-mode={mode}", f"--txpkts={size - 4}", "--burst=32", "--total-num-mbufs=16384",
             "--rxd=1024", "--txd=1024", "--stats-period", "1"])
         self.wait_for(lambda: "Rx-pps" in open(path).read(), f"{name} forwarding ({path})", p)
         return p, path
+
+    def generator_vdev(self, wire):
+        if self.args.generator == "af_xdp":
+            return f"net_af_xdp0,iface={wire},start_queue=0,queue_count=1"
+        return f"net_af_packet0,iface={wire},qdisc_bypass=1"
 
     @staticmethod
     def pps_samples(path, key):
@@ -198,8 +204,7 @@ virtio_devices:
                 mpps = got / (time.monotonic() - t0) / 1e6
                 return {"mpps": mpps}
             _, guest_log = self.testpmd("guest", "0,1", "0", guest_vdev, "rxonly", size)
-            _, gen_log = self.testpmd("generator", "0,1", "0", f"net_af_packet0,iface={wire},qdisc_bypass=1",
-                                      "txonly", size)
+            _, gen_log = self.testpmd("generator", "0,1", "0", self.generator_vdev(wire), "txonly", size)
             skip_rx = len(self.pps_samples(guest_log, "Rx-pps"))
             skip_tx = len(self.pps_samples(gen_log, "Tx-pps"))
             time.sleep(self.args.warmup + self.args.seconds)
@@ -225,7 +230,10 @@ def main():
     ap.add_argument("--sizes", default="64,1518")
     ap.add_argument("--directions", default="tx,rx")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--generator", default="af_xdp", choices=["af_xdp", "af_packet"],
+                    help="the rx direction's generator on the wire end: testpmd txonly on this PMD")
     ap.add_argument("--keep", action="store_true", help="keep the logs' directory")
+    ap.add_argument("--build-dir", default=BUILD, help="where sriovd and sriovctl are built")
     args = ap.parse_args()
     if os.geteuid() != 0:
         log("bench bridge: needs root (network namespaces, XDP, vhost-user sockets)")

@@ -45,6 +45,7 @@ run_variant() {
   local backend="{type: tap, name: $tap, netns: $ns, offloads: []}"
   [[ $kind == vf ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0}"
   [[ $kind == vf-macvtap ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0, via: macvtap}"
+  [[ $kind == vf-xdp ]] && backend="{type: vf, pf: \"0000:3b:00.0\", vf: 0, via: af_xdp}"
   {
     simulated_host_config "$work/state-$name" "$work/$name-control.sock" "$pfdev"
     cat <<CONF
@@ -132,6 +133,12 @@ CONF
   if [[ $kind == vf-macvtap ]]; then
     check "$name-macvtap-made" bash -c "ip -d link show type macvtap | grep -qF '$owned'"
   fi
+  if [[ $kind == vf-xdp ]]; then
+    # sriovd's program on the VF's netdev, in native mode, and the mode of
+    # its sockets as `sriovctl devices` shows it (a veth: copy).
+    check "$name-xdp-attached" bash -c "ip -d link show dev ${pfdev}v0 | grep -q 'prog/xdp id'"
+    check "$name-xdp-mode-shown" bash -c "'$sriovctl' --socket '$work/$name-control.sock' devices | grep -q 'af_xdp (copy)'"
+  fi
   kill -TERM "$dpid"
   wait "$dpid" || true
   if [[ $kind == vf-macvtap ]]; then
@@ -148,6 +155,9 @@ run_variant split-inorder 1 off ",packed_vq=0,mrg_rxbuf=1,in_order=1"
 run_variant packed-inorder 1 auto ",packed_vq=1,mrg_rxbuf=1,in_order=1"
 run_variant split-2q 2 off ",packed_vq=0,mrg_rxbuf=1"
 run_variant vf-bridge 1 off ",packed_vq=0,mrg_rxbuf=1" vf
+run_variant vf-xdp 1 off ",packed_vq=0,mrg_rxbuf=1" vf-xdp
+run_variant vf-xdp-packed 1 auto ",packed_vq=1,mrg_rxbuf=1" vf-xdp
+run_variant vf-xdp-2q 2 off ",packed_vq=0,mrg_rxbuf=1" vf-xdp
 run_variant vf-bridge-2q 2 off ",packed_vq=0,mrg_rxbuf=1" vf
 run_variant vf-macvtap-2q 2 auto ",packed_vq=1,mrg_rxbuf=1" vf-macvtap
 
