@@ -604,6 +604,49 @@ TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
   stop(SIGTERM);
 }
 
+// backend.via: af_xdp - sriovd's XDP program on the VF's netdev while the
+// device is served, the sockets' mode in `sriovctl devices`, and the
+// program a SIGKILLed run left found by its owner and removed at the next
+// start (the simulated VF's netdev is a veth, which has native XDP).
+TEST_F(Daemon, XdpProgramOfACrashedRunIsRemovedAtTheNextStart) {
+  const std::string ns = "sriovd-xd" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  const std::vector<std::string> in_ns = netns.exec();
+  auto configure = [&](bool with_device) {
+    std::string text = config_text(socket(), 2);
+    if (with_device)
+      text += "virtio_devices:\n  - {name: xd0, type: net, transport: vhost-user, socket: " + dir_.file("run/xd0.sock") +
+              ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: af_xdp}}\n";
+    dir_.write("sriovd.yaml", text);
+  };
+  auto xdp_of = [&](const std::string& dev) {
+    return test::run({"/sbin/ip", "-n", ns, "-d", "link", "show", "dev", dev}).output;
+  };
+  configure(true);
+  start({}, in_ns);
+  const json dev = request({{"cmd", "devices"}})["result"]["virtio_devices"][0];
+  ASSERT_NE(dev.value("state", ""), "not served") << dev.dump() << daemon_->log();
+  EXPECT_EQ(dev["backend"]["via"], "af_xdp");
+  EXPECT_EQ(dev["backend"]["xdp_mode"], "copy") << "a veth has no zero-copy AF_XDP";
+  EXPECT_EQ(dev["backend"]["xdp_received"].size(), 4U) << "a socket per RX queue of the simulated VF's netdev";
+  const std::string netdev = dev["backend"].value("netdev", "");
+  EXPECT_THAT(xdp_of(netdev), HasSubstr("prog/xdp id"));
+  const auto table = test::run({SRIOVCTL_BIN, "--socket", socket(), "devices"});
+  EXPECT_THAT(table.output, HasSubstr("af_xdp (copy)"));
+  daemon_->signal(SIGKILL);
+  ASSERT_TRUE(daemon_->wait_for(10s));
+  ASSERT_THAT(xdp_of(netdev), HasSubstr("prog/xdp id")) << "a crash leaves the program";
+
+  configure(false);
+  start({}, in_ns);
+  EXPECT_THAT(xdp_of(netdev), Not(HasSubstr("prog/xdp"))) << daemon_->log();
+  EXPECT_THAT(daemon_->log(), HasSubstr("removed the XDP program an earlier run left on " + netdev + " (sriovd:" +
+                                        dir_.file("state") + " xd0)"));
+  daemon_->signal(SIGTERM);
+  ASSERT_TRUE(daemon_->wait_for(10s));
+}
+
 // Issue 11, item 17: a SIGKILLed daemon (as the watchdog does after a hang)
 // left its simulated VF netdevs (veths) behind; the next start could not
 // create them and the VF-backed device stayed "not served". The veth names
