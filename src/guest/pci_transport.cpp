@@ -111,6 +111,10 @@ class PciTransport final : public Transport {
     c_.write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
   }
 
+  void mask_vector(unsigned v, bool masked) override {
+    c_.write32(msix_bir_, msix_table_ + 16 * v + 12, masked ? 1U : 0U);
+  }
+
   std::string mac() override {
     uint8_t m[6];
     c_.read(device_.bar, device_.offset, {m, 6});
@@ -169,6 +173,8 @@ class PciTransport final : public Transport {
     c_.read(kConfigRegion, 0, cfg);
     const auto msix = pci::find_msix(cfg);
     if (!msix || msix->vectors < nvec) throw std::runtime_error("the device has too few MSI-X vectors");
+    msix_bir_ = msix->table_bir;
+    msix_table_ = msix->table_offset;
     std::vector<int> fds(nvec);
     for (unsigned v = 0; v < nvec; ++v) {
       interrupts.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -217,6 +223,8 @@ class PciTransport final : public Transport {
   bool found_ = false;
   Cap common_, notify_, device_;
   uint32_t notify_multiplier_ = 0;
+  uint8_t msix_bir_ = 0;  // where the MSI-X table is (program_msix)
+  uint32_t msix_table_ = 0;
 };
 
 }  // namespace

@@ -188,6 +188,7 @@ struct NetOptions {
   bool iommu = false;
   uint32_t iommu_page = 4096;
   double seconds = 0;
+  bool mask_every_interrupt = false;
 };
 
 // The guest's virtio-net driver, bridged to a tap: what the guest kernel
@@ -204,6 +205,9 @@ json virtio_net(const NetOptions& o) {
   opts.offloads = !o.no_offloads;
   opts.iommu = o.iommu;
   opts.iommu_page = o.iommu_page;
+  opts.mask_every_interrupt = o.mask_every_interrupt;
+  if (o.mask_every_interrupt && !o.vhost_user.empty())
+    throw std::invalid_argument("virtio-net: --mask-every-interrupt is for --socket (virtio-pci's MSI-X)");
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
   if (!o.vhost_user.empty()) {
     drv = std::make_unique<sriovd::guest::VirtioNetDriver>(o.vhost_user, opts);
@@ -236,6 +240,8 @@ json virtio_net(const NetOptions& o) {
   return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"queue_pairs", d.queue_pairs()}, {"features", d.features()},
           {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
           {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()},
+          {"mask_writes", st.mask_writes.load()},
+          {"mask_write_us", st.mask_writes.load() ? static_cast<double>(st.mask_ns.load()) / 1e3 / static_cast<double>(st.mask_writes.load()) : 0.0},
           {"iommu", o.iommu}, {"iotlb_misses", st.iotlb_misses.load()}, {"iotlb_updates", st.iotlb_updates.load()},
           {"iotlb_faults", st.iotlb_faults.load()}};
 }
@@ -276,14 +282,17 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
                     "vhost-user: a guest behind an IOMMU (ACCESS_PLATFORM; IOVAs, IOTLB misses answered with updates)");
   net_cmd->add_option("--iommu-page", no.iommu_page, "bytes each IOTLB update maps")->capture_default_str();
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
+  net_cmd->add_flag("--mask-every-interrupt", no.mask_every_interrupt,
+                    "virtio-pci: mask each queue vector (MSI-X Vector Control) on its interrupt, unmask once served");
   return net_cmd;
 }
 
 void print_net(const json& j) {
-  std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu IOTLB updates\n",
+  std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu mask writes, %llu IOTLB updates\n",
               static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
               static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),
               static_cast<unsigned long long>(j["interrupts"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["mask_writes"].get<uint64_t>()),
               static_cast<unsigned long long>(j["iotlb_updates"].get<uint64_t>()));
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,11 @@ class Transport {
   virtual Started start(std::span<const QueueSetup> queues) = 0;
   // Notifies queue q when it has no doorbell eventfd.
   virtual void notify(unsigned q) = 0;
+  // Masks or unmasks interrupt vector v (virtio-pci: its MSI-X Vector
+  // Control); a transport without per-vector masks throws.
+  virtual void mask_vector(unsigned /*v*/, bool /*masked*/) {
+    throw std::runtime_error("this transport has no interrupt vectors to mask");
+  }
   // poll() on `fds`, serving meanwhile what the transport must serve (the
   // vhost-user IOTLB misses).
   virtual int poll(pollfd* fds, nfds_t count, int timeout_ms) { return ::poll(fds, count, timeout_ms); }

@@ -40,11 +40,17 @@ struct VirtioNetDriverOptions {
   // are answered with updates of iommu_page bytes, as a vIOMMU does.
   bool iommu = false;
   uint32_t iommu_page = 4096;
+  // virtio-pci: acknowledge each interrupt as RHEL 5's 2.6.18 MSI code does:
+  // the vector masked (its MSI-X Vector Control, a REGION_WRITE) before the
+  // queue is served and unmasked after - two trapped writes per interrupt.
+  bool mask_every_interrupt = false;
 };
 
 struct VirtioNetDriverStats {
   std::atomic<uint64_t> tx_packets{0}, tx_bytes{0}, rx_packets{0}, rx_bytes{0};
   std::atomic<uint64_t> interrupts{0}, kicks{0}, rx_dropped{0};
+  std::atomic<uint64_t> mask_writes{0};  // Vector Control writes (mask_every_interrupt)
+  std::atomic<uint64_t> mask_ns{0};      // their round trips, in all
   std::atomic<uint64_t> iotlb_misses{0}, iotlb_updates{0}, iotlb_faults{0};  // faults: misses outside the window
 };
 
@@ -81,6 +87,7 @@ class VirtioNetDriver {
   [[nodiscard]] std::string mac() const;
 
  private:
+  void timed_mask(unsigned vector, bool masked);
   class Ring;
   // Queue pair p: queues 2p (RX) and 2p + 1 (TX), interrupts the same.
   struct Pair {
