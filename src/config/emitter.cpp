@@ -112,6 +112,7 @@ std::string to_yaml(const Config& cfg) {
       out << YAML::Key << "device_id" << YAML::Value << YAML::Hex << sim.device_id << YAML::Dec;
       out << YAML::Key << "total_vfs" << YAML::Value << sim.total_vfs;
       out << YAML::Key << "msix_vectors_per_vf" << YAML::Value << sim.msix_vectors_per_vf;
+      out << YAML::Key << "set_irqs_cost_us" << YAML::Value << sim.set_irqs_cost_us;
       out << YAML::Key << "netdev" << YAML::Value << sim.netdev;
       out << YAML::EndMap;
     }

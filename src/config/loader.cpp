@@ -140,7 +140,7 @@ void Loader::read_simulated(const YAML::Node& node) {
   }
   for_each_item(ctx_, m, "physical_functions", [&](const YAML::Node& n, const std::string& p) {
     Mapping pf(ctx_, n, p,
-               {"address", "vendor_id", "device_id", "total_vfs", "msix_vectors_per_vf", "netdev"});
+               {"address", "vendor_id", "device_id", "total_vfs", "msix_vectors_per_vf", "set_irqs_cost_us", "netdev"});
     if (!pf.valid()) return;
     SimulatedPf sim;
     sim.where = pf.where();
@@ -150,6 +150,7 @@ void Loader::read_simulated(const YAML::Node& node) {
     if (auto v = pf.unsigned_in("total_vfs", 1, 256)) sim.total_vfs = static_cast<uint16_t>(*v);
     if (auto v = pf.unsigned_in("msix_vectors_per_vf", 1, 2048))
       sim.msix_vectors_per_vf = static_cast<uint16_t>(*v);
+    if (auto v = pf.unsigned_in("set_irqs_cost_us", 0, 100000)) sim.set_irqs_cost_us = static_cast<uint32_t>(*v);
     auto netdev = pf.string("netdev", true);
     if (netdev && !valid_ifname(*netdev)) {
       ctx_.error(pf.where("netdev"), pf.path_of("netdev"),

@@ -104,7 +104,10 @@ std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, co
         const auto text = control_->sysfs().read("bus/pci/devices/" + vf->to_string() + "/device");
         if (!text) throw std::runtime_error("VF " + vf->to_string() + " has no device id in sysfs");
         const auto device_id = static_cast<uint16_t>(std::stoul(*text, nullptr, 16));
-        return std::make_unique<vfio::SimulatedDevice>(vf->to_string(), spf.vendor_id, device_id, spf.msix_vectors_per_vf);
+        auto dev = std::make_unique<vfio::SimulatedDevice>(vf->to_string(), spf.vendor_id, device_id,
+                                                           spf.msix_vectors_per_vf);
+        dev->set_set_irqs_cost(std::chrono::microseconds(spf.set_irqs_cost_us));
+        return dev;
       }
     throw std::runtime_error("PF " + pf_ref.to_string() + " is not a simulated PF");
   }

@@ -105,8 +105,18 @@ IrqInfo SimulatedDevice::irq(uint32_t index) {
   throw std::out_of_range(name_ + ": no IRQ index " + std::to_string(index));
 }
 
+// The kernel's cost of a SET_IRQS, as CPU time on the caller (a spin: the
+// real ioctl does not sleep for it either).
+void SimulatedDevice::spend_set_irqs_cost() const {
+  const int64_t ns = set_irqs_cost_ns_.load(std::memory_order_relaxed);
+  if (ns <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  while (std::chrono::steady_clock::now() < until) __builtin_ia32_pause();
+}
+
 void SimulatedDevice::set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds) {
   set_irqs_calls_.fetch_add(1, std::memory_order_relaxed);
+  spend_set_irqs_cost();
   if (index != kMsixIrq || start + fds.size() > vector_fds_.size())
     throw std::out_of_range(name_ + ": SET_IRQS outside the MSI-X vectors");
   std::lock_guard lock(mutex_);
@@ -116,6 +126,7 @@ void SimulatedDevice::set_irq_eventfds(uint32_t index, uint32_t start, std::span
 
 void SimulatedDevice::disable_irqs(uint32_t index) {
   if (index != kMsixIrq) return;
+  spend_set_irqs_cost();
   std::lock_guard lock(mutex_);
   msix_enabled_ = false;
   for (auto& fd : vector_fds_) fd.store(-1);
