@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# CI smoke of `scripts/bench mask-iperf`: one short run of each guest (one
+# masking its vectors through the MSI-X table on every interrupt, one not);
+# both must carry iperf3 traffic through virtio-net-pci over vfio-user, and
+# the masking one must have written Vector Control. No rate is asserted.
+#   tests/interop/mask_iperf_smoke.sh BUILD_DIR
+set -euo pipefail
+build=${1:?build dir}
+cd "$(dirname "$0")/../.."
+source scripts/lib/interop.sh
+need_root_tun "the mask-iperf bench"
+out=$(scripts/lib/mask_iperf.sh "$build" --runs 1 --seconds 2)
+echo "$out"
+/usr/bin/python3 - "$out" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+bad = [k for k in ("nomask_gbps", "mask_gbps", "mask_writes_per_sec", "nomask_irqs_per_sec", "mask_irqs_per_sec")
+       if not r.get(k, 0) > 0]
+if bad:
+    print("FAIL: zero or missing: " + ", ".join(bad))
+    sys.exit(1)
+print("PASS mask-iperf smoke")
+PY
