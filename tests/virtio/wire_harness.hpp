@@ -59,13 +59,14 @@ inline std::string enter_private_netns(bool own_sysfs, unsigned mtu = 9000, unsi
   return "";
 }
 
-// A packet socket on `ifname` for the test's ethertype.
-inline UniqueFd open_wire(const char* ifname = "wire0") {
-  UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(kEthertype)));
+// A packet socket on `ifname` for the test's ethertype (or `ethertype`:
+// ETH_P_ALL for every frame).
+inline UniqueFd open_wire(const char* ifname = "wire0", uint16_t ethertype = kEthertype) {
+  UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ethertype)));
   if (!fd) return fd;
   sockaddr_ll a{};
   a.sll_family = AF_PACKET;
-  a.sll_protocol = htons(kEthertype);
+  a.sll_protocol = htons(ethertype);
   a.sll_ifindex = static_cast<int>(::if_nametoindex(ifname));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd.reset();
   return fd;

@@ -72,24 +72,13 @@ bool is_udp_test_frame(const uint8_t* frame, size_t len) {
   return len >= 46 && frame[12] == 0x08 && frame[13] == 0x00 && frame[14 + 9] == 17;
 }
 
-UniqueFd raw_socket(const char* ifname) {
-  UniqueFd fd(::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ETH_P_ALL)));
-  if (!fd) return fd;
-  sockaddr_ll a{};
-  a.sll_family = AF_PACKET;
-  a.sll_protocol = htons(ETH_P_ALL);
-  a.sll_ifindex = static_cast<int>(::if_nametoindex(ifname));
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd.reset();
-  return fd;
-}
-
 class XdpSocketTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { skip_reason = wire::enter_private_netns(false, 1500, kQueues); }
   void SetUp() override {
     if (!skip_reason.empty()) GTEST_SKIP() << skip_reason;
     ASSERT_EQ(attached_prog("vf0"), 0U) << "a program from an earlier test is still on vf0";
-    wire = raw_socket("wire0");
+    wire = wire::open_wire("wire0", ETH_P_ALL);
     ASSERT_TRUE(wire.valid());
   }
   void TearDown() override {
