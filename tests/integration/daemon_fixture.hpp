@@ -49,6 +49,17 @@ class Daemon : public ::testing::Test {
     dir_.write("sriovd.yaml", config_text(socket(), num_vfs, extra_control));
   }
 
+  // Two VFs and, `with_device`, a vhost-user device `name` bridged to VF 1's
+  // netdev through `via` (af_packet, macvtap, af_xdp).
+  void write_vf_device_config(const std::string& name, const std::string& via, bool with_device) {
+    std::string text = config_text(socket(), 2);
+    if (with_device)
+      text += "virtio_devices:\n  - {name: " + name + ", type: net, transport: vhost-user, socket: " +
+              dir_.file("run/" + name + ".sock") + ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: " + via +
+              "}}\n";
+    dir_.write("sriovd.yaml", text);
+  }
+
   // Starts sriovd and waits until its control socket answers.
   // `wrapper` goes in front of the command (one that execs it, so the PID
   // stays the daemon's: ip netns exec).

@@ -562,13 +562,7 @@ TEST_F(Daemon, MacvtapOfACrashedRunIsDeletedAtTheNextStart) {
   test::TestNetns netns(ns);
   if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
   const std::vector<std::string> in_ns = netns.exec();
-  auto configure = [&](bool with_device) {
-    std::string text = config_text(socket(), 2);
-    if (with_device)
-      text += "virtio_devices:\n  - {name: mvt0, type: net, transport: vhost-user, socket: " + dir_.file("run/mvt0.sock") +
-              ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: macvtap}}\n";
-    dir_.write("sriovd.yaml", text);
-  };
+  auto configure = [&](bool with_device) { write_vf_device_config("mvt0", "macvtap", with_device); };
   auto macvtaps = [&] { return test::run({"/sbin/ip", "-n", ns, "-d", "link", "show", "type", "macvtap"}).output; };
   auto stop = [&](int signo) {
     daemon_->signal(signo);
@@ -613,13 +607,7 @@ TEST_F(Daemon, XdpProgramOfACrashedRunIsRemovedAtTheNextStart) {
   test::TestNetns netns(ns);
   if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
   const std::vector<std::string> in_ns = netns.exec();
-  auto configure = [&](bool with_device) {
-    std::string text = config_text(socket(), 2);
-    if (with_device)
-      text += "virtio_devices:\n  - {name: xd0, type: net, transport: vhost-user, socket: " + dir_.file("run/xd0.sock") +
-              ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: af_xdp}}\n";
-    dir_.write("sriovd.yaml", text);
-  };
+  auto configure = [&](bool with_device) { write_vf_device_config("xd0", "af_xdp", with_device); };
   auto xdp_of = [&](const std::string& dev) {
     return test::run({"/sbin/ip", "-n", ns, "-d", "link", "show", "dev", dev}).output;
   };
