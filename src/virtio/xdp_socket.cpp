@@ -125,10 +125,12 @@ std::string instance_of(const std::string& owner) {
   return space == std::string::npos || space < start ? owner.substr(start) : owner.substr(start, space - start);
 }
 
-bool detach(unsigned ifindex, const Attached& a) {
+// Detaches the program `prog_fd` from ifindex, and only that one: not one
+// attached there since.
+bool detach(unsigned ifindex, int prog_fd) {
   bpf_xdp_attach_opts o{};
   o.sz = sizeof o;
-  o.old_prog_fd = a.fd.get();  // only this program: not one attached since
+  o.old_prog_fd = prog_fd;
   return bpf_xdp_detach(static_cast<int>(ifindex), XDP_FLAGS_REPLACE, &o) == 0;
 }
 
@@ -161,13 +163,8 @@ struct XdpSocket::Program {
   unsigned ifindex = 0;
   bool attached = false;
   ~Program() {
-    if (attached) {
-      bpf_xdp_attach_opts o{};
-      o.sz = sizeof o;
-      o.old_prog_fd = prog_fd;
-      if (bpf_xdp_detach(static_cast<int>(ifindex), XDP_FLAGS_REPLACE, &o) != 0)
-        spdlog::warn("af_xdp: detaching the XDP program from ifindex {}: {}", ifindex, std::strerror(errno));
-    }
+    if (attached && !detach(ifindex, prog_fd))
+      spdlog::warn("af_xdp: detaching the XDP program from ifindex {}: {}", ifindex, std::strerror(errno));
     if (obj) bpf_object__close(obj);
   }
 };
@@ -250,7 +247,7 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     if (instance_of(a.owner) != instance)
       throw std::runtime_error("netdev " + ifname + " has the XDP program of another sriovd instance (" + a.owner +
                                ", id " + std::to_string(a.id) + ")");
-    if (!detach(ifindex_, a)) throw_errno("netdev " + ifname + ": removing the XDP program a crashed run left (" + a.owner + ")");
+    if (!detach(ifindex_, a.fd.get())) throw_errno("netdev " + ifname + ": removing the XDP program a crashed run left (" + a.owner + ")");
     spdlog::warn("virtio {}: removed the XDP program an earlier run left on {} ({})", device, ifname, a.owner);
   }
 
@@ -574,7 +571,7 @@ std::vector<std::string> XdpSocket::remove_left_over(const std::string& instance
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
     const Attached a = attached_to(i->if_index);
     if (a.id == 0 || !a.ours || instance_of(a.owner) != instance) continue;
-    if (detach(i->if_index, a)) removed.push_back(name + " (" + a.owner + ")");
+    if (detach(i->if_index, a.fd.get())) removed.push_back(name + " (" + a.owner + ")");
   }
   ::if_freenameindex(all);
   return removed;

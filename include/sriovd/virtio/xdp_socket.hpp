@@ -106,7 +106,6 @@ class XdpSocket : public PacketPort {
   // receive side it holds this pass, one bit each.
   std::vector<uint64_t> held_;
   std::mutex steer_mutex_;  // set_active_queues: the epoll sets
-  UniqueFd control_;        // for SIOCGIFFLAGS
 };
 
 }  // namespace sriovd::virtio
