@@ -112,7 +112,12 @@ class PciTransport final : public Transport {
   }
 
   void mask_vector(unsigned v, bool masked) override {
-    c_.write32(msix_bir_, msix_table_ + 16 * v + 12, masked ? 1U : 0U);
+    const uint32_t control = masked ? 1U : 0U;
+    const uint64_t at = msix_table_ + 16 * v + 12;
+    if (options_.posted_mask_writes)
+      c_.post_write(msix_bir_, at, {reinterpret_cast<const uint8_t*>(&control), sizeof control});
+    else
+      c_.write32(msix_bir_, at, control);
   }
 
   std::string mac() override {

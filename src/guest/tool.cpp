@@ -189,6 +189,7 @@ struct NetOptions {
   uint32_t iommu_page = 4096;
   double seconds = 0;
   bool mask_every_interrupt = false;
+  bool posted_writes = false;
 };
 
 // The guest's virtio-net driver, bridged to a tap: what the guest kernel
@@ -206,6 +207,9 @@ json virtio_net(const NetOptions& o) {
   opts.iommu = o.iommu;
   opts.iommu_page = o.iommu_page;
   opts.mask_every_interrupt = o.mask_every_interrupt;
+  opts.posted_mask_writes = o.posted_writes;
+  if (o.posted_writes && !o.mask_every_interrupt)
+    throw std::invalid_argument("virtio-net: --posted-writes is for --mask-every-interrupt's Vector Control writes");
   if (o.mask_every_interrupt && !o.vhost_user.empty())
     throw std::invalid_argument("virtio-net: --mask-every-interrupt is for --socket (virtio-pci's MSI-X)");
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
@@ -240,7 +244,7 @@ json virtio_net(const NetOptions& o) {
   return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"queue_pairs", d.queue_pairs()}, {"features", d.features()},
           {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
           {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()},
-          {"mask_writes", st.mask_writes.load()},
+          {"mask_writes", st.mask_writes.load()}, {"posted_writes", o.posted_writes},
           {"mask_write_us", st.mask_writes.load() ? static_cast<double>(st.mask_ns.load()) / 1e3 / static_cast<double>(st.mask_writes.load()) : 0.0},
           {"iommu", o.iommu}, {"iotlb_misses", st.iotlb_misses.load()}, {"iotlb_updates", st.iotlb_updates.load()},
           {"iotlb_faults", st.iotlb_faults.load()}};
@@ -284,6 +288,8 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
   net_cmd->add_flag("--mask-every-interrupt", no.mask_every_interrupt,
                     "virtio-pci: mask each queue vector (MSI-X Vector Control) on its interrupt, unmask once served");
+  net_cmd->add_flag("--posted-writes", no.posted_writes,
+                    "with --mask-every-interrupt: send the Vector Control writes posted (No_reply), as QEMU does");
   return net_cmd;
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/unix_socket.hpp"
@@ -185,6 +186,18 @@ void VfioUserClient::write(uint32_t region, uint64_t offset, std::span<const uin
   std::vector<uint8_t> payload(bytes_of(a).begin(), bytes_of(a).end());
   payload.insert(payload.end(), in.begin(), in.end());
   call(kRegionWrite, payload);
+}
+
+void VfioUserClient::post_write(uint32_t region, uint64_t offset, std::span<const uint8_t> in) {
+  if (in.size() > 8) throw std::invalid_argument("a posted write of " + std::to_string(in.size()) + " bytes (at most 8)");
+  struct {
+    RegionAccess a;
+    uint8_t data[8];
+  } m{{offset, region, static_cast<uint32_t>(in.size())}, {}};
+  std::memcpy(m.data, in.data(), in.size());
+  const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
+  send(Header{id, kRegionWrite, static_cast<uint32_t>(sizeof(Header) + sizeof m.a + in.size()), kNoReply, 0},
+       {reinterpret_cast<const uint8_t*>(&m), sizeof m.a + in.size()}, {});
 }
 
 uint32_t VfioUserClient::read32(uint32_t region, uint64_t offset) {

@@ -42,6 +42,11 @@ constexpr const char* kOwnerPrefix = "sriovd:";
 constexpr size_t kOwnerBytes = 128;  // struct owner in the program
 constexpr uint32_t kFillBatch = 64;   // received frames handed back to the kernel at once
 constexpr uint32_t kXdpHeadroom = 256;  // XDP_PACKET_HEADROOM: where received frames start in their chunk
+// Frames a copy-mode sendto() transmits (the kernel's TX_BATCH_SIZE), and
+// the socket option that raises it (linux/if_xdp.h from 6.17; Debian 12's
+// headers predate it).
+constexpr unsigned kCopyTxBatch = 32;
+constexpr int kXdpMaxTxSkbBudget = 9;
 
 // What libbpf says while sriovd loads or attaches a program (the kernel's
 // verifier log or extack message among it), for the error that follows.
@@ -362,6 +367,15 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
   socklen_t len = sizeof opts;
   if (::getsockopt(x.fd, SOL_XDP, XDP_OPTIONS, &opts, &len) == 0 && qi == 0)
     mode_ = (opts.flags & XDP_OPTIONS_ZEROCOPY) ? XdpMode::zero_copy : XdpMode::copy;
+  // Copy mode transmits in sendto() itself, 32 frames a call by default;
+  // kernels from 6.17 take a larger budget (up to the TX ring's size), so
+  // one call sends a whole burst.
+  if (mode_ == XdpMode::copy) {
+    unsigned budget = ring_size;
+    tx_budget_ = ::setsockopt(x.tx_fd, SOL_XDP, kXdpMaxTxSkbBudget, &budget, sizeof budget) == 0 ? budget : kCopyTxBatch;
+  } else {
+    tx_budget_ = 0;
+  }
   // Every receive frame into the fill ring; the transmit frames free.
   x.to_fill.resize(rx_frames);
   for (uint32_t i = 0; i < rx_frames; ++i) x.to_fill[i] = static_cast<uint64_t>(i) * frame_;
@@ -458,9 +472,9 @@ void XdpSocket::kick(Queue& x) {
     if (xsk_ring_prod__needs_wakeup(&x.tx)) (void)::sendto(x.tx_fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
     return;
   }
-  // Copy mode sends in this call, at most 32 frames each time (EAGAIN:
-  // more left, or the completion ring full): again until the ring is
-  // empty or the kernel takes no more.
+  // Copy mode sends in this call, at most tx_budget_ frames each time
+  // (EAGAIN: more left, or the completion ring full): again until the ring
+  // is empty or the kernel takes no more.
   for (int round = 0; round < 64; ++round) {
     const uint32_t before = std::atomic_ref<uint32_t>(*x.tx.consumer).load(std::memory_order_acquire);
     if (before == x.tx.cached_prod) return;  // all taken

@@ -12,6 +12,7 @@
 #include <net/if.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -181,6 +182,42 @@ TEST_F(XdpSocketTest, DeviceToWireInOrderAcrossRingLaps) {
   }
   ASSERT_EQ(seen.size(), kFrames);
   for (uint32_t i = 0; i < kFrames; ++i) ASSERT_EQ(seen[i], i);
+}
+
+// Copy mode transmits inside sendto(): a kernel that takes
+// XDP_MAX_TX_SKB_BUDGET (6.17 on) sends the whole TX ring per call, an
+// older one 32 frames, and flush() calls again until the ring is taken.
+// Either way one flush sends a full ring's burst, in order.
+TEST_F(XdpSocketTest, OneFlushSendsAFullRingsBurst) {
+  constexpr uint32_t kRing = 64;
+  XdpSocket port("vf0", 1, 1500, "test", "d0", kRing);
+  utsname u{};
+  ASSERT_EQ(::uname(&u), 0);
+  unsigned major = 0, minor = 0;
+  ASSERT_EQ(std::sscanf(u.release, "%u.%u", &major, &minor), 2) << u.release;
+  if (major > 6 || (major == 6 && minor >= 17))
+    EXPECT_EQ(port.tx_budget(), kRing) << "kernel " << u.release << " takes XDP_MAX_TX_SKB_BUDGET";
+  else
+    EXPECT_EQ(port.tx_budget(), 32U) << "kernel " << u.release;
+  for (uint32_t i = 0; i < kRing; ++i) {
+    std::vector<uint8_t> chain(kHdr, 0);
+    const auto f = udp_frame(i, 0);
+    chain.insert(chain.end(), f.begin(), f.end());
+    const iovec iov{chain.data(), chain.size()};
+    ASSERT_EQ(port.send(0, &iov, 1), static_cast<ssize_t>(f.size())) << "frame " << i << ": " << std::strerror(errno);
+  }
+  port.flush(0);
+  std::vector<uint32_t> seen;
+  std::vector<uint8_t> buf(4096);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (seen.size() < kRing && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{wire.get(), POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(wire.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0 && is_udp_test_frame(buf.data(), static_cast<size_t>(n))) seen.push_back(udp_seq(buf.data()));
+  }
+  ASSERT_EQ(seen.size(), kRing) << "one flush left frames in the TX ring";
+  for (uint32_t i = 0; i < kRing; ++i) EXPECT_EQ(seen[i], i);
 }
 
 TEST_F(XdpSocketTest, AFrameTooLargeOrGsoIsRefusedNotSent) {

@@ -68,6 +68,12 @@ class VfioUserClient {
   void write(uint32_t region, uint64_t offset, std::span<const uint8_t> in);
   uint32_t read32(uint32_t region, uint64_t offset);
   void write32(uint32_t region, uint64_t offset, uint32_t value);
+  // A posted write (the header's No_reply flag), as QEMU's client sends a
+  // guest's BAR writes: PCI memory writes are posted, so the VMM does not
+  // wait for the server. Ordered before every later message on the socket,
+  // so a read (any request with a reply) flushes it, as a PCI read does.
+  // At most 8 bytes; nothing allocated. A refused one is not heard of.
+  void post_write(uint32_t region, uint64_t offset, std::span<const uint8_t> in);
 
   // TRIGGER eventfds for [start, start + fds.size()); -1 entries de-assign.
   void set_irq_eventfds(uint32_t index, uint32_t start, std::span<const int> fds);

@@ -44,13 +44,16 @@ struct VirtioNetDriverOptions {
   // the vector masked (its MSI-X Vector Control, a REGION_WRITE) before the
   // queue is served and unmasked after - two trapped writes per interrupt.
   bool mask_every_interrupt = false;
+  // ...and send those writes posted (No_reply), as QEMU's vfio-user client
+  // sends BAR writes: the driver does not wait for the server's answer.
+  bool posted_mask_writes = false;
 };
 
 struct VirtioNetDriverStats {
   std::atomic<uint64_t> tx_packets{0}, tx_bytes{0}, rx_packets{0}, rx_bytes{0};
   std::atomic<uint64_t> interrupts{0}, kicks{0}, rx_dropped{0};
   std::atomic<uint64_t> mask_writes{0};  // Vector Control writes (mask_every_interrupt)
-  std::atomic<uint64_t> mask_ns{0};      // their round trips, in all
+  std::atomic<uint64_t> mask_ns{0};      // the time the driver spent on them, in all
   std::atomic<uint64_t> iotlb_misses{0}, iotlb_updates{0}, iotlb_faults{0};  // faults: misses outside the window
 };
 

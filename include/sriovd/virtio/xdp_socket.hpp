@@ -75,6 +75,10 @@ class XdpSocket : public PacketPort {
 
   [[nodiscard]] XdpMode mode() const { return mode_; }
   [[nodiscard]] unsigned frame_size() const { return frame_; }
+  // Copy mode: frames one sendto() makes the kernel transmit (32 unless the
+  // kernel takes XDP_MAX_TX_SKB_BUDGET, then the TX ring's size); 0 with
+  // zero-copy, where the driver transmits by itself.
+  [[nodiscard]] unsigned tx_budget() const { return tx_budget_; }
   // Frames each socket's receive side took (where MQ steering sent them).
   [[nodiscard]] uint64_t received_on(unsigned port_queue) const;
 
@@ -99,6 +103,7 @@ class XdpSocket : public PacketPort {
   unsigned frame_ = 0;
   unsigned pairs_ = 0;
   XdpMode mode_ = XdpMode::copy;
+  unsigned tx_budget_ = 0;
   std::unique_ptr<Program> prog_;
   std::vector<std::unique_ptr<Queue>> queues_;
   std::atomic<unsigned> active_{1};
