@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/virtio/offload.hpp"
 
 namespace sriovd::virtio {
 
@@ -249,6 +250,17 @@ ssize_t PacketSocket::send_ring(Queue& q, const iovec* iov, int count) {
   if (header < kKernelHeader || skip > 0) {
     errno = EINVAL;
     return -1;
+  }
+  // A frame without GSO goes whole into the skb's head: the kernel copies
+  // hdr_len bytes (at least the Ethernet header) there and attaches the
+  // rest as a fragment of the ring's page, which veth - and any path that
+  // may not keep user pages - copies again into a new page per frame
+  // (skb_copy_ubufs: a page allocated and freed per 64-byte frame).
+  // hdr_len is a hint the kernel checks against the frame (<= its length).
+  if (out[1] == kGsoNone) {
+    const auto frame = static_cast<uint16_t>(at - kKernelHeader);
+    out[2] = static_cast<uint8_t>(frame & 0xffU);
+    out[3] = static_cast<uint8_t>(frame >> 8U);
   }
   if (v3)
     reinterpret_cast<tpacket3_hdr*>(slot)->tp_len = static_cast<uint32_t>(at);
