@@ -87,9 +87,9 @@ one_run() {
   # Each guest's tap is new, with a new MAC: A must not use the last one's.
   ip -n "$nsA" neigh flush dev "miA$tag"
   ready || fail "$mode: 10.77.0.2 is not reachable through the path ($(tail -n 3 "$glog.err"))"
-  local t0 t1 g t
+  local t0 t1 g
   t0=$(date +%s.%N)
-  read -r g t <<<"$(iperf_once)"
+  read -r g _ <<<"$(iperf_once)"
   t1=$(date +%s.%N)
   [[ $g == ERR ]] && fail "$mode: iperf3 failed"
   kill -INT "$gpid"
