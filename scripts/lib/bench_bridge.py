@@ -16,7 +16,8 @@ Directions:
       generator's own rate is reported next to it (offered_mpps).
 Every figure is the median of --runs runs; the variants of one run are
 measured back to back, in turn, so the machine's noise falls on all.
-Ratios: sriovd_X / dpdk_X for each direction and size.
+Ratios: sriovd_X / dpdk_X for each direction and size, of the medians;
+ratios_per_run: the same for each run's back-to-back pair (the spread).
 
 CPUs (2 here): the bridge's forwarding thread on CPU 0 (sriovd: the
 device's `cpus: [0]`; testpmd: its forwarding lcore 0), the guest's on
@@ -259,7 +260,8 @@ def main():
         b.teardown()
         return 1
     b.teardown()
-    out = {"runs": args.runs, "seconds": args.seconds, "cpus": os.cpu_count(), "results": {}, "ratios": {}}
+    out = {"runs": args.runs, "seconds": args.seconds, "cpus": os.cpu_count(), "results": {}, "ratios": {},
+           "ratios_per_run": {}}
     for (v, d, s), rs in samples.items():
         key = f"{v}_{d}_{s}"
         out["results"][key + "_mpps"] = statistics.median(r["mpps"] for r in rs)
@@ -272,6 +274,11 @@ def main():
                 base = out["results"].get(f"dpdk_{via}_{d}_{s}_mpps")
                 if mine is not None and base:
                     out["ratios"][f"{via}_{d}_{s}"] = mine / base
+                    # Each run's pair, measured back to back: the spread the
+                    # medians come from (the machine's noise, run to run).
+                    pairs = zip(samples[(f"sriovd_{via}", d, s)], samples[(f"dpdk_{via}", d, s)])
+                    out["ratios_per_run"][f"{via}_{d}_{s}"] = [m["mpps"] / b["mpps"] if b["mpps"] else None
+                                                               for m, b in pairs]
     print(json.dumps(out, indent=2, sort_keys=True))
     return 0
 

@@ -26,6 +26,8 @@ for v in ("sriovd_af_packet", "sriovd_af_xdp", "dpdk_af_packet", "dpdk_af_xdp"):
 for key in ("af_packet_tx_64", "af_packet_rx_64", "af_xdp_tx_64", "af_xdp_rx_64"):
     if key not in r["ratios"]:
         bad.append(f"ratio {key} missing")
+    if len(r["ratios_per_run"].get(key, [])) != r["runs"]:
+        bad.append(f"ratios_per_run {key}: {r['ratios_per_run'].get(key)}, one per run expected")
 print(json.dumps(r["ratios"], sort_keys=True))
 if bad:
     print("FAIL: " + "; ".join(bad))
