@@ -89,10 +89,20 @@ double echo_per_sec() {
 
 constexpr auto kGap = std::chrono::microseconds(40);
 
-void spin_for(std::chrono::microseconds d) {
-  const auto end = Clock::now() + d;
-  while (Clock::now() < end) {
+// kTrips calls of `call`, each kGap after the last (so whoever reads at the
+// other end is asleep again): the microseconds one takes, averaged.
+template <typename Call>
+double spaced_call_us(Call&& call) {
+  Clock::duration in_call{};
+  for (int i = 0; i < kTrips; ++i) {
+    const auto end = Clock::now() + kGap;
+    while (Clock::now() < end) {
+    }
+    const auto t0 = Clock::now();
+    call(i);
+    in_call += Clock::now() - t0;
   }
+  return std::chrono::duration<double, std::micro>(in_call).count() / kTrips;
 }
 
 // A 16+20-byte send into a socketpair whose reader sleeps in epoll_wait
@@ -114,15 +124,9 @@ double send_asleep_us() {
     }
   });
   uint8_t req[36] = {};
-  Clock::duration in_send{};
-  for (int i = 0; i < kTrips; ++i) {
-    spin_for(kGap);
-    const auto t0 = Clock::now();
-    (void)::send(a.get(), req, sizeof req, MSG_NOSIGNAL);
-    in_send += Clock::now() - t0;
-  }
+  const double us = spaced_call_us([&](int) { (void)::send(a.get(), req, sizeof req, MSG_NOSIGNAL); });
   reader.join();
-  return std::chrono::duration<double, std::micro>(in_send).count() / kTrips;
+  return us;
 }
 
 }  // namespace
@@ -155,18 +159,14 @@ int main() {
       std::fprintf(stderr, "vfio-user bench: run %d: sends into a sleeping reader...\n", run + 1);
       asleep.push_back(send_asleep_us());
       std::fprintf(stderr, "vfio-user bench: run %d: posted mask writes into a sleeping server...\n", run + 1);
-      Clock::duration in_post{};
-      for (int i = 0; i < kTrips; ++i) {
-        spin_for(kGap);
+      const double us = spaced_call_us([&](int i) {
         const uint32_t v = static_cast<uint32_t>(i & 1);
-        const auto p0 = Clock::now();
         c.post_write(0, 12, {reinterpret_cast<const uint8_t*>(&v), sizeof v});
-        in_post += Clock::now() - p0;
-      }
+      });
       // A read flushes them: every one was served, in order (the last one,
       // i odd, masked).
       if (!(c.read32(0, 12) & 1U)) throw std::runtime_error("the last posted write did not take effect");
-      posted.push_back(std::chrono::duration<double, std::micro>(in_post).count() / kTrips);
+      posted.push_back(us);
     }
   }
   io.stop();

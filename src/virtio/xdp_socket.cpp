@@ -373,8 +373,6 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
   if (mode_ == XdpMode::copy) {
     unsigned budget = ring_size;
     tx_budget_ = ::setsockopt(x.tx_fd, SOL_XDP, kXdpMaxTxSkbBudget, &budget, sizeof budget) == 0 ? budget : kCopyTxBatch;
-  } else {
-    tx_budget_ = 0;
   }
   // Every receive frame into the fill ring; the transmit frames free.
   x.to_fill.resize(rx_frames);
