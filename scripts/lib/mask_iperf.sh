@@ -11,19 +11,26 @@
 # posted). Runs rotate through the three guests; figures are medians. The
 # server's own count of masks (sriovctl routes) must match what each
 # masking guest wrote.
-#   scripts/lib/mask_iperf.sh BUILD_DIR [--runs N] [--seconds S]
+# Each masking guest runs twice: with the control thread sleeping as soon
+# as it is idle (control.poll_us: 0, before) and polling up to --poll-us
+# after work (after; util/polling_loop.hpp), set by a reload between runs.
+#   scripts/lib/mask_iperf.sh BUILD_DIR [--runs N] [--seconds S] [--poll-us US]
 # JSON on stdout: nomask_gbps, mask_gbps, loss (1 - mask/nomask),
-# posted_gbps, posted_loss, *_irqs_per_sec, mask_writes_per_sec,
-# posted_writes_per_sec, mask_write_us, posted_write_us, runs, seconds.
+# posted_gbps, posted_loss, and the same for the polling daemon
+# (mask_poll_*, posted_poll_*), *_irqs_per_sec, *_writes_per_sec,
+# *_write_us, poll_us, control_loop (the daemon's poll counts), runs,
+# seconds.
 set -euo pipefail
 build=${1:?build dir}
 shift
 runs=3
 seconds=5
+poll_us=50
 while [[ $# -gt 0 ]]; do
   case $1 in
     --runs) runs=$2; shift ;;
     --seconds) seconds=$2; shift ;;
+    --poll-us) poll_us=$2; shift ;;
     *) echo "mask-iperf: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -44,8 +51,11 @@ interop_namespaces=("$nsA" "$nsB")
 fresh_namespaces
 
 sock=$work/vnet.sock
-{
+# write_config POLL_US: the daemon's file, its control thread polling up
+# to POLL_US after work.
+write_config() {
   simulated_host_config "$work/state" "$work/control.sock" "mipf$tag"
+  echo "  poll_us: $1"
   cat <<CONF
 virtio_devices:
   - name: mask-iperf
@@ -56,7 +66,8 @@ virtio_devices:
     packed: "off"
     backend: {type: tap, name: miA$tag, netns: $nsA, offloads: [csum, tso4, tso6]}
 CONF
-} >"$work/sriovd.yaml"
+}
+write_config 0 >"$work/sriovd.yaml"
 "$sriovd_bin" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
 sriovd_pid=$!
 pids+=("$sriovd_pid")
@@ -70,12 +81,22 @@ server_masks() {
   "$sriovctl_bin" --socket "$work/control.sock" --json routes |
     python3 -c 'import json, sys; print(sum(r["masks"] for r in json.load(sys.stdin)["routes"] if r["device"] == "mask-iperf"))'
 }
+ctl() { "$sriovctl_bin" --socket "$work/control.sock" --json "$@"; }
+# set_poll US: the running daemon's control.poll_us, by a reload.
+set_poll() {
+  write_config "$1" >"$work/sriovd.yaml"
+  ctl reload >/dev/null || fail "the reload to control.poll_us $1 failed"
+  [[ $(ctl status | python3 -c 'import json, sys; print(json.load(sys.stdin)["control_loop"]["poll_us"])') == "$1" ]] ||
+    fail "after the reload the daemon does not poll for $1 us"
+}
 # one_run MODE: a guest (not masking, masking with round trips, masking
-# with posted writes) up, one iperf3, the guest's counts.
+# with posted writes; -poll: the daemon polling) up, one iperf3, the
+# guest's counts.
 one_run() {
   local mode=$1 extra=()
-  [[ $mode == mask ]] && extra=(--mask-every-interrupt)
-  [[ $mode == posted ]] && extra=(--mask-every-interrupt --posted-writes)
+  [[ $mode == mask* ]] && extra=(--mask-every-interrupt)
+  [[ $mode == posted* ]] && extra=(--mask-every-interrupt --posted-writes)
+  if [[ $mode == *-poll ]]; then set_poll "$poll_us"; else set_poll 0; fi
   local glog=$work/guest-$mode-$RANDOM.json before
   before=$(server_masks)
   "$guest_bin" --json virtio-net --socket "$sock" --tap "miB$tag" --netns "$nsB" --queue-size 256 "${extra[@]}" \
@@ -124,9 +145,9 @@ one_run() {
   return 0
 }
 # The order rotates, so a slow part of the run falls on each guest.
-order=(nomask mask posted)
+order=(nomask mask posted mask-poll posted-poll)
 for r in $(seq "$runs"); do
-  for i in 0 1 2; do one_run "${order[(r + i) % 3]}"; done
+  for i in "${!order[@]}"; do one_run "${order[(r + i) % ${#order[@]}]}"; done
 done
 kill -0 "$sriovd_pid" || fail "sriovd died: $(tail -n 5 "$work/sriovd.log")"
 # shellcheck disable=SC2086
@@ -135,6 +156,11 @@ nm=$(median ${values[nomask]})
 m=$(median ${values[mask]})
 # shellcheck disable=SC2086
 p=$(median ${values[posted]})
+# shellcheck disable=SC2086
+mp=$(median ${values[mask-poll]})
+# shellcheck disable=SC2086
+pp=$(median ${values[posted-poll]})
+loop=$(ctl status | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["control_loop"]))')
 loss() { awk -v a="$1" -v b="$nm" 'BEGIN {printf "%.4f", (b > 0 ? 1 - a / b : 0)}'; }
 # shellcheck disable=SC2086
 cat <<JSON
@@ -143,5 +169,11 @@ cat <<JSON
  "posted_irqs_per_sec": $(median ${irqs[posted]}),
  "mask_writes_per_sec": $(median ${writes[mask]}), "posted_writes_per_sec": $(median ${writes[posted]}),
  "mask_write_us": $(median ${write_us[mask]}), "posted_write_us": $(median ${write_us[posted]}),
+ "mask_poll_gbps": $mp, "mask_poll_loss": $(loss "$mp"), "posted_poll_gbps": $pp, "posted_poll_loss": $(loss "$pp"),
+ "mask_poll_irqs_per_sec": $(median ${irqs[mask-poll]}), "posted_poll_irqs_per_sec": $(median ${irqs[posted-poll]}),
+ "mask_poll_writes_per_sec": $(median ${writes[mask-poll]}),
+ "posted_poll_writes_per_sec": $(median ${writes[posted-poll]}),
+ "mask_poll_write_us": $(median ${write_us[mask-poll]}), "posted_poll_write_us": $(median ${write_us[posted-poll]}),
+ "poll_us": $poll_us, "control_loop": $loop,
  "runs": $runs, "seconds": $seconds}
 JSON

@@ -41,6 +41,15 @@ void print_status(const json& r) {
   std::printf("  devices:         %s PF(s), %s VF(s), %s virtio device(s)\n",
               field(r, "physical_functions").c_str(), field(r, "vfs").c_str(),
               field(r, "virtio_devices").c_str());
+  if (r.contains("control_loop")) {
+    const json& loop = r["control_loop"];
+    if (loop.value("poll_us", 0) == 0)
+      std::printf("  control loop:    sleeps when idle (control.poll_us: 0)\n");
+    else
+      std::printf("  control loop:    polls up to %s us (%s now): %s polls, %s found work\n", field(loop, "poll_us").c_str(),
+                  loop.value("polling", false) ? "polling" : "not polling", field(loop, "polls").c_str(),
+                  field(loop, "hits").c_str());
+  }
   const json& reloads = r["reloads"];
   std::printf("  reloads:         %s ok, %s refused\n", field(reloads, "ok").c_str(),
               field(reloads, "failed").c_str());

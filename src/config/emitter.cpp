@@ -123,6 +123,7 @@ std::string to_yaml(const Config& cfg) {
   if (!cfg.control.group.empty()) out << YAML::Key << "group" << YAML::Value << cfg.control.group;
   if (!cfg.control.allowed_uids.empty())
     out << YAML::Key << "allowed_uids" << YAML::Value << YAML::Flow << cfg.control.allowed_uids;
+  if (cfg.control.poll_us != 0) out << YAML::Key << "poll_us" << YAML::Value << cfg.control.poll_us;
   out << YAML::EndMap;
   out << YAML::Key << "interrupts" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "relay_threads" << YAML::Value << cfg.interrupts.relay_threads;

@@ -50,6 +50,7 @@ json Daemon::status_json() const {
       {"host", config::to_string(config_.host)},
       {"config", options_.config_path},
       {"control_socket", config_.control.socket},
+      {"control_loop", control_loop_json()},
       {"log_level", spdlog::level::to_string_view(spdlog::get_level()).data()},
       {"uptime_s", uptime.count()},
       {"physical_functions", config_.physical_functions.size()},
@@ -61,6 +62,17 @@ json Daemon::status_json() const {
       {"kubernetes", k8s_ ? k8s_->status() : json(nullptr)},
       {"metrics", metrics_ ? json{{"listen", metrics_->listen()}, {"port", metrics_->port()}} : json(nullptr)},
   };
+}
+
+// The control thread's polling (control.poll_us): whether it polls now,
+// how often that found work, the CPU it spent.
+json Daemon::control_loop_json() const {
+  const PollStats& s = loop_.stats();
+  return {{"poll_us", config_.control.poll_us},
+          {"polling", loop_.window().polling()},
+          {"polls", s.polls},
+          {"hits", s.hits},
+          {"polled_us", s.polled_ns / 1000}};
 }
 
 json Daemon::devices_json() const {
@@ -221,6 +233,7 @@ json Daemon::stats_json() const {
             {"requests", c.requests},
             {"errors", c.errors},
             {"rejected_peers", c.rejected_peers}}},
+          {"control_loop", control_loop_json()},
           {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}}},
           {"udev_events", udev_events_total_},
           {"routes", totals}};

@@ -48,7 +48,8 @@ std::string summary(const config::Config& cfg) {
 }
 
 Daemon::Daemon(Options options, config::Config config)
-    : options_(std::move(options)), config_(std::move(config)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
+    : options_(std::move(options)), config_(std::move(config)),
+      loop_(io_, std::chrono::microseconds(config_.control.poll_us)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
       watchdog_timer_(io_), housekeeping_timer_(io_), notifier_(std::make_unique<SystemdNotifier>()),
       started_(std::chrono::steady_clock::now()) {
   register_commands();
@@ -95,7 +96,7 @@ int Daemon::run() {
   arm_housekeeping();
   spdlog::info("sriovd {} ready: {}", kVersion, summary(config_));
   notifier_->ready(summary(config_));
-  io_.run();
+  loop_.run();
   spdlog::info("sriovd stopped");
   return exit_code_;
 }
@@ -202,6 +203,7 @@ json Daemon::reload(const std::string& trigger) {
       throw;
     }
     control_->update_access(next.control);
+    loop_.set_max_window(std::chrono::microseconds(next.control.poll_us));
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
     sync_vf_exports();

@@ -228,6 +228,15 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   control.add({}, {{"connections", c.connections}, {"requests", c.requests}, {"errors", c.errors},
                    {"rejected_peers", c.rejected_peers}});
   control.into(out);
+  const control::json loop = control_loop_json();
+  CounterSet polls("sriovd_control_loop", {{"polls", "times the control thread polled before sleeping (control.poll_us)"},
+                                           {"hits", "polls in which work came"}});
+  polls.add({}, loop);
+  polls.into(out);
+  Family polled("sriovd_control_loop_polled_seconds_total", "time the control thread spent polling",
+                MetricType::Counter);
+  polled.add({}, static_cast<double>(loop_.stats().polled_ns) / 1e9);
+  out.push_back(std::move(polled.f));
   Family txn("sriovd_host_transactions_total", "host change transactions, by outcome", MetricType::Counter);
   const auto& t = host_->transactions();
   txn.add({{"outcome", "committed"}}, static_cast<double>(t.committed))

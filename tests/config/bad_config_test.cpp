@@ -104,6 +104,10 @@ const BadCase kCases[] = {
    "control.group: no such group 'no-such-group-here' on this host"},
   {"NegativeUid", kSystem + "control:\n  allowed_uids: [-1]\n", 4, 18,
    "control.allowed_uids[0]: expected an integer from 0 to 4294967294, got '-1'"},
+  {"ControlPollTooLong", kSystem + "control:\n  poll_us: 5000\n", 4, 12,
+   "control.poll_us: expected an integer from 0 to 1000, got '5000'"},
+  {"ControlPollNegative", kSystem + "control:\n  poll_us: -1\n", 4, 12,
+   "control.poll_us: expected an integer from 0 to 1000, got '-1'"},
   {"ControlSocketIsAList", kSystem + "control:\n  socket: [/a, /b]\n", 4, 11,
    "control.socket: expected a string, got a list"},
 

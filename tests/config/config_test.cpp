@@ -98,7 +98,15 @@ TEST(Defaults, MinimalSystemConfig) {
   EXPECT_EQ(cfg.log_level, "info");
   EXPECT_EQ(cfg.interrupts.relay_threads, 1);
   EXPECT_FALSE(cfg.interrupts.busy_poll);
+  EXPECT_EQ(cfg.control.poll_us, 0U);
   EXPECT_TRUE(cfg.physical_functions.empty());
+}
+
+TEST(Control, PollWindowIsReadAndEmitted) {
+  const Config cfg = parse("version: 1\nhost: system\ncontrol: {poll_us: 50}\n", "p.yaml");
+  EXPECT_EQ(cfg.control.poll_us, 50U);
+  EXPECT_EQ(parse(to_yaml(cfg), "emitted.yaml").control.poll_us, 50U);
+  EXPECT_EQ(parse("version: 1\nhost: system\ncontrol: {poll_us: 1000}\n", "p.yaml").control.poll_us, 1000U);
 }
 
 TEST(Metrics, OffByDefaultLoopbackOrAskedForRemote) {

@@ -71,11 +71,19 @@ struct SimulatedPf {
   SourceLocation where;
 };
 
+// The longest control.poll_us: the window is for the message that follows
+// within tens of microseconds; a thread that polls longer is a spinner.
+inline constexpr uint32_t kMaxControlPollUs = 1000;
+
 struct Control {
   std::string socket = "/run/sriovd/control.sock";
   std::string group;                  // empty: the daemon's own group
   std::optional<gid_t> gid;           // resolved from group
   std::vector<uid_t> allowed_uids;    // empty: any peer the socket mode admits
+  // After work, the control thread (control API, vfio-user, vhost-user
+  // messages) polls up to this long before it sleeps, while that pays
+  // (util/polling_loop.hpp); 0: it sleeps at once.
+  uint32_t poll_us = 0;
 };
 
 // Who may use one of the sockets a VMM connects to (a vfio-user export, a

@@ -17,6 +17,7 @@
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
+#include "sriovd/util/polling_loop.hpp"
 #include "sriovd/util/asio.hpp"
 
 namespace prometheus {
@@ -78,6 +79,7 @@ class Daemon {
   // What a Prometheus scrape gets (metrics.cpp); on the control thread.
   std::vector<prometheus::MetricFamily> metrics_snapshot() const;
   control::json routes_json() const;
+  control::json control_loop_json() const;
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
   control::json simulate_fault(const control::json& request);
@@ -85,6 +87,7 @@ class Daemon {
   Options options_;
   config::Config config_;
   asio::io_context io_;
+  PollingLoop loop_;  // runs io_ (control.poll_us)
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
   asio::steady_timer housekeeping_timer_;
