@@ -18,8 +18,9 @@
 # JSON on stdout: nomask_gbps, mask_gbps, loss (1 - mask/nomask),
 # posted_gbps, posted_loss, and the same for the polling daemon
 # (mask_poll_*, posted_poll_*), *_irqs_per_sec, *_writes_per_sec,
-# *_write_us, poll_us, control_loop (the daemon's poll counts), runs,
-# seconds.
+# *_write_us, *_loss_per_round (each round against its own not-masking
+# run), sriovd_cpu (the daemon's CPU seconds per second, each guest),
+# poll_us, control_loop (the daemon's poll counts), runs, seconds.
 set -euo pipefail
 build=${1:?build dir}
 shift
@@ -75,7 +76,10 @@ for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
 [[ -S $sock ]] || fail "sriovd did not create $sock: $(tail -n 5 "$work/sriovd.log")"
 addr "$nsA" "miA$tag" 10.77.0.1
 
-declare -A values irqs writes write_us
+declare -A values irqs writes write_us cpu
+# The daemon's CPU time so far (all its threads), in clock ticks.
+sriovd_ticks() { awk '{print $14 + $15}' "/proc/$sriovd_pid/stat"; }
+ticks_per_s=$(getconf CLK_TCK)
 # Masks the server has counted on the device's vectors so far.
 server_masks() {
   "$sriovctl_bin" --socket "$work/control.sock" --json routes |
@@ -109,9 +113,12 @@ one_run() {
   ip -n "$nsA" neigh flush dev "miA$tag"
   ready || fail "$mode: 10.77.0.2 is not reachable through the path ($(tail -n 3 "$glog.err"))"
   local t0 t1 g
+  local c0 c1
+  c0=$(sriovd_ticks)
   t0=$(date +%s.%N)
   read -r g _ <<<"$(iperf_once)"
   t1=$(date +%s.%N)
+  c1=$(sriovd_ticks)
   [[ $g == ERR ]] && fail "$mode: iperf3 failed"
   kill -INT "$gpid"
   wait "$gpid" || fail "$mode: sriovd-guest failed: $(tail -n 3 "$glog.err")"
@@ -139,6 +146,7 @@ one_run() {
   echo "  $mode: $g Gbit/s, $irq_s interrupts/s, $w_s mask writes/s ($us us each)" >&2
   write_us[$mode]+=" $us"
   values[$mode]+=" $g"
+  cpu[$mode]+=" $(awk -v c="$((c1 - c0))" -v hz="$ticks_per_s" -v s="$per" 'BEGIN {printf "%.3f", c / hz / s}')"
   irqs[$mode]+=" $irq_s"
   writes[$mode]+=" $w_s"
   [[ $mode != nomask && $w -eq 0 ]] && fail "the $mode guest wrote no Vector Control"
@@ -162,6 +170,15 @@ mp=$(median ${values[mask-poll]})
 pp=$(median ${values[posted-poll]})
 loop=$(ctl status | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["control_loop"]))')
 loss() { awk -v a="$1" -v b="$nm" 'BEGIN {printf "%.4f", (b > 0 ? 1 - a / b : 0)}'; }
+# Each round's loss against that round's not-masking run (the rounds are
+# back to back: a slow stretch of the machine falls on both), as a list.
+per_round() {
+  python3 - "${values[nomask]}" "${values[$1]}" <<'PY'
+import json, sys
+ref, got = (list(map(float, a.split())) for a in sys.argv[1:3])
+print(json.dumps([round(1 - g / r, 4) if r > 0 else 0 for r, g in zip(ref, got)]))
+PY
+}
 # shellcheck disable=SC2086
 cat <<JSON
 {"nomask_gbps": $nm, "mask_gbps": $m, "loss": $(loss "$m"), "posted_gbps": $p, "posted_loss": $(loss "$p"),
@@ -174,6 +191,10 @@ cat <<JSON
  "mask_poll_writes_per_sec": $(median ${writes[mask-poll]}),
  "posted_poll_writes_per_sec": $(median ${writes[posted-poll]}),
  "mask_poll_write_us": $(median ${write_us[mask-poll]}), "posted_poll_write_us": $(median ${write_us[posted-poll]}),
+ "loss_per_round": $(per_round mask), "posted_loss_per_round": $(per_round posted),
+ "mask_poll_loss_per_round": $(per_round mask-poll), "posted_poll_loss_per_round": $(per_round posted-poll),
+ "sriovd_cpu": {"nomask": $(median ${cpu[nomask]}), "mask": $(median ${cpu[mask]}), "posted": $(median ${cpu[posted]}),
+                "mask_poll": $(median ${cpu[mask-poll]}), "posted_poll": $(median ${cpu[posted-poll]})},
  "poll_us": $poll_us, "control_loop": $loop,
  "runs": $runs, "seconds": $seconds}
 JSON
