@@ -68,7 +68,8 @@ json Daemon::status_json() const {
 // how often that found work, the CPU it spent.
 json Daemon::control_loop_json() const {
   const PollStats& s = loop_.stats();
-  return {{"poll_us", config_.control.poll_us},
+  return {{"poll_us", std::chrono::duration_cast<std::chrono::microseconds>(loop_.window().max()).count()},
+          {"score", loop_.window().score()},
           {"polling", loop_.window().polling()},
           {"polls", s.polls},
           {"hits", s.hits},

@@ -20,8 +20,8 @@ void PollWindow::work_after(ns gap) {
 }
 
 // A gap starts when the loop has run everything that was ready (poll()
-// until it finds nothing), so handlers queued together count as one piece
-// of work.
+// until it finds nothing), so handlers queued together, or coming while
+// it runs them, count as one piece of work.
 void PollingLoop::run() {
   using clock = std::chrono::steady_clock;
   while (!io_.stopped()) {

@@ -142,24 +142,23 @@ TEST_F(Daemon, ReloadAppliesAGoodFileAndRefusesABadOne) {
   EXPECT_EQ(raw["error"]["diagnostics"][0]["line"], 16);
 }
 
-// control.poll_us: shown in status, applied by a reload (the thread keeps
-// running), and a polling thread still answers; 0 stops the polling.
+// control.poll_us: applied to the running loop by a reload and shown in
+// status and stats; a thread that may poll still answers; 0 stops polls.
 TEST_F(Daemon, ReloadSetsTheControlThreadsPollWindow) {
   write_config(1);
   start();
   json loop = request({{"cmd", "status"}})["result"]["control_loop"];
   EXPECT_EQ(loop["poll_us"], 0);
   EXPECT_EQ(loop["polls"], 0);
-  write_config(1, "  poll_us: 500\n");
+  write_config(1, "  poll_us: 1000\n");
   ASSERT_EQ(ctl({"reload"}).exit_code, 0);
-  // A request's handlers (accept, read, write) come close together: the
-  // thread polls between them and finds them.
-  EXPECT_TRUE(test::wait_until(
-      [&] { return request({{"cmd", "status"}})["result"]["control_loop"]["hits"].get<uint64_t>() > 0; }, 10s));
+  // The loop's own window (whether it finds work polling is
+  // util/polling_loop_test's, and mask-iperf's with a real guest).
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(request({{"cmd", "version"}})["ok"]);
   loop = request({{"cmd", "status"}})["result"]["control_loop"];
-  EXPECT_EQ(loop["poll_us"], 500);
+  EXPECT_EQ(loop["poll_us"], 1000);
   EXPECT_GE(loop["polls"].get<uint64_t>(), loop["hits"].get<uint64_t>());
-  EXPECT_EQ(request({{"cmd", "stats"}})["result"]["control_loop"]["poll_us"], 500);
+  EXPECT_EQ(request({{"cmd", "stats"}})["result"]["control_loop"]["poll_us"], 1000);
   write_config(1);
   ASSERT_EQ(ctl({"reload"}).exit_code, 0);
   const uint64_t polls = request({{"cmd", "status"}})["result"]["control_loop"]["polls"].get<uint64_t>();

@@ -113,10 +113,13 @@ struct PingPong {
       arm();
     });
   }
-  // The peer's side: `rounds` bytes, each sent when the last one's answer
-  // came (blocking, with a deadline per answer); then it closes.
-  void play(int rounds) {
+  // The peer's side: `rounds` bytes, each sent `pause` after the last
+  // one's answer came (blocking, with a deadline per answer); then it
+  // closes. The pause lets the loop run out of work first (a byte already
+  // there when it looks is work it has not run out of).
+  void play(int rounds, std::chrono::microseconds pause = 0us) {
     for (int i = 0; i < rounds; ++i) {
+      std::this_thread::sleep_for(pause);
       char c = 'x';
       ASSERT_EQ(::send(theirs.get(), &c, 1, MSG_NOSIGNAL), 1);
       pollfd p{theirs.get(), POLLIN, 0};
@@ -135,16 +138,24 @@ bool run_to_end(PollingLoop& loop) {
 
 TEST(PollingLoop, PollsBetweenCloseMessagesAndEndsWithTheWork) {
   PingPong pp;
-  // A window far above a round trip on a loaded machine: most answers are
-  // found by polling; one would do.
-  PollingLoop loop(pp.io, 5ms);
-  std::thread peer([&] { pp.play(300); });
+  // A window no scheduler delay reaches: the first gap (slept through)
+  // fits and turns polling on, and from then on every byte is found by
+  // polling, however loaded the machine. The last window ends when the
+  // peer has gone and the loop is out of work.
+  PollingLoop loop(pp.io, 10s);
+  std::thread peer([&] { pp.play(300, 100us); });
   const bool ended = run_to_end(loop);
   peer.join();
   ASSERT_TRUE(ended) << "the loop did not return when its work was done";
+  // Up to 301 pieces of work (300 bytes, the end of stream; a byte that
+  // came while the loop was still running the last is part of that
+  // piece): every one after the first found by a poll, and no poll that
+  // found nothing.
   EXPECT_GT(loop.stats().hits, 0U);
-  EXPECT_GE(loop.stats().polls, loop.stats().hits);
+  EXPECT_LE(loop.stats().hits, 300U);
+  EXPECT_EQ(loop.stats().polls, loop.stats().hits);
   EXPECT_GT(loop.stats().polled_ns, 0U);
+  EXPECT_TRUE(loop.window().polling());
 }
 
 TEST(PollingLoop, WithoutAWindowItNeverPolls) {
@@ -161,7 +172,9 @@ TEST(PollingLoop, WithoutAWindowItNeverPolls) {
 TEST(PollingLoop, StopsWhilePolling) {
   asio::io_context io;
   auto guard = asio::make_work_guard(io);  // never out of work: only stop() ends it
-  PollingLoop loop(io, 1ms);
+  // A window longer than the test's deadline: only stop() can end the
+  // poll it is in when told.
+  PollingLoop loop(io, 30s);
   std::atomic<int> ran{0};
   auto done = std::async(std::launch::async, [&] { loop.run(); });
   // Close posts keep it polling; then it is told to stop from this thread.
