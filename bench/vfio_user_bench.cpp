@@ -17,6 +17,11 @@
 //    size into a socketpair whose reader is asleep in epoll the same way
 //    (send_asleep_us: the wakeup alone); posted_ratio = the two (1: the
 //    server adds nothing to the client's cost but its wakeup).
+//  - polling: the server's loop polling up to 100 us after work
+//    (control.poll_us, util/polling_loop.hpp), so it is awake at each
+//    write: the posted writes again (posted_polling_us; polling_ratio =
+//    posted_polling_us / posted_write_us) and the round trips again
+//    (mask_polling_per_sec; mask_polling_ratio = that / mask writes).
 // Medians of 5 runs of 20,000 round trips (or posted writes) each.
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -26,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -34,6 +40,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/util/polling_loop.hpp"
 #include "sriovd/vfio/simulated.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
@@ -144,35 +151,60 @@ int main() {
   asio::io_context io;
   auto work = asio::make_work_guard(io);
   auto server = std::make_unique<Server>(io, socket, proxy);
-  std::thread runner([&] { io.run(); });
+  PollingLoop loop(io, std::chrono::microseconds(0));
+  std::thread runner([&] { loop.run(); });
+  // The loop's window is its thread's: set there, and waited for.
+  const auto set_window = [&](std::chrono::microseconds w) {
+    std::promise<void> done;
+    asio::post(io, [&] {
+      loop.set_max_window(w);
+      done.set_value();
+    });
+    done.get_future().wait();
+  };
+  const auto mask_writes_per_sec = [&](guest::VfioUserClient& c) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kTrips; ++i) c.write32(0, 12, static_cast<uint32_t>(i & 1));  // vector 0's Vector Control
+    return kTrips / std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const auto posted_write_us = [&](guest::VfioUserClient& c) {
+    const double us = spaced_call_us([&](int i) {
+      const uint32_t v = static_cast<uint32_t>(i & 1);
+      c.post_write(0, 12, {reinterpret_cast<const uint8_t*>(&v), sizeof v});
+    });
+    // A read flushes them: every one was served, in order (the last one,
+    // i odd, masked).
+    if (!(c.read32(0, 12) & 1U)) throw std::runtime_error("the last posted write did not take effect");
+    return us;
+  };
 
-  std::vector<double> echo, mask, posted, asleep;
+  std::vector<double> echo, mask, posted, asleep, posted_polling, mask_polling;
   {
     guest::VfioUserClient c(socket);
     for (int run = 0; run < kRuns; ++run) {
       std::fprintf(stderr, "vfio-user bench: run %d: echo baseline...\n", run + 1);
       echo.push_back(echo_per_sec());
       std::fprintf(stderr, "vfio-user bench: run %d: mask writes through the server...\n", run + 1);
-      const auto t0 = Clock::now();
-      for (int i = 0; i < kTrips; ++i) c.write32(0, 12, static_cast<uint32_t>(i & 1));  // vector 0's Vector Control
-      mask.push_back(kTrips / std::chrono::duration<double>(Clock::now() - t0).count());
+      mask.push_back(mask_writes_per_sec(c));
       std::fprintf(stderr, "vfio-user bench: run %d: sends into a sleeping reader...\n", run + 1);
       asleep.push_back(send_asleep_us());
       std::fprintf(stderr, "vfio-user bench: run %d: posted mask writes into a sleeping server...\n", run + 1);
-      const double us = spaced_call_us([&](int i) {
-        const uint32_t v = static_cast<uint32_t>(i & 1);
-        c.post_write(0, 12, {reinterpret_cast<const uint8_t*>(&v), sizeof v});
-      });
-      // A read flushes them: every one was served, in order (the last one,
-      // i odd, masked).
-      if (!(c.read32(0, 12) & 1U)) throw std::runtime_error("the last posted write did not take effect");
-      posted.push_back(us);
+      posted.push_back(posted_write_us(c));
+      set_window(std::chrono::microseconds(100));
+      std::fprintf(stderr, "vfio-user bench: run %d: the same into a polling server...\n", run + 1);
+      posted_polling.push_back(posted_write_us(c));
+      mask_polling.push_back(mask_writes_per_sec(c));
+      set_window(std::chrono::microseconds(0));
     }
   }
+  std::promise<PollStats> stats;
+  asio::post(io, [&] { stats.set_value(loop.stats()); });  // the loop's counters are its thread's
+  const PollStats polls = stats.get_future().get();
   io.stop();
   runner.join();
   server.reset();
   const double e = median(echo), m = median(mask), p = median(posted), a = median(asleep);
+  const double pp = median(posted_polling), mp = median(mask_polling);
   const nlohmann::json j = {{"bench", "vfio-user"},
                             {"echo_roundtrips_per_sec", e},
                             {"mask_writes_per_sec", m},
@@ -180,6 +212,12 @@ int main() {
                             {"posted_write_us", p},
                             {"send_asleep_us", a},
                             {"posted_ratio", p / a},
+                            {"posted_polling_us", pp},
+                            {"polling_ratio", pp / p},
+                            {"mask_polling_per_sec", mp},
+                            {"mask_polling_ratio", mp / m},
+                            {"polls", polls.polls},
+                            {"poll_hits", polls.hits},
                             {"runs", kRuns},
                             {"roundtrips_per_run", kTrips}};
   std::printf("%s\n", j.dump(2).c_str());
