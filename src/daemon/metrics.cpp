@@ -233,7 +233,7 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
                                            {"hits", "polls in which work came"}});
   polls.add({}, loop);
   polls.into(out);
-  Family polled("sriovd_control_loop_polled_seconds_total", "time the control thread spent polling",
+  Family polled("sriovd_control_loop_polled_seconds_total", "wall time the control thread spent polling (its yields included)",
                 MetricType::Counter);
   polled.add({}, static_cast<double>(loop_.stats().polled_ns) / 1e9);
   out.push_back(std::move(polled.f));

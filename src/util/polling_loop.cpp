@@ -30,9 +30,9 @@ void PollingLoop::run() {
     if (io_.stopped()) break;
     const clock::time_point idle = clock::now();
     const PollWindow::ns window = window_.window();
-    if (window.count() > 0 && poll_for(idle + window)) {
-      const clock::time_point now = clock::now();
-      account(idle, now, true);
+    clock::time_point found;
+    if (window.count() > 0 && poll_for(idle + window, found)) {
+      account(idle, found, true);
       // Found by polling, however long the yields between looks took:
       // it cost its sender no wakeup.
       window_.work_after(PollWindow::ns{0});
@@ -44,14 +44,15 @@ void PollingLoop::run() {
   }
 }
 
-// Runs one ready handler if one comes before `until`; yields between looks.
-bool PollingLoop::poll_for(std::chrono::steady_clock::time_point until) {
-  do {
+// Runs one ready handler if one comes before `until` (`found`: when the
+// look that found it began); yields between looks.
+bool PollingLoop::poll_for(std::chrono::steady_clock::time_point until, std::chrono::steady_clock::time_point& found) {
+  for (;;) {
+    found = std::chrono::steady_clock::now();
     if (io_.poll_one() > 0) return true;
-    if (io_.stopped()) return false;
+    if (io_.stopped() || found >= until) return false;
     ::sched_yield();
-  } while (std::chrono::steady_clock::now() < until);
-  return false;
+  }
 }
 
 void PollingLoop::account(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to,

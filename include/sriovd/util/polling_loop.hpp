@@ -3,8 +3,9 @@
 //
 // A VMM's vfio-user message into a thread asleep in epoll pays for that
 // thread's wakeup: the sender's send() sends the reschedule IPI, which in a
-// VM is an exit (a posted MSI-X mask write measured here: ~12 us into a
-// sleeping server, ~4 us into one that is awake). A guest that masks and
+// VM is an exit (a posted MSI-X mask write measured here: 9-10 us into a
+// sleeping server, 1.1-1.3 us into one that is awake, scripts/bench
+// vfio-user; 11-13 against ~5 us under mask-iperf's load). A guest that masks and
 // unmasks its vector on every interrupt sends two such writes per
 // interrupt, the second a few tens of microseconds after the first. So
 // after work the loop keeps polling its io_context for up to a window
@@ -22,8 +23,9 @@
 // a data-plane thread runnable on the same CPU goes first (and a thread
 // that is runnable, not asleep, costs a sender no wakeup either).
 //
-// Cost bound: at most one window of polling per piece of work, and only
-// while work comes at least once in ~8 gaps within the window. A peer can
+// Cost bound: at most one window of polling per piece of work (the yields
+// between looks may stretch it in wall time, not in CPU), and it stops
+// within a gap or two once fewer than about one gap in ten fits. A peer can
 // make the thread poll by sending often; it could make it work by sending
 // often anyway.
 
@@ -37,7 +39,7 @@ namespace sriovd {
 struct PollStats {
   uint64_t polls = 0;      // windows polled
   uint64_t hits = 0;       // windows in which work came
-  uint64_t polled_ns = 0;  // time spent polling
+  uint64_t polled_ns = 0;  // wall time spent polling (yields to other threads included)
 };
 
 // Whether to poll, and how long: the policy apart from the clock.
@@ -77,7 +79,7 @@ class PollingLoop {
   [[nodiscard]] const PollStats& stats() const { return stats_; }
 
  private:
-  bool poll_for(std::chrono::steady_clock::time_point until);
+  bool poll_for(std::chrono::steady_clock::time_point until, std::chrono::steady_clock::time_point& found);
   void account(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to, bool hit);
 
   asio::io_context& io_;
