@@ -153,15 +153,14 @@ int main() {
   auto server = std::make_unique<Server>(io, socket, proxy);
   PollingLoop loop(io, std::chrono::microseconds(0));
   std::thread runner([&] { loop.run(); });
-  // The loop's window is its thread's: set there, and waited for.
-  const auto set_window = [&](std::chrono::microseconds w) {
-    std::promise<void> done;
-    asio::post(io, [&] {
-      loop.set_max_window(w);
-      done.set_value();
-    });
-    done.get_future().wait();
+  // The loop's window and counters are its thread's: `fn` runs there, and
+  // is waited for.
+  const auto on_loop = [&](auto fn) {
+    std::promise<decltype(fn())> done;
+    asio::post(io, [&] { done.set_value(fn()); });
+    return done.get_future().get();
   };
+  const auto set_window = [&](std::chrono::microseconds w) { on_loop([&] { return (loop.set_max_window(w), 0); }); };
   const auto mask_writes_per_sec = [&](guest::VfioUserClient& c) {
     const auto t0 = Clock::now();
     for (int i = 0; i < kTrips; ++i) c.write32(0, 12, static_cast<uint32_t>(i & 1));  // vector 0's Vector Control
@@ -197,9 +196,7 @@ int main() {
       set_window(std::chrono::microseconds(0));
     }
   }
-  std::promise<PollStats> stats;
-  asio::post(io, [&] { stats.set_value(loop.stats()); });  // the loop's counters are its thread's
-  const PollStats polls = stats.get_future().get();
+  const PollStats polls = on_loop([&] { return loop.stats(); });
   io.stop();
   runner.join();
   server.reset();

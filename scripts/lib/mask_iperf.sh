@@ -80,12 +80,12 @@ declare -A values irqs writes write_us cpu
 # The daemon's CPU time so far (all its threads), in clock ticks.
 sriovd_ticks() { awk '{print $14 + $15}' "/proc/$sriovd_pid/stat"; }
 ticks_per_s=$(getconf CLK_TCK)
+ctl() { "$sriovctl_bin" --socket "$work/control.sock" --json "$@"; }
 # Masks the server has counted on the device's vectors so far.
 server_masks() {
-  "$sriovctl_bin" --socket "$work/control.sock" --json routes |
+  ctl routes |
     python3 -c 'import json, sys; print(sum(r["masks"] for r in json.load(sys.stdin)["routes"] if r["device"] == "mask-iperf"))'
 }
-ctl() { "$sriovctl_bin" --socket "$work/control.sock" --json "$@"; }
 # set_poll US: the running daemon's control.poll_us, by a reload.
 set_poll() {
   write_config "$1" >"$work/sriovd.yaml"
@@ -112,8 +112,7 @@ one_run() {
   # Each guest's tap is new, with a new MAC: A must not use the last one's.
   ip -n "$nsA" neigh flush dev "miA$tag"
   ready || fail "$mode: 10.77.0.2 is not reachable through the path ($(tail -n 3 "$glog.err"))"
-  local t0 t1 g
-  local c0 c1
+  local t0 t1 g c0 c1
   c0=$(sriovd_ticks)
   t0=$(date +%s.%N)
   read -r g _ <<<"$(iperf_once)"

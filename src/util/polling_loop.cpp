@@ -25,6 +25,13 @@ void PollWindow::work_after(ns gap) {
 void PollingLoop::run() {
   using clock = std::chrono::steady_clock;
   while (!io_.stopped()) {
+    if (window_.max().count() <= 0) {
+      // control.poll_us 0: io_context::run(), a handler at a time (a
+      // reload's window is looked at after each) - no extra look at the
+      // reactor per wakeup, no clock.
+      if (io_.run_one() == 0) break;
+      continue;
+    }
     while (io_.poll() > 0) {
     }
     if (io_.stopped()) break;
