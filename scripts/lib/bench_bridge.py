@@ -15,7 +15,8 @@ Directions:
       wire end; the guest runs rxonly and counts (its Rx-pps); the
       generator's own rate is reported next to it (offered_mpps).
 Every figure is the median of --runs runs; the variants of one run are
-measured back to back, in turn, so the machine's noise falls on all.
+measured back to back, in turn (every other run in the reverse order), so
+the machine's noise and any order effect fall on all.
 Ratios: sriovd_X / dpdk_X for each direction and size, of the medians;
 ratios_per_run: the same for each run's back-to-back pair (the spread).
 
@@ -249,7 +250,10 @@ def main():
         for run in range(args.runs):
             for direction in directions:
                 for size in sizes:
-                    for v in variants:
+                    # Every other run in the reverse order: which of a
+                    # back-to-back pair goes first alternates (ABBA), so an
+                    # order effect falls on both bridges alike.
+                    for v in variants if run % 2 == 0 else reversed(variants):
                         r = b.measure(v, direction, size)
                         samples.setdefault((v, direction, size), []).append(r)
                         extra = f" (offered {r['offered_mpps']:.3f})" if "offered_mpps" in r else ""

@@ -19,8 +19,9 @@
 # posted_gbps, posted_loss, and the same for the polling daemon
 # (mask_poll_*, posted_poll_*), *_irqs_per_sec, *_writes_per_sec,
 # *_write_us, *_loss_per_round (each round against its own not-masking
-# run), sriovd_cpu (the daemon's CPU seconds per second, each guest),
-# poll_us, control_loop (the daemon's poll counts), runs, seconds.
+# run), paired_loss (per guest: the median and quartiles of those),
+# sriovd_cpu (the daemon's CPU seconds per second, each guest), poll_us,
+# control_loop (the daemon's poll counts), runs, seconds.
 set -euo pipefail
 build=${1:?build dir}
 shift
@@ -178,6 +179,22 @@ ref, got = (list(map(float, a.split())) for a in sys.argv[1:3])
 print(json.dumps([round(1 - g / r, 4) if r > 0 else 0 for r, g in zip(ref, got)]))
 PY
 }
+# The per-round losses summed up: their median and quartiles (pairs measured
+# back to back, so a slow stretch of the machine cancels out of each; the
+# quartiles show how far one invocation can be trusted).
+paired() {
+  python3 - "${values[nomask]}" "${values[mask]}" "${values[posted]}" "${values[mask-poll]}" \
+    "${values[posted-poll]}" <<'PY'
+import json, statistics, sys
+ref, *guests = ([float(x) for x in a.split()] for a in sys.argv[1:])
+out = {}
+for name, got in zip(("mask", "posted", "mask_poll", "posted_poll"), guests):
+    losses = sorted(1 - g / r for r, g in zip(ref, got) if r > 0)
+    q = statistics.quantiles(losses, n=4) if len(losses) > 1 else losses * 3
+    out[name] = {"median": round(statistics.median(losses), 4), "q1": round(q[0], 4), "q3": round(q[2], 4)}
+print(json.dumps(out))
+PY
+}
 # shellcheck disable=SC2086
 cat <<JSON
 {"nomask_gbps": $nm, "mask_gbps": $m, "loss": $(loss "$m"), "posted_gbps": $p, "posted_loss": $(loss "$p"),
@@ -192,6 +209,7 @@ cat <<JSON
  "mask_poll_write_us": $(median ${write_us[mask-poll]}), "posted_poll_write_us": $(median ${write_us[posted-poll]}),
  "loss_per_round": $(per_round mask), "posted_loss_per_round": $(per_round posted),
  "mask_poll_loss_per_round": $(per_round mask-poll), "posted_poll_loss_per_round": $(per_round posted-poll),
+ "paired_loss": $(paired),
  "sriovd_cpu": {"nomask": $(median ${cpu[nomask]}), "mask": $(median ${cpu[mask]}), "posted": $(median ${cpu[posted]}),
                 "mask_poll": $(median ${cpu[mask-poll]}), "posted_poll": $(median ${cpu[posted-poll]})},
  "poll_us": $poll_us, "control_loop": $loop,

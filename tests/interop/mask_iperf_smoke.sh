@@ -25,6 +25,8 @@ bad = [k for k in ("nomask_gbps", "mask_gbps", "posted_gbps", "mask_writes_per_s
        if not r.get(k, 0) > 0]
 bad += ["control_loop." + k for k in ("polls", "hits") if not r["control_loop"].get(k, 0) > 0]
 bad += [k for k in ("posted_poll_loss_per_round", "sriovd_cpu") if not r.get(k)]
+bad += ["paired_loss." + g for g in ("mask", "posted", "mask_poll", "posted_poll")
+        if set(r.get("paired_loss", {}).get(g, {})) != {"median", "q1", "q3"}]
 if bad:
     print("FAIL: zero or missing: " + ", ".join(bad))
     sys.exit(1)
