@@ -53,6 +53,9 @@ Daemon::Daemon(Options options, config::Config config)
       watchdog_timer_(io_), housekeeping_timer_(io_), notifier_(std::make_unique<SystemdNotifier>()),
       started_(std::chrono::steady_clock::now()) {
   register_commands();
+  retirer_.set_on_gone([this](const std::string& key) {
+    asio::post(io_, [this, key] { start_virtio_waiting_for(key); });
+  });
   irq::EngineOptions irq_options;
   irq_options.relay_threads = config_.interrupts.relay_threads;
   irq_options.busy_poll = config_.interrupts.busy_poll;
@@ -153,6 +156,7 @@ void Daemon::shutdown(const char* why) {
   // bridged to it (and the device's macvtap is deleted by sriovd, not by
   // the VF going away).
   drop_virtio(nullptr);
+  wait_for_vf_ports();
   try {
     const auto steps = host_->release_all();
     spdlog::info("host released: {} change(s) undone", steps.size());
@@ -194,6 +198,7 @@ json Daemon::reload(const std::string& trigger) {
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
     drop_vf_exports(&next);
     drop_virtio(&next);
+    wait_for_vf_ports();
     std::vector<host::Step> steps;
     try {
       steps = host_->apply(next);
@@ -425,9 +430,31 @@ void Daemon::drop_virtio(const config::Config* next) {
     e.pci_server.reset();
     e.pci.reset();
     e.backend.reset();
-    e.device.reset();  // its port (tap, socket, macvtap link) with it
+    std::unique_ptr<virtio::PacketPort> port = e.device ? e.device->release_port() : nullptr;
+    e.device.reset();
+    if (!port) continue;
+    // The same tap for the device that replaces this one: nothing to close.
+    const auto& c = e.config;
+    const bool same_tap = next && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(), [&](const auto& d) {
+      return d.name == c.name && d.backend_kind == config::BackendKind::tap && c.backend_kind == config::BackendKind::tap &&
+             d.tap.name == c.tap.name && d.tap.netns == c.tap.netns && d.queue_pairs == c.queue_pairs;
+    });
+    if (same_tap)
+      spare_taps_[e.name] = std::move(port);
+    else
+      retirer_.retire(e.port_key, std::move(port));
   }
   virtio_ = std::move(kept);
+}
+
+void Daemon::start_virtio_waiting_for(const std::string& key) {
+  if (stopping_) return;
+  if (std::erase_if(virtio_, [&](const VirtioExport& e) { return e.waiting && e.port_key == key; }) != 0) start_virtio();
+}
+
+void Daemon::wait_for_vf_ports() {
+  if (!retirer_.wait_gone("vf:", std::chrono::seconds(10), true))
+    spdlog::error("virtio: a VF netdev's socket or macvtap is still being closed after 10 s; going on");
 }
 
 // Serves every virtio device the config asks for and that is not running,
@@ -460,34 +487,7 @@ void Daemon::start_virtio() {
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
         nc.tap_offloads = virtio::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
-        std::unique_ptr<virtio::PacketPort> port;
-        if (dev.backend_kind == config::BackendKind::tap) {
-          port = std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
-        } else {
-          // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
-          // AF_PACKET with virtio-net headers carries checksum and GSO
-          // metadata both ways: TSO segments go out whole, and what the
-          // driver cannot take is cut in software (virtio/offload.hpp).
-          nc.offloads = true;
-          const std::string netdev = host_->vf_netdev(dev.vf.pf, dev.vf.vf);
-          if (dev.vf.via == config::VfAttach::macvtap) {
-            // A macvtap is a tap: the kernel segments and checksums what
-            // the driver cannot take (TUNSETOFFLOAD follows its features).
-            nc.tap_offloads = virtio::tun_offload_flags(true, true, true, false, false);
-            port = std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
-          } else if (dev.vf.via == config::VfAttach::af_xdp) {
-            // AF_XDP carries no checksum or GSO metadata: the driver
-            // checksums and segments itself.
-            nc.offloads = false;
-            nc.tap_offloads = 0;
-            port = std::make_unique<virtio::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
-          } else {
-            const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
-                              : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
-                                                                          : virtio::PacketRing::off;
-            port = std::make_unique<virtio::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
-          }
-        }
+        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc);
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {
           e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
@@ -512,6 +512,56 @@ void Daemon::start_virtio() {
     }
     virtio_.push_back(std::move(e));
   }
+  for (auto& [name, tap] : spare_taps_) retirer_.retire("tap:" + tap->name(), std::move(tap));
+  spare_taps_.clear();
+}
+
+namespace {
+// How long a device's start waits for the previous holder of its netdev to
+// be closed; past it, the device says so and starts when that is done.
+constexpr std::chrono::milliseconds kPortCloseWait{200};
+}  // namespace
+
+std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice& dev, VirtioExport& e,
+                                                      virtio::NetConfig& nc) {
+  const auto wait_for_previous = [&] {
+    if (retirer_.wait_gone(e.port_key, kPortCloseWait)) return;
+    e.waiting = true;
+    throw std::runtime_error("the device that held " + e.port_key + " before is still being closed; it starts when that is done");
+  };
+  if (dev.backend_kind == config::BackendKind::tap) {
+    e.port_key = "tap:" + dev.tap.name;
+    // Its offloads stay as they were until the new driver's features set
+    // them, before any packet moves.
+    if (auto spare = spare_taps_.extract(dev.name)) return std::move(spare.mapped());
+    wait_for_previous();
+    return std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
+  }
+  // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
+  // AF_PACKET with virtio-net headers carries checksum and GSO metadata
+  // both ways: TSO segments go out whole, and what the driver cannot take
+  // is cut in software (virtio/offload.hpp).
+  nc.offloads = true;
+  const std::string netdev = host_->vf_netdev(dev.vf.pf, dev.vf.vf);
+  e.port_key = "vf:" + netdev;
+  wait_for_previous();
+  if (dev.vf.via == config::VfAttach::macvtap) {
+    // A macvtap is a tap: the kernel segments and checksums what the
+    // driver cannot take (TUNSETOFFLOAD follows its features).
+    nc.tap_offloads = virtio::tun_offload_flags(true, true, true, false, false);
+    return std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
+  }
+  if (dev.vf.via == config::VfAttach::af_xdp) {
+    // AF_XDP carries no checksum or GSO metadata: the driver checksums and
+    // segments itself.
+    nc.offloads = false;
+    nc.tap_offloads = 0;
+    return std::make_unique<virtio::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
+  }
+  const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
+                    : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
+                                                                : virtio::PacketRing::off;
+  return std::make_unique<virtio::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
 }
 
 // A reload's socket access for a device that keeps running.
@@ -562,6 +612,7 @@ json Daemon::release(const json& req) {
   });
   std::vector<host::Step> steps;
   try {
+    wait_for_vf_ports();
     steps = host_->release_vf(config_, *pf, *index);
   } catch (...) {
     sync_vf_exports();

@@ -158,6 +158,12 @@ NetDevice::~NetDevice() {
   wait_for_workers();  // everything a stuck worker uses is this object's
 }
 
+std::unique_ptr<PacketPort> NetDevice::release_port() {
+  stop();
+  if (wedged_) return nullptr;
+  return std::move(tap_);
+}
+
 void NetDevice::wait_for_workers() {
   if (!wedged_) return;
   spdlog::critical("{}: waiting for its stuck worker before what it uses is freed", config_.name);

@@ -45,7 +45,8 @@ std::vector<UniqueFd> open_tun(const std::string& name, unsigned queues) {
 
 }  // namespace
 
-Tap::Tap(std::string name, std::vector<UniqueFd> fds) : name_(std::move(name)), fds_(std::move(fds)) {
+Tap::Tap(std::string name, std::vector<UniqueFd> fds)
+    : name_(std::move(name)), fds_(std::move(fds)), active_queues_(static_cast<unsigned>(fds_.size())) {
   for (auto& fd : fds_) {
     int hdr = 12;  // struct virtio_net_hdr_v1 (virtio 1.2 §5.1.6)
     if (::ioctl(fd.get(), TUNSETVNETHDRSZ, &hdr) != 0) throw_errno("TUNSETVNETHDRSZ on " + name_);
@@ -81,8 +82,11 @@ ssize_t Tap::send(unsigned q, const iovec* iov, int count) { return ::writev(fds
 ssize_t Tap::recv(unsigned q, uint8_t* buf, size_t size) { return ::read(fds_[q].get(), buf, size); }
 
 void Tap::set_offloads(unsigned tun_flags) {
+  if (tun_flags == offloads_) return;
+  offloads_ = ~0U;  // unknown until every queue has them
   for (auto& fd : fds_)
     if (::ioctl(fd.get(), TUNSETOFFLOAD, tun_flags) != 0) throw_errno("TUNSETOFFLOAD on tap " + name_);
+  offloads_ = tun_flags;
 }
 
 namespace {
@@ -122,7 +126,8 @@ bool netdev_running(int sock, const std::string& ifname) {
 }
 
 void Tap::set_active_queues(unsigned n) {
-  if (fds_.size() < 2) return;
+  if (fds_.size() < 2 || n == active_queues_) return;
+  active_queues_ = ~0U;  // unknown until every queue is where it should be
   for (size_t q = 0; q < fds_.size(); ++q) {
     ifreq ifr{};
     ifr.ifr_flags = q < n ? IFF_ATTACH_QUEUE : IFF_DETACH_QUEUE;
@@ -130,6 +135,7 @@ void Tap::set_active_queues(unsigned n) {
     if (::ioctl(fds_[q].get(), TUNSETQUEUE, &ifr) != 0 && errno != EINVAL)
       throw_errno(name_ + ": TUNSETQUEUE on queue " + std::to_string(q));
   }
+  active_queues_ = n;
 }
 
 }  // namespace sriovd::virtio

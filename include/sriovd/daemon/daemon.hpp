@@ -18,6 +18,7 @@
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "sriovd/util/polling_loop.hpp"
+#include "sriovd/util/retirer.hpp"
 #include "sriovd/util/asio.hpp"
 
 namespace prometheus {
@@ -88,6 +89,10 @@ class Daemon {
   config::Config config_;
   asio::io_context io_;
   PollingLoop loop_;  // runs io_ (control.poll_us)
+  // Closes the ports of stopped virtio devices (taps, AF_PACKET and AF_XDP
+  // sockets, macvtaps) off the control thread; outlives virtio_, and io_
+  // outlives it (its on_gone posts there).
+  Retirer retirer_;
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
   asio::steady_timer housekeeping_timer_;
@@ -104,16 +109,37 @@ class Daemon {
     std::unique_ptr<vfio_user::VirtioNetPci> pci;
     std::unique_ptr<vfio_user::Server> pci_server;
     std::string not_served;  // why it is not served, when it is not
+    // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.
+    std::string port_key;
+    // Not served while the port of the device it replaces is being closed
+    // (port_key): started when that is done.
+    bool waiting = false;
   };
   std::vector<VirtioExport> virtio_;
+  // A changed device's tap, kept for the device that replaces it when the
+  // tap's settings are the same (name, namespace, queues): the tap, its
+  // addresses and its bridge stay; by device name, until start_virtio.
+  std::map<std::string, std::unique_ptr<virtio::PacketPort>> spare_taps_;
   // Starts every configured virtio device that is not running, and gives
   // the running ones the config's socket access.
   void start_virtio();
+  // The port for a device to start: its spare tap, or a new one once the
+  // previous holder of its netdev is closed.
+  std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, VirtioExport& e,
+                                                virtio::NetConfig& nc);
   void update_access(VirtioExport& e, const config::SocketAccess& access);
   // Stops the devices `next` no longer has or has with other settings
   // (all of them when next is null), and forgets those not served (the
-  // next start_virtio tries them again).
+  // next start_virtio tries them again). Their ports are closed by the
+  // retirer, or kept in spare_taps_.
   void drop_virtio(const config::Config* next);
+  // The devices waiting for `key` to be closed, started (on the control
+  // thread, posted by the retirer).
+  void start_virtio_waiting_for(const std::string& key);
+  // Before the host changes a VF: the sockets and macvtaps on VF netdevs
+  // that the retirer still closes are closed (a VF's netdev outlives what
+  // was bridged to it).
+  void wait_for_vf_ports();
   // One per VF the config exports over vfio-user (assign.export).
   struct VfExport {
     PciAddress pf;

@@ -175,6 +175,11 @@ class NetDevice {
   // For an owner about to free what it lent the device: waits, without a
   // deadline, for a wedged device's workers (logged as critical).
   void wait_for_workers();
+  // The last thing before the device is destroyed: stops it and gives up
+  // its port (for the device that replaces it, or to be closed off the
+  // control thread: util/retirer.hpp). Null when a worker is stuck and may
+  // still use the port, which then goes with the device.
+  std::unique_ptr<PacketPort> release_port();
   // Everything back to the state before negotiation.
   void reset();
   // Wakes every queue as its kick would (after an IOTLB update, so that

@@ -31,6 +31,9 @@ class Tap : public PacketPort {
   ssize_t send(unsigned q, const iovec* iov, int count) override;
   ssize_t recv(unsigned q, uint8_t* buf, size_t size) override;
   // TUNSETOFFLOAD: what the kernel may hand us (csum, tso4, tso6, ecn, ufo).
+  // Like TUNSETQUEUE it takes the kernel's rtnl lock, which a tap being
+  // closed anywhere on the host holds through an RCU grace period (seconds
+  // on a loaded machine): both are only called when something changes.
   void set_offloads(unsigned tun_flags) override;
   // TUNSETQUEUE: queues >= n detached, so the kernel steers no flow to them.
   void set_active_queues(unsigned n) override;
@@ -45,6 +48,8 @@ class Tap : public PacketPort {
  private:
   std::string name_;
   std::vector<UniqueFd> fds_;
+  unsigned offloads_ = ~0U;  // as last set (~0: not yet)
+  unsigned active_queues_;   // attached: [0, active_queues_)
 };
 
 }  // namespace sriovd::virtio
