@@ -435,10 +435,12 @@ void Daemon::drop_virtio(const config::Config* next) {
     if (!port) continue;
     // The same tap for the device that replaces this one: nothing to close.
     const auto& c = e.config;
-    const bool same_tap = next && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(), [&](const auto& d) {
-      return d.name == c.name && d.backend_kind == config::BackendKind::tap && c.backend_kind == config::BackendKind::tap &&
-             d.tap.name == c.tap.name && d.tap.netns == c.tap.netns && d.queue_pairs == c.queue_pairs;
-    });
+    const auto takes_this_tap = [&](const config::VirtioDevice& d) {
+      return d.name == c.name && d.backend_kind == config::BackendKind::tap &&
+             c.backend_kind == config::BackendKind::tap && d.tap.name == c.tap.name && d.tap.netns == c.tap.netns &&
+             d.queue_pairs == c.queue_pairs;
+    };
+    const bool same_tap = next && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(), takes_this_tap);
     if (same_tap)
       spare_taps_[e.name] = std::move(port);
     else
@@ -449,7 +451,8 @@ void Daemon::drop_virtio(const config::Config* next) {
 
 void Daemon::start_virtio_waiting_for(const std::string& key) {
   if (stopping_) return;
-  if (std::erase_if(virtio_, [&](const VirtioExport& e) { return e.waiting && e.port_key == key; }) != 0) start_virtio();
+  const auto waited = std::erase_if(virtio_, [&](const VirtioExport& e) { return e.waiting && e.port_key == key; });
+  if (waited != 0) start_virtio();
 }
 
 void Daemon::wait_for_vf_ports() {
@@ -527,7 +530,8 @@ std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice
   const auto wait_for_previous = [&] {
     if (retirer_.wait_gone(e.port_key, kPortCloseWait)) return;
     e.waiting = true;
-    throw std::runtime_error("the device that held " + e.port_key + " before is still being closed; it starts when that is done");
+    throw std::runtime_error("the device that held " + e.port_key +
+                             " before is still being closed; it starts when that is done");
   };
   if (dev.backend_kind == config::BackendKind::tap) {
     e.port_key = "tap:" + dev.tap.name;
