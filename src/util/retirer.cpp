@@ -33,11 +33,6 @@ void Retirer::retire(const std::string& key, std::shared_ptr<void> what) {
   work_cv_.notify_one();
 }
 
-bool Retirer::pending(const std::string& key) const {
-  std::lock_guard lock(mutex_);
-  return pending_.count(key) != 0;
-}
-
 bool Retirer::any_pending(const std::string& key, bool prefix) const {
   if (key.empty()) return !pending_.empty();
   if (!prefix) return pending_.count(key) != 0;

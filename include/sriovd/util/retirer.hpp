@@ -43,8 +43,6 @@ class Retirer {
   // Queues `what` for destruction (a unique_ptr converts: its deleter
   // comes along). Destructors run one at a time, in the order retired.
   void retire(const std::string& key, std::shared_ptr<void> what);
-  // Whether something under `key` is still to be destroyed.
-  [[nodiscard]] bool pending(const std::string& key) const;
   // Waits until nothing under `key` (every key when `key` is empty; those
   // that start with it when `prefix`) is left, at most `limit`; true when
   // none is.
