@@ -112,6 +112,10 @@ class PciTransport final : public Transport {
   }
 
   void mask_vector(unsigned v, bool masked) override {
+    if (options_.keeps_msix_table) {
+      c_.mask(kMsixIrq, v, masked);
+      return;
+    }
     const uint32_t control = masked ? 1U : 0U;
     const uint64_t at = msix_table_ + 16 * v + 12;
     if (options_.posted_mask_writes)
@@ -185,12 +189,14 @@ class PciTransport final : public Transport {
       interrupts.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
       if (!interrupts.back()) throw_errno("interrupt eventfd");
       fds[v] = interrupts.back().get();
+      if (options_.keeps_msix_table) continue;  // the table is the VMM's (QEMU)
       c_.write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
       c_.write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
     }
     c_.set_irq_eventfds(kMsixIrq, 0, fds);
     const uint32_t dw0 = c_.read32(kConfigRegion, msix->cap_offset);
     c_.write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
+    if (options_.keeps_msix_table) return;
     for (unsigned v = 0; v < nvec; ++v) c_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
   }
 

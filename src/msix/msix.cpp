@@ -4,7 +4,8 @@
 
 namespace sriovd::msix {
 
-MsixState::MsixState(uint16_t vectors, VectorControl& control) : control_if_(control), entries_(vectors) {
+MsixState::MsixState(uint16_t vectors, VectorControl& control)
+    : control_if_(control), entries_(vectors), irq_masked_(vectors, 0) {
   if (vectors == 0 || vectors > 2048)
     throw std::invalid_argument("MSI-X table size " + std::to_string(vectors) + " is outside 1..2048");
   for (unsigned v = 0; v < vectors; ++v) control_if_.set_masked(v, true);
@@ -22,7 +23,8 @@ std::vector<bool> MsixState::masks() const {
 }
 
 bool MsixState::effectively_masked(unsigned v) const {
-  return !enabled() || function_masked() || (entries_.at(v).control & kVectorMasked);
+  return !enabled() || function_masked() || irq_masked_.at(v) != 0 ||
+         (table_forwarded_ && (entries_.at(v).control & kVectorMasked));
 }
 
 void MsixState::sync(const std::vector<bool>& before) {
@@ -106,6 +108,13 @@ void MsixState::write_table(uint64_t offset, unsigned size, uint64_t value) {
   }
   const auto vector = static_cast<unsigned>(offset / kEntryBytes);
   const auto dword = static_cast<unsigned>((offset % kEntryBytes) / 4U);
+  if (!table_forwarded_) {
+    // The first write from the client: from now on the table is the
+    // guest's, and every vector's Mask Bit counts (most are still 1).
+    const auto before = masks();
+    table_forwarded_ = true;
+    sync(before);
+  }
   write_dword(vector, dword, static_cast<uint32_t>(value));
   if (size == 8) write_dword(vector, dword + 1, static_cast<uint32_t>(value >> 32U));
 }
@@ -128,12 +137,17 @@ void MsixState::write_pba(uint64_t, unsigned, uint64_t) { ++stats_.pba_writes; }
 
 void MsixState::set_vector_mask(unsigned vector, bool masked) {
   if (vector >= entries_.size()) throw std::out_of_range("MSI-X vector " + std::to_string(vector));
-  write_dword(vector, 3, masked ? (entries_[vector].control | kVectorMasked) : (entries_[vector].control & ~kVectorMasked));
+  const bool before = effectively_masked(vector);
+  irq_masked_[vector] = masked ? 1 : 0;
+  const bool now = effectively_masked(vector);
+  if (now != before) control_if_.set_masked(vector, now);
 }
 
 void MsixState::reset() {
   const auto before = masks();
   control_ = 0;
+  table_forwarded_ = false;
+  irq_masked_.assign(irq_masked_.size(), 0);
   for (unsigned v = 0; v < entries_.size(); ++v) {
     entries_[v] = Entry{};
     control_if_.clear_pending(v);

@@ -17,6 +17,7 @@ const char* command_name(uint16_t c) {
     case kDmaRead: return "DMA_READ";
     case kDmaWrite: return "DMA_WRITE";
     case kDeviceReset: return "DEVICE_RESET";
+    case kRegionWriteMulti: return "REGION_WRITE_MULTI";
     default: return "unknown";
   }
 }

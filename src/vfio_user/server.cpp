@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -72,6 +73,7 @@ bool shape_of(uint16_t command, Shape& s) {
     case kRegionRead: s = {sizeof(RegionAccess), true, 0}; return true;
     case kRegionWrite: s = {sizeof(RegionAccess), false, 0}; return true;
     case kDeviceReset: s = {0, true, 0}; return true;
+    case kRegionWriteMulti: s = {sizeof(uint64_t), false, 0}; return true;
     default: return false;
   }
 }
@@ -270,28 +272,22 @@ void Server::handle(Message& m, Reply& r) {
     case kRegionRead:
     case kRegionWrite: {
       const auto a = load<RegionAccess>(m.payload);
-      const char* verb = m.hdr.command == kRegionRead ? "read" : "write";
-      if (a.region >= bounds_.size()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ": no such region");
-      if (a.count == 0 || a.count > kMaxDataXfer)
-        throw Error(EINVAL, std::string(verb) + " of " + std::to_string(a.count) + " bytes (1.." + std::to_string(kMaxDataXfer) + ")");
-      if (m.hdr.command == kRegionWrite && m.payload.size() != sizeof a + a.count)
+      const bool write = m.hdr.command == kRegionWrite;
+      check_access(a.region, a.offset, a.count, write);
+      if (write && m.payload.size() != sizeof a + a.count)
         throw Error(EINVAL, "write of " + std::to_string(a.count) + " bytes carrying " +
                                 std::to_string(m.payload.size() - sizeof a));
-      const RegionBounds& reg = bounds_[a.region];
-      const uint32_t need = m.hdr.command == kRegionRead ? VFIO_REGION_INFO_FLAG_READ : VFIO_REGION_INFO_FLAG_WRITE;
-      if (!(reg.flags & need)) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(a.region) + ", which does not allow it");
-      if (a.offset > reg.size || a.count > reg.size - a.offset)
-        throw Error(EINVAL, std::string(verb) + " of [" + hex(a.offset) + ", +" + std::to_string(a.count) +
-                                ") outside region " + std::to_string(a.region) + " of " + hex(reg.size) + " bytes");
       append(r.payload, a);
-      if (m.hdr.command == kRegionRead) {
+      if (write) {
+        device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
+      } else {
         r.payload.resize(sizeof a + a.count);
         device_.read(a.region, a.offset, std::span<uint8_t>(r.payload).subspan(sizeof a));
-      } else {
-        device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
       }
       return;
     }
+    case kRegionWriteMulti: region_write_multi(m, r);
+      return;
     case kDeviceReset:
       if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
       device_.reset();
@@ -306,6 +302,7 @@ void Server::version(const Message& m, Reply& r) {
   const auto minor = load<uint16_t>(m.payload, 2);
   if (major != kMajor) throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) +
                                                 ": only major " + std::to_string(kMajor) + " is spoken");
+  bool write_multiple = false;  // offered back only when proposed (the reply's capabilities are a subset)
   if (m.payload.size() > 4) {
     std::string text(reinterpret_cast<const char*>(m.payload.data()) + 4, m.payload.size() - 4);
     if (!text.empty() && text.back() == '\0') text.pop_back();
@@ -320,6 +317,10 @@ void Server::version(const Message& m, Reply& r) {
           if (!caps["max_msg_fds"].is_number_unsigned()) throw Error(EINVAL, "max_msg_fds is not a number");
           peer_max_fds_ = std::min<uint32_t>(caps["max_msg_fds"].get<uint32_t>(), kMaxMsgFds);
         }
+        if (caps.contains("write_multiple")) {
+          if (!caps["write_multiple"].is_boolean()) throw Error(EINVAL, "write_multiple is not a boolean");
+          write_multiple = caps["write_multiple"].get<bool>();
+        }
         if (caps.contains("max_data_xfer_size")) {
           if (!caps["max_data_xfer_size"].is_number_unsigned() || caps["max_data_xfer_size"].get<uint64_t>() == 0)
             throw Error(EINVAL, "max_data_xfer_size is not a positive number");
@@ -329,11 +330,12 @@ void Server::version(const Message& m, Reply& r) {
     }
   }
   negotiated_ = true;
-  const nlohmann::json caps = {{"capabilities",
-                                {{"max_msg_fds", kMaxMsgFds},
-                                 {"max_data_xfer_size", kMaxDataXfer},
-                                 {"max_dma_maps", kMaxDmaMaps},
-                                 {"pgsizes", kPageSizes}}}};
+  nlohmann::json caps = {{"capabilities",
+                          {{"max_msg_fds", kMaxMsgFds},
+                           {"max_data_xfer_size", kMaxDataXfer},
+                           {"max_dma_maps", kMaxDmaMaps},
+                           {"pgsizes", kPageSizes}}}};
+  if (write_multiple) caps["capabilities"]["write_multiple"] = true;
   const std::string text = caps.dump();
   append(r.payload, kMajor);
   append(r.payload, std::min(minor, kMinor));
@@ -425,6 +427,44 @@ void Server::unmap_all() {
   }
   windows_.clear();
   mappings_.clear();
+}
+
+// One region access, checked against the bounds taken at connect: the
+// region exists and allows it, 1..max bytes, inside the region (no wrap).
+void Server::check_access(uint32_t region, uint64_t offset, uint32_t count, bool write) const {
+  const char* verb = write ? "write" : "read";
+  if (region >= bounds_.size()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(region) + ": no such region");
+  if (count == 0 || count > kMaxDataXfer)
+    throw Error(EINVAL, std::string(verb) + " of " + std::to_string(count) + " bytes (1.." + std::to_string(kMaxDataXfer) + ")");
+  const RegionBounds& reg = bounds_[region];
+  if (!(reg.flags & (write ? VFIO_REGION_INFO_FLAG_WRITE : VFIO_REGION_INFO_FLAG_READ)))
+    throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(region) + ", which does not allow it");
+  if (offset > reg.size || count > reg.size - offset)
+    throw Error(EINVAL, std::string(verb) + " of [" + hex(offset) + ", +" + std::to_string(count) + ") outside region " +
+                            std::to_string(region) + " of " + hex(reg.size) + " bytes");
+}
+
+// REGION_WRITE_MULTI: every write is checked before the first is done, so
+// a batch with one bad entry changes nothing; then they are done in order.
+void Server::region_write_multi(const Message& m, Reply& r) {
+  const auto count = load<uint64_t>(m.payload);
+  if (count == 0 || count > kMaxWriteMulti)
+    throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes (1.." + std::to_string(kMaxWriteMulti) + ")");
+  if (m.payload.size() != sizeof count + count * sizeof(WriteOne))
+    throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes in a payload of " +
+                            std::to_string(m.payload.size()) + " bytes");
+  for (uint64_t i = 0; i < count; ++i) {
+    const auto w = load<WriteOne>(m.payload, sizeof count + i * sizeof(WriteOne));
+    if (w.count > sizeof w.data)
+      throw Error(EINVAL, "REGION_WRITE_MULTI write " + std::to_string(i) + " of " + std::to_string(w.count) + " bytes (1..8)");
+    check_access(w.region, w.offset, w.count, true);
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    const size_t at = sizeof count + i * sizeof(WriteOne);
+    const auto w = load<WriteOne>(m.payload, at);
+    device_.write(w.region, w.offset, std::span<const uint8_t>(m.payload).subspan(at + offsetof(WriteOne, data), w.count));
+  }
+  append(r.payload, count);
 }
 
 void Server::region_info(const Message& m, Reply& r) {
@@ -634,12 +674,16 @@ void Server::on_end(const std::string& why, bool framing) {
   else
     spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);
   stats_.last_error = why;
-  unmap_all();
+  // The device stops first (workers, DMA, interrupts), then its memory
+  // goes: unmapping first would pull the windows from under a running
+  // device, which then cannot let go of them (a window kept per departed
+  // client). A client may vanish without DEVICE_RESET (QEMU on exit).
   try {
     device_.client_gone();
   } catch (const std::exception& e) {
     spdlog::error("vfio-user: {}: releasing the client's state: {}", device_.name(), e.what());
   }
+  unmap_all();
   deferred_.clear();
   // The last message's fds (a VMM's guest RAM memfd, say) go with the
   // client, not with the next one.

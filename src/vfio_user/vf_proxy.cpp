@@ -276,9 +276,15 @@ void VfProxy::trigger_irq(uint32_t index, uint32_t vector) {
   if (vectors_.route(vector)) device_->trigger(vfio::kMsixIrq, vector);
 }
 
+// A window without an fd (QEMU's BIOS and ROM windows) cannot be put in
+// the VF's IOMMU: it is accepted and left out, so the VF cannot reach it (a
+// DMA there faults in the IOMMU, as to any address not mapped). Guest RAM
+// comes with its fd.
 void VfProxy::dma_mapped(const DmaWindow& w) {
-  if (!w.host)
-    throw Error(EINVAL, label_ + ": a VF can only DMA into memory shared with an fd (window at " + std::to_string(w.iova) + ")");
+  if (!w.host) {
+    spdlog::info("{}: DMA window [{:#x}, +{:#x}) shared without an fd: not mapped for the VF", label_, w.iova, w.size);
+    return;
+  }
   if (w.size > dma_limit_ - dma_bytes_)
     throw Error(ENOSPC, label_ + ": a DMA window of " + std::to_string(w.size >> 20U) + " MiB would pin " +
                             std::to_string((dma_bytes_ + w.size) >> 20U) + " MiB; assign.max_dma_mib allows " +

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/hex.hpp"
 #include "sriovd/pci/config_space.hpp"
 
 namespace sriovd::vfio_user {
@@ -333,6 +334,16 @@ void VirtioNetPci::set_status(uint8_t status) {
   }
 }
 
+// Where a ring part lies in a window shared without an fd, what is wrong
+// (empty: nowhere of that kind).
+std::string VirtioNetPci::in_unmapped_window(uint64_t iova) const {
+  for (const auto& w : windows_)
+    if (!w.host && iova >= w.iova && iova - w.iova < w.size)
+      return "lies in the DMA window [" + hex(w.iova) + ", +" + hex(w.size) +
+             ") that the client shared without an fd; the rings must be in memory shared with an fd";
+  return {};
+}
+
 void VirtioNetPci::start_device() {
   device_.stop();
   rebuild_memory();
@@ -340,6 +351,9 @@ void VirtioNetPci::start_device() {
     const QueueRegs& q = queues_[i];
     device_.set_queue_enabled(i, false);
     if (!q.enabled) continue;
+    for (const uint64_t at : {q.desc, q.driver, q.device})
+      if (const std::string why = in_unmapped_window(at); !why.empty())
+        throw Error(EFAULT, "queue " + std::to_string(i) + " at " + hex(at) + " " + why);
     device_.set_queue_size(i, q.size);
     device_.set_queue_rings(i, {q.desc, q.driver, q.device});
     device_.set_queue_base(i, 0);
@@ -368,8 +382,9 @@ void VirtioNetPci::rebuild_memory() {
   memory_.clear();
   // Each window keeps the client's permissions: a read-only window (mapped
   // PROT_READ by the server) is never written through, a window with no
-  // access flags is not guest memory at all.
+  // access flags or without an fd is not guest memory here.
   for (const auto& w : windows_) {
+    if (!w.host) continue;
     const uint8_t perm = (w.readable ? virtio::kIotlbRead : 0) | (w.writable ? virtio::kIotlbWrite : 0);
     if (perm != 0) memory_.add_host_region(w.iova, w.size, w.iova, w.host, perm, w.guard);
   }
@@ -407,26 +422,35 @@ void VirtioNetPci::trigger_irq(uint32_t index, uint32_t vector) {
   engine_.trigger(routes_[vector]);
 }
 
+// A window without an fd (QEMU shares its BIOS and ROM windows that way)
+// is kept but is not guest memory here: the rings and buffers are reached
+// by mapping, so a queue that lies in one is refused when the driver
+// starts the device (start_device names the window), never at DMA_MAP.
 void VirtioNetPci::dma_mapped(const DmaWindow& w) {
-  if (!w.host) throw Error(EINVAL, name_ + ": the rings and buffers must be in memory shared with an fd");
   windows_.push_back(w);
-  if (device_.running()) {
-    // The workers see the new memory map from a stopped state; the rings
-    // go on where they stood.
-    stop_device();
-    rebuild_memory();
-    device_.start();
-  }
+  if (w.host) remap_running_device();
 }
 
 void VirtioNetPci::dma_unmapped(const DmaWindow& w) {
   std::erase_if(windows_, [&](const DmaWindow& x) { return x.iova == w.iova && x.size == w.size; });
-  if (device_.running()) {
-    // The server unmaps the window once this returns: the workers must not
-    // touch it after that.
-    stop_device();
-    rebuild_memory();
+  // The server unmaps the window once this returns: the workers must not
+  // touch it after that.
+  if (w.host) remap_running_device();
+}
+
+// The workers see a new memory map from a stopped state; the rings go on
+// where they stood. If they cannot (a ring left with the window), the
+// device needs a reset (§2.1.2 DEVICE_NEEDS_RESET) - the window still goes.
+void VirtioNetPci::remap_running_device() {
+  if (!device_.running()) return;
+  stop_device();
+  rebuild_memory();
+  try {
     device_.start();
+  } catch (const std::exception& e) {
+    spdlog::error("virtio-pci {}: the memory map changed under the running device: {}", name_, e.what());
+    device_.reset();
+    status_ |= kNeedsReset;
   }
 }
 

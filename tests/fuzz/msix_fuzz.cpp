@@ -4,8 +4,8 @@
 // config space that owns Message Control), vfio-user SET_IRQS masks,
 // function resets, and interrupts firing at any time. After every step:
 //  - the engine's view of each vector's mask (what VectorControl was told)
-//    is the spec's effective mask: MSI-X disabled, function masked, or the
-//    vector's Mask Bit;
+//    is the effective mask: MSI-X disabled, function masked, SET_IRQS
+//    masked, or the vector's Mask Bit once the client wrote the table;
 //  - a table or PBA read returns what the model says (all ones for an
 //    access the spec does not allow), the PBA bit is the latched interrupt,
 //    writes to the PBA and to read-only bits change nothing;
@@ -59,13 +59,17 @@ class Engine : public msix::VectorControl {
 
 // The spec's table, written by the harness from the same accesses.
 struct Model {
-  explicit Model(unsigned n) : entries(n) {}
+  explicit Model(unsigned n) : entries(n), irq_masked(n, false) {}
   struct Entry {
     uint64_t address = 0;
     uint32_t data = 0;
     uint32_t control = 1;  // masked after reset (§6.8.2.9)
   };
-  [[nodiscard]] bool effective(unsigned v) const { return !enable || fmask || (entries[v].control & 1U); }
+  // msix.hpp: the Mask Bit counts once the client has written the table;
+  // a SET_IRQS mask is a mask of its own.
+  [[nodiscard]] bool effective(unsigned v) const {
+    return !enable || fmask || irq_masked[v] || (forwarded && (entries[v].control & 1U));
+  }
   [[nodiscard]] uint32_t dword(unsigned v, unsigned d) const {
     const Entry& e = entries[v];
     return d == 0 ? static_cast<uint32_t>(e.address) : d == 1 ? static_cast<uint32_t>(e.address >> 32U) : d == 2 ? e.data : e.control;
@@ -78,6 +82,8 @@ struct Model {
     if (d == 3) e.control = value & 1U;  // bits 31:1 reserved
   }
   std::vector<Entry> entries;
+  std::vector<bool> irq_masked;
+  bool forwarded = false;
   bool enable = false;
   bool fmask = false;
 };
@@ -136,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const uint64_t value = in.take<uint64_t>();
         msix.write_table(off, sz, value);
         if ((sz == 4 || sz == 8) && aligned(off, sz, msix.table_bytes())) {
+          model.forwarded = true;
           const auto v = static_cast<unsigned>(off / 16U);
           const auto d = static_cast<unsigned>((off % 16U) / 4U);
           model.write_dword(v, d, static_cast<uint32_t>(value));
@@ -205,7 +212,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const unsigned v = in.take<uint16_t>() % n;
         const bool masked = in.byte() & 1U;
         msix.set_vector_mask(v, masked);
-        model.entries[v].control = masked ? 1U : 0U;
+        model.irq_masked[v] = masked;
         break;
       }
       case 7: {  // the device fires

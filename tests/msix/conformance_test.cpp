@@ -13,9 +13,13 @@
 namespace sriovd::msix {
 namespace {
 
+// The kinds of vfio-user client (msix.hpp): one that forwards the guest's
+// table writes, and one that keeps the table itself (QEMU).
+enum class Client { forwards_table, keeps_table };
+
 class Device {
  public:
-  explicit Device(uint16_t n = 8) {
+  explicit Device(uint16_t n = 8, Client client = Client::forwards_table) {
     irq::EngineOptions o;
     o.relay_threads = 0;  // fires come from trigger(), as from a device model
     engine = std::make_unique<irq::Engine>(o);
@@ -28,6 +32,10 @@ class Device {
     }
     vectors = std::make_unique<RoutedVectors>(*engine, ids);
     state = std::make_unique<MsixState>(n, *vectors);
+    // A forwarding client's guest writes the table before anything else
+    // (an entry's address, to its reset value): the §6.8.2 cases below
+    // are about that table.
+    if (client == Client::forwards_table) w32(0, 0);
   }
   void mc(uint16_t v) { state->write_message_control(v); }
   void enable() { mc(kEnable); }
@@ -166,10 +174,16 @@ const Case kCases[] = {
   // --- Reset and the vfio-user mask channel ---
   {"ResetClearsPendingBits", "§6.8.2.10 Pending Bits default 0 after reset",
    [](Device& d) { d.enable(); d.fire(0); d.state->reset(); EXPECT_EQ(d.pba(), 0U); d.enable(); d.unmask(0); EXPECT_EQ(d.messages(0), 0U); }},
-  {"SetIrqsMaskIsTheMaskBit", "vfio-user SET_IRQS MASK on an MSI-X vector = its Mask Bit",
-   [](Device& d) { d.enable(); d.unmask(5); d.state->set_vector_mask(5, true); EXPECT_EQ(d.r(5 * 16 + 12), 1U); d.fire(5); EXPECT_EQ(d.messages(5), 0U); }},
+  {"SetIrqsMaskHoldsWithoutTouchingTheTable", "vfio-user SET_IRQS MASK (linux/vfio.h ACTION_MASK): a mask of its own",
+   [](Device& d) { d.enable(); d.unmask(5); d.state->set_vector_mask(5, true); EXPECT_EQ(d.r(5 * 16 + 12), 0U); d.fire(5); EXPECT_EQ(d.messages(5), 0U); EXPECT_EQ(d.pba(), 1U << 5U); }},
   {"SetIrqsUnmaskSendsPending", "vfio-user SET_IRQS UNMASK + §6.8.2.9",
-   [](Device& d) { d.enable(); d.fire(5); d.state->set_vector_mask(5, false); EXPECT_EQ(d.messages(5), 1U); EXPECT_EQ(d.r(5 * 16 + 12), 0U); }},
+   [](Device& d) { d.enable(); d.unmask(5); d.state->set_vector_mask(5, true); d.fire(5); d.state->set_vector_mask(5, false); EXPECT_EQ(d.messages(5), 1U); EXPECT_EQ(d.pba(), 0U); }},
+  {"SetIrqsUnmaskDoesNotOverrideTheMaskBit", "the guest's Mask Bit still holds after SET_IRQS UNMASK",
+   [](Device& d) { d.enable(); d.state->set_vector_mask(5, true); d.state->set_vector_mask(5, false); EXPECT_EQ(d.r(5 * 16 + 12), 1U); d.fire(5); EXPECT_EQ(d.messages(5), 0U); }},
+  {"TableUnmaskDoesNotOverrideSetIrqsMask", "SET_IRQS MASK holds after the guest clears its Mask Bit",
+   [](Device& d) { d.enable(); d.state->set_vector_mask(5, true); d.unmask(5); d.fire(5); EXPECT_EQ(d.messages(5), 0U); d.state->set_vector_mask(5, false); EXPECT_EQ(d.messages(5), 1U); }},
+  {"ResetClearsSetIrqsMasks", "DEVICE_RESET: a function reset drops SET_IRQS masks",
+   [](Device& d) { d.state->set_vector_mask(1, true); d.state->reset(); EXPECT_FALSE(d.state->irq_masked(1)); }},
   {"TableSizeLimits", "§6.8.2.3 Table Size encodes 1..2048 vectors",
    [](Device& d) {
      EXPECT_THROW(MsixState(0, *d.vectors), std::invalid_argument);
@@ -178,7 +192,40 @@ const Case kCases[] = {
 };
 // clang-format on
 
+// A client that keeps the table itself (QEMU's vfio-user client): it never
+// writes the table, wires vectors with SET_IRQS TRIGGER, and forwards
+// Message Control and PBA reads.
+// clang-format off
+const Case kTableKeepingCases[] = {
+  {"VectorIsLiveOnceEnabled", "linux/vfio.h: a TRIGGER eventfd is signalled unless masked",
+   [](Device& d) { d.enable(); d.fire(3); EXPECT_EQ(d.messages(3), 1U); EXPECT_FALSE(d.state->table_forwarded()); }},
+  {"NothingBeforeEnable", "§6.8.2.3 no MSI-X message while Enable is 0",
+   [](Device& d) { d.fire(3); d.enable(); EXPECT_EQ(d.messages(3), 0U); }},
+  {"FunctionMaskHoldsAndReplays", "§6.8.2.3 Function Mask, forwarded in config space",
+   [](Device& d) { d.mc(kEnable | kFunctionMask); d.fire(3); EXPECT_EQ(d.messages(3), 0U); EXPECT_EQ(d.pba(), 1U << 3U); d.mc(kEnable); EXPECT_EQ(d.messages(3), 1U); EXPECT_EQ(d.pba(), 0U); }},
+  {"SetIrqsMaskHoldsAndUnmaskReplays", "vfio-user SET_IRQS MASK/UNMASK",
+   [](Device& d) { d.enable(); d.state->set_vector_mask(3, true); d.fire(3); EXPECT_EQ(d.messages(3), 0U); d.state->set_vector_mask(3, false); EXPECT_EQ(d.messages(3), 1U); }},
+  {"PbaShowsOnlyWhatTheServerHolds", "the server's PBA: bits it latched (the client keeps its own)",
+   [](Device& d) { d.enable(); d.fire(3); EXPECT_EQ(d.pba(), 0U); EXPECT_EQ(d.messages(3), 1U); }},
+  {"FirstTableWriteMakesMaskBitsCount", "a table write marks a forwarding client: §6.8.2.9 Mask Bits apply",
+   [](Device& d) { d.enable(); d.w32(2 * 16, 0xfee00000); EXPECT_TRUE(d.state->table_forwarded()); d.fire(2); EXPECT_EQ(d.messages(2), 0U); d.unmask(2); EXPECT_EQ(d.messages(2), 1U); }},
+  {"ResetForgetsTheForwardedTable", "after DEVICE_RESET the next client may be of either kind",
+   [](Device& d) { d.w32(0, 0); d.state->reset(); EXPECT_FALSE(d.state->table_forwarded()); d.enable(); d.fire(1); EXPECT_EQ(d.messages(1), 1U); }},
+};
+// clang-format on
+
 class Conformance : public ::testing::TestWithParam<Case> {};
+class TableKeepingClient : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TableKeepingClient, Rule) {
+  const Case& c = GetParam();
+  SCOPED_TRACE(c.rule);
+  Device d(8, Client::keeps_table);
+  c.body(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Msix, TableKeepingClient, ::testing::ValuesIn(kTableKeepingCases),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
 
 TEST_P(Conformance, Rule) {
   const Case& c = GetParam();

@@ -16,7 +16,7 @@ TEST(ConfigSpace, WalksStandardAndExtendedChains) {
   ASSERT_EQ(caps.size(), 3U);
   EXPECT_EQ(caps[0].id, kCapPciExpress);
   EXPECT_EQ(caps[1].id, kCapMsix);
-  EXPECT_EQ(caps[1].offset, 0x70);
+  EXPECT_EQ(caps[1].offset, 0x7c);
   EXPECT_TRUE(caps[2].extended);
   EXPECT_EQ(caps[2].id, kExtCapSriov);
 }
@@ -83,6 +83,48 @@ TEST(ConfigSpace, NoCapabilitiesListBitNoCapabilities) {
   auto c = make_endpoint_config(EndpointSpec{.msix_vectors = 4});
   c[0x06] = 0;
   EXPECT_TRUE(capabilities(c).empty());
+}
+
+// Every config space the project emits is well formed: a VF's (MSI-X),
+// a PF's (SR-IOV too), a device without MSI-X.
+TEST(CapabilityProblems, NoneInWhatTheProjectEmits) {
+  for (const EndpointSpec& s : {EndpointSpec{.msix_vectors = 8}, EndpointSpec{.msix_vectors = 64, .total_vfs = 8},
+                                EndpointSpec{}}) {
+    const auto c = make_endpoint_config(s);
+    EXPECT_EQ(capability_problems(c), std::vector<std::string>{});
+  }
+}
+
+// The layout that hid MSI-X from QEMU's guests: MSI-X at 0x70, inside a
+// PCI Express v2 capability at 0x40 (0x3c bytes, to 0x7b).
+TEST(CapabilityProblems, FindsAnOverlapALoopAndABadPointer) {
+  auto c = make_endpoint_config(EndpointSpec{.msix_vectors = 8});
+  c[0x41] = 0x70;
+  c[0x70] = kCapMsix;
+  c[0x71] = 0;
+  auto p = capability_problems(c);
+  ASSERT_EQ(p.size(), 1U);
+  EXPECT_NE(p[0].find("overlaps"), std::string::npos) << p[0];
+
+  c = make_endpoint_config(EndpointSpec{.msix_vectors = 8});
+  c[0x7d] = 0x40;  // MSI-X points back at the PCIe capability
+  p = capability_problems(c);
+  ASSERT_FALSE(p.empty());
+  EXPECT_NE(p.back().find("loops"), std::string::npos) << p.back();
+
+  c = make_endpoint_config(EndpointSpec{.msix_vectors = 8});
+  c[0x34] = 0x22;
+  p = capability_problems(c);
+  ASSERT_EQ(p.size(), 1U);
+  EXPECT_NE(p[0].find("not a dword"), std::string::npos) << p[0];
+
+  c = make_endpoint_config(EndpointSpec{.msix_vectors = 8});
+  c[0x7d] = 0xf8;  // a vendor capability of 16 bytes at 0xf8 runs past 0xff
+  c[0xf8] = 0x09;
+  c[0xfa] = 16;
+  p = capability_problems(c);
+  ASSERT_EQ(p.size(), 1U);
+  EXPECT_NE(p[0].find("runs past"), std::string::npos) << p[0];
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/pci/config_space.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
@@ -216,8 +217,8 @@ TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
   EXPECT_FALSE(status & 8);
 }
 
-void run_traffic(VirtioPciTest& t, guest::VfioUserClient& c, bool packed) {
-  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = packed, .offloads = false});
+void run_traffic(VirtioPciTest& t, guest::VfioUserClient& c, bool packed, bool keeps_msix_table = false) {
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = packed, .offloads = false, .keeps_msix_table = keeps_msix_table});
   d.bring_up();
   EXPECT_EQ(d.packed(), packed);
   EXPECT_EQ(d.mac(), "02:5a:00:00:01:02");
@@ -447,6 +448,132 @@ TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {
   EXPECT_FALSE(net->running());
   guest::VfioUserClient c(socket);
   run_traffic(*this, c, false);
+}
+
+// QEMU keeps the MSI-X table itself (it never forwards a table write),
+// wires each vector with SET_IRQS TRIGGER and enables MSI-X in config
+// space: every queue interrupt must still reach it (msix.hpp's rules).
+TEST_F(VirtioPciTest, TableKeepingClientGetsEveryInterrupt) {
+  guest::VfioUserClient c(socket);
+  run_traffic(*this, c, false, true);
+  EXPECT_FALSE(pci->msix().table_forwarded());
+}
+
+// ...and a mask it asks for with SET_IRQS holds the interrupt in the PBA
+// until UNMASK replays it.
+TEST_F(VirtioPciTest, TableKeepingClientMasksWithSetIrqs) {
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .keeps_msix_table = true});
+  d.bring_up();
+  c.mask(VFIO_PCI_MSIX_IRQ_INDEX, 0, true);
+  auto f = frame(64, 0x33);
+  ASSERT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return (c.read32(1, VirtioNetPci::kPbaOffset) & 1U) != 0; }, 2s));
+  EXPECT_EQ(engine.stats(pci->vector_route(0)).delivered, 0U);
+  c.mask(VFIO_PCI_MSIX_IRQ_INDEX, 0, false);
+  EXPECT_EQ(engine.stats(pci->vector_route(0)).replayed, 1U);
+  std::vector<uint8_t> out(2048);
+  EXPECT_EQ(d.receive(out.data(), out.size(), 2000), f.size());
+}
+
+// The capability list a guest walks: each capability where its pointer
+// says, inside the 256 bytes, none overlapping another.
+TEST_F(VirtioPciTest, ConfigSpaceIsWellFormed) {
+  guest::VfioUserClient c(socket);
+  std::vector<uint8_t> cfg(256);
+  c.read(VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg);
+  EXPECT_EQ(pci::capability_problems(cfg), std::vector<std::string>{});
+  ASSERT_TRUE(pci::find_msix(cfg));
+}
+
+// What of a client's memory the server still has: mappings and fds of
+// the guest RAM memfd (the client's own are gone with it).
+size_t guest_ram_held() {
+  size_t n = 0;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) n += line.find("sriovd-guest-ram") != std::string::npos;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    n += std::filesystem::read_symlink(e.path(), ec).string().find("sriovd-guest-ram") != std::string::npos;
+  }
+  return n;
+}
+
+// QEMU leaves without DEVICE_RESET: the device is running on the client's
+// memory when the socket closes. The device stops first and then every
+// window goes - none stays mapped in the daemon, however often it happens.
+TEST_F(VirtioPciTest, ClientsThatVanishWithTheDeviceRunningLeaveNoMemory) {
+  ASSERT_EQ(guest_ram_held(), 0U);
+  for (int i = 0; i < 20; ++i) {
+    {
+      guest::VfioUserClient c(socket);
+      guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = (i % 2) != 0, .offloads = false,
+                                   .keeps_msix_table = (i % 3) == 0});
+      d.bring_up();
+      ASSERT_TRUE(net->running());
+    }
+    ASSERT_TRUE(test::wait_until([&] { return !server->connected() && !net->running(); }, 5s)) << "round " << i;
+    ASSERT_TRUE(test::wait_until([&] { return guest_ram_held() == 0; }, 5s))
+        << "round " << i << ": " << guest_ram_held() << " mappings or fds of a departed client's memory";
+  }
+  guest::VfioUserClient c(socket);
+  run_traffic(*this, c, false);
+}
+
+// The same with a client killed (SIGKILL) while its device runs: a separate
+// process (sriovd-guest) whose memory only the daemon could keep.
+TEST_F(VirtioPciTest, KilledClientsLeaveNoMemory) {
+  const std::string guest = SRIOVD_GUEST_BIN;
+  if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0)
+    GTEST_SKIP() << "sriovd-guest bridges to a tap: needs root and /dev/net/tun";
+  for (int i = 0; i < 5; ++i) {
+    const std::string tap = "sdkill" + std::to_string(::getpid() % 10000) + std::to_string(i);
+    test::Process p({guest, "virtio-net", "--socket", socket, "--tap", tap, "--queue-size", "64", "--no-offloads"},
+                    dir.file("guest" + std::to_string(i) + ".log"));
+    ASSERT_TRUE(test::wait_until([&] { return net->running(); }, 10s)) << p.log();
+    ASSERT_GT(guest_ram_held(), 0U);
+    p.signal(SIGKILL);
+    ASSERT_TRUE(p.wait_for(5s));
+    ASSERT_TRUE(test::wait_until([&] { return !server->connected() && !net->running() && guest_ram_held() == 0; }, 5s))
+        << "round " << i << ": " << guest_ram_held() << " mappings or fds of a killed client's memory";
+  }
+}
+
+// A window shared without an fd (QEMU's BIOS and ROM windows) is taken at
+// DMA_MAP; a queue that lies in one cannot be served, and the device says
+// so when the driver starts it (NEEDS_RESET), not at DMA_MAP.
+TEST_F(VirtioPciTest, FdLessWindowsAreTakenAndRingsInThemRefusedAtStart) {
+  guest::VfioUserClient c(socket);
+  std::vector<uint8_t> rom(1 << 16);
+  c.dma_map_local(0xc0000, rom.size(), rom.data(), false);
+  c.dma_unmap(0xc0000, rom.size());
+  c.dma_map_local(0xc0000, rom.size(), rom.data(), false);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();  // its rings are in its own memfd RAM: served
+  EXPECT_TRUE(net->running());
+  std::vector<uint8_t> fdless(1 << 16);
+  c.dma_map_local(0x40000000, fdless.size(), fdless.data());
+  c.reset();
+  // A driver that puts queue 0 in the fd-less window.
+  c.write(0, 0x14, std::vector<uint8_t>{1 | 2});
+  c.write32(0, 0x08, 1);
+  c.write32(0, 0x0c, 1);  // VERSION_1
+  c.write(0, 0x14, std::vector<uint8_t>{1 | 2 | 8});
+  for (uint16_t q = 0; q < 2; ++q) {
+    c.write(0, 0x16, std::vector<uint8_t>{static_cast<uint8_t>(q), 0});
+    c.write(0, 0x18, std::vector<uint8_t>{64, 0});
+    const uint64_t base = 0x40000000 + q * 0x4000;
+    for (const auto& [at, v] : {std::pair{0x20U, base}, std::pair{0x28U, base + 0x1000}, std::pair{0x30U, base + 0x2000}}) {
+      c.write32(0, at, static_cast<uint32_t>(v));
+      c.write32(0, at + 4, static_cast<uint32_t>(v >> 32U));
+    }
+    c.write(0, 0x1c, std::vector<uint8_t>{1, 0});
+  }
+  c.write(0, 0x14, std::vector<uint8_t>{1 | 2 | 4 | 8});
+  uint8_t status = 0;
+  c.read(0, 0x14, {&status, 1});
+  EXPECT_TRUE(status & 64) << "DEVICE_NEEDS_RESET expected, status " << int(status);
+  EXPECT_FALSE(net->running());
 }
 
 }  // namespace

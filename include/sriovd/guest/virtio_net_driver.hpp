@@ -47,6 +47,11 @@ struct VirtioNetDriverOptions {
   // ...and send those writes posted (No_reply), as QEMU's vfio-user client
   // sends BAR writes: the driver does not wait for the server's answer.
   bool posted_mask_writes = false;
+  // virtio-pci: keep the MSI-X table in the VMM, as QEMU does for every
+  // VFIO device: no table write reaches the server, vectors are wired with
+  // SET_IRQS TRIGGER and MSI-X enabled in config space; a mask is a
+  // SET_IRQS MASK/UNMASK.
+  bool keeps_msix_table = false;
 };
 
 struct VirtioNetDriverStats {

@@ -3,6 +3,23 @@
 // and for virtio-pci. It holds the shadow table and Message Control; the
 // pending bits live with the interrupt routes, where a fire on a masked
 // vector latches them without taking any lock.
+//
+// It serves two kinds of vfio-user client with one set of rules:
+//  - a client that forwards the guest's table writes (sriovd-guest,
+//    libvfio-user-style clients): the table here *is* the guest's, and its
+//    Mask Bits gate delivery as §6.8.2.9 says;
+//  - a client that keeps the table itself, as QEMU does for every VFIO
+//    device: table writes never arrive, the vector is wired with SET_IRQS
+//    TRIGGER and, as with kernel VFIO (linux/vfio.h), stays live unless
+//    SET_IRQS MASKs it; the client holds what the guest masked.
+// So a vector is held (its message latched in the PBA, sent on unmask) while
+//   MSI-X is disabled or function-masked (Message Control reaches the server
+//   from both kinds: config space writes are forwarded), or
+//   SET_IRQS MASKed it (a mask of its own, cleared by UNMASK, by a reset,
+//   and never shown in the table), or
+//   its table Mask Bit is set and the client has written the table since
+//   the last reset (the first table write marks a table-forwarding client).
+// A TRIGGER eventfd only names where messages go; it never unmasks.
 
 #include <cstdint>
 #include <vector>
@@ -80,15 +97,20 @@ class MsixState {
   [[nodiscard]] uint64_t read_pba(uint64_t offset, unsigned size);
   void write_pba(uint64_t offset, unsigned size, uint64_t value);
 
-  // A mask from outside the table: vfio-user SET_IRQS MASK/UNMASK.
+  // A mask from outside the table: vfio-user SET_IRQS MASK/UNMASK. It
+  // does not change the table's Mask Bit (the guest's, or nobody's).
   void set_vector_mask(unsigned vector, bool masked);
 
-  // Function reset: every vector masked, MSI-X disabled, no pending bits.
+  // Function reset: every vector masked, MSI-X disabled, no pending bits,
+  // no SET_IRQS masks, and the table governs again only once written.
   void reset();
 
   [[nodiscard]] bool enabled() const { return control_ & kEnable; }
   [[nodiscard]] bool function_masked() const { return control_ & kFunctionMask; }
   [[nodiscard]] bool effectively_masked(unsigned vector) const;
+  // The client has written the table since the last reset: its Mask Bits count.
+  [[nodiscard]] bool table_forwarded() const { return table_forwarded_; }
+  [[nodiscard]] bool irq_masked(unsigned vector) const { return irq_masked_.at(vector) != 0; }
   [[nodiscard]] const Entry& entry(unsigned vector) const { return entries_.at(vector); }
   [[nodiscard]] const AccessStats& stats() const { return stats_; }
 
@@ -102,6 +124,8 @@ class MsixState {
 
   VectorControl& control_if_;
   std::vector<Entry> entries_;
+  std::vector<uint8_t> irq_masked_;  // SET_IRQS MASK, per vector
+  bool table_forwarded_ = false;
   uint16_t control_ = 0;  // enable and function mask; table size is derived
   AccessStats stats_;
 };

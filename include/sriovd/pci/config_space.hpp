@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace sriovd::pci {
@@ -14,6 +15,7 @@ inline constexpr uint8_t kCapPciExpress = 0x10;
 inline constexpr uint8_t kCapMsix = 0x11;
 inline constexpr uint16_t kExtCapSriov = 0x0010;
 inline constexpr uint32_t kPage = 4096;
+inline constexpr unsigned kPciExpressV2Bytes = 0x3c;
 
 // Little-endian fields of a config space (PCI is little-endian), written
 // and read byte by byte: no alignment or host byte order assumed.
@@ -61,6 +63,12 @@ struct MsixLayout {
 };
 
 std::optional<MsixLayout> find_msix(std::span<const uint8_t> config);
+
+// What is wrong with the standard capability list, one line each (empty:
+// well formed): a pointer that is not a dword in 0x40..0xfc, a loop, a
+// capability that runs past the 256-byte space or overlaps another, by
+// the sizes its own header gives (PM, MSI, PCIe v1/v2, MSI-X, vendor).
+std::vector<std::string> capability_problems(std::span<const uint8_t> config);
 
 struct EndpointSpec {
   uint16_t vendor = 0;

@@ -87,7 +87,8 @@ class ExportedDevice {
 
   virtual void reset() = 0;
   // The client went away: drop every fd it gave and reset the device. Its
-  // DMA windows are unmapped (dma_unmapped) before this is called.
+  // DMA windows are unmapped (dma_unmapped) after this returns, with the
+  // device stopped.
   virtual void client_gone() = 0;
 };
 

@@ -24,6 +24,7 @@ enum Command : uint16_t {
   kDmaRead = 11,
   kDmaWrite = 12,
   kDeviceReset = 13,
+  kRegionWriteMulti = 15,
 };
 
 const char* command_name(uint16_t command);
@@ -149,6 +150,18 @@ struct RegionAccess {
   uint32_t count = 0;
 };
 static_assert(sizeof(RegionAccess) == 16);
+
+// VFIO_USER_REGION_WRITE_MULTI: a u64 count, then that many of these, each
+// a write of 1..8 bytes (the spec's "Single Device Write Format"). A client
+// coalesces posted writes into one when its queue backs up (QEMU: 200 at most).
+struct WriteOne {
+  uint64_t offset = 0;
+  uint32_t region = 0;
+  uint32_t count = 0;
+  uint8_t data[8] = {};
+};
+static_assert(sizeof(WriteOne) == 24);
+inline constexpr uint64_t kMaxWriteMulti = 256;
 
 struct DmaAccess {
   uint64_t address = 0;

@@ -96,6 +96,8 @@ class Server {
   void region_info(const Message& m, Reply& r);
   void region_io_fds(const Message& m, Reply& r);
   void set_irqs(Message& m, Reply& r);
+  void region_write_multi(const Message& m, Reply& r);
+  void check_access(uint32_t region, uint64_t offset, uint32_t count, bool write) const;
   void unmap_all();
 
   std::string path_;

@@ -87,6 +87,8 @@ class VirtioNetPci : public ExportedDevice {
   void rebuild_memory();
   std::unique_ptr<pci::VirtualConfig> make_config();
   void stop_device();
+  void remap_running_device();
+  [[nodiscard]] std::string in_unmapped_window(uint64_t iova) const;
   void access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
 
   virtio::NetDevice& device_;
