@@ -119,13 +119,13 @@ q11_chroot() {
 # Mounts are per run, in a private mount namespace (unshare -m), so a
 # killed test leaves no mount on the host.
 # q11_qemu WORKDIR ARG... : runs QEMU in the root with WORKDIR visible at
-# the same path; returns QEMU's status. Meant to be started with & and
-# ended by its PID.
+# the same path. Started with &, it execs all the way (the subshell becomes
+# unshare, sh, chroot, then QEMU): $! is QEMU's PID, to be ended by it.
 q11_qemu() {
   local work=$1
   shift
   local root=$Q11_DIR/root
-  unshare -m --propagation private sh -c '
+  exec unshare -m --propagation private sh -c '
     root=$1 work=$2; shift 2
     mount --rbind /dev "$root/dev" && mount -t proc proc "$root/proc" && mount --rbind /sys "$root/sys" &&
       mkdir -p "$root$work" && mount --bind "$work" "$root$work" &&
