@@ -144,6 +144,8 @@ struct Args {
   int release_vf = -1;
   std::string fault_path;
   int fault_errno = 5, fault_skip = 0, fault_times = 1;
+  std::string irq_device;
+  unsigned irq_vector = 0;
   std::string udev_action, udev_device, udev_pf;
   bool udev_env = false;
 };
@@ -172,6 +174,9 @@ void add_commands(CLI::App& app, Args& a) {
   fault->add_option("--errno", a.fault_errno, "error to fail with (default EIO)");
   fault->add_option("--skip", a.fault_skip, "matching operations to let through first");
   fault->add_option("--times", a.fault_times, "how many to fail");
+  auto* irq = app.add_subcommand("simulate-interrupt", "simulated host only: an exported VF raises an MSI-X vector");
+  irq->add_option("device", a.irq_device, "the VF's PCI address")->required();
+  irq->add_option("vector", a.irq_vector, "the MSI-X vector")->required();
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   udev->add_option("action", a.udev_action, "add, remove, change, bind or unbind")->required();
   udev->add_option("device", a.udev_device, "PCI address of the VF (udev's %k)")->required();
@@ -199,6 +204,10 @@ std::optional<json> request_for(const std::string& cmd, const Args& a) {
     request["errno"] = a.fault_errno;
     request["skip"] = a.fault_skip;
     request["times"] = a.fault_times;
+  }
+  if (cmd == "simulate-interrupt") {
+    request["device"] = a.irq_device;
+    request["vector"] = a.irq_vector;
   }
   if (cmd == "udev-event") {
     request["action"] = a.udev_action;

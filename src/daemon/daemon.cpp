@@ -264,6 +264,7 @@ void Daemon::register_commands() {
   };
   commands_["release"] = [this](const json& req, const PeerCredentials&) { return release(req); };
   commands_["simulate-fault"] = [this](const json& req, const PeerCredentials&) { return simulate_fault(req); };
+  commands_["simulate-interrupt"] = [this](const json& req, const PeerCredentials&) { return simulate_interrupt(req); };
 }
 
 json Daemon::handle(const json& request, const PeerCredentials& peer) {
@@ -642,6 +643,27 @@ json Daemon::simulate_fault(const json& req) {
 }
 
 
+
+// Simulated host only: an exported VF raises MSI-X vector N, as its
+// device would (the interrupt takes the export's route and policy).
+json Daemon::simulate_interrupt(const json& req) {
+  if (!host_->simulated()) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: only with host: simulated");
+  if (!req.contains("device") || !req["device"].is_string() || !req.contains("vector") || !req["vector"].is_number_unsigned())
+    return control::make_error(control::errc::kBadRequest, "simulate-interrupt: \"device\" (a VF address) and \"vector\" are required");
+  const std::string device = req["device"].get<std::string>();
+  const auto vector = req["vector"].get<uint64_t>();
+  for (const VfExport& e : vf_exports_) {
+    if (e.vf != device) continue;
+    if (!e.proxy) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + device + " is not served: " + e.not_served);
+    if (vector >= e.proxy->msix_layout().vectors)
+      return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + device + " has " +
+                                                                 std::to_string(e.proxy->msix_layout().vectors) + " MSI-X vectors");
+    const bool wired = e.proxy->route(static_cast<unsigned>(vector)).has_value();
+    if (wired) e.proxy->device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
+    return control::make_result({{"device", device}, {"vector", vector}, {"raised", wired}});
+  }
+  return control::make_error(control::errc::kBadRequest, "simulate-interrupt: no vfio-user export of VF " + device);
+}
 
 // A VF came or went (udev/90-sriovd.rules runs `sriovctl udev-event`).
 // Answers whether the VF belongs to a configured PF.
