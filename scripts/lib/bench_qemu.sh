@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# scripts/bench qemu: one Linux guest under QEMU 11 (TCG) with three NICs,
+# the same guest measuring each in turn with iperf3 (tests/vm/scenarios/
+# bench-qemu.sh): QEMU's own virtio-net on a tap (what a user would pick
+# without sriovd), sriovd's vhost-user device on a tap, and sriovd's
+# virtio-net-pci over vfio-user (QEMU's vfio-user client) on a tap. Each tap
+# sits in a namespace of its own with an iperf3 server. Prints one JSON
+# object: the medians per path and direction and sriovd's ratios to QEMU's.
+#   scripts/lib/bench_qemu.sh BUILD_DIR [--runs N] [--seconds S]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:?usage: bench_qemu.sh BUILD_DIR [--runs N] [--seconds S]}
+shift
+runs=3 seconds=5
+while (($#)); do
+  case $1 in
+    --runs) runs=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    *) echo "bench qemu: unknown argument $1" >&2; exit 64 ;;
+  esac
+done
+source "$here/scripts/lib/interop.sh"
+source "$here/tests/vm/qemu11-lib.sh"
+[[ $EUID -eq 0 && -c /dev/net/tun ]] || { echo "bench qemu: needs root and /dev/net/tun" >&2; exit 1; }
+q11_prepare >&2 || { echo "bench qemu: QEMU 11 could not be prepared" >&2; exit 1; }
+tag=$$
+ns_q=sdbq-q$tag ns_u=sdbq-u$tag ns_f=sdbq-f$tag
+interop_workspace sriovd-bench-qemu "$ns_q" "$ns_u" "$ns_f"
+chmod 0755 "$work"
+{
+  simulated_host_config "$work/state" "$work/control.sock" "sdbqpf$tag"
+  cat <<CONF
+virtio_devices:
+  - name: bench-vu
+    type: net
+    transport: vhost-user
+    socket: $work/vu.sock
+    queue_size: 256
+    mac: "02:5a:00:00:0b:02"
+    backend: {type: tap, name: sdbqu$tag, netns: $ns_u}
+  - name: bench-vfu
+    type: net
+    transport: vfio-user
+    socket: $work/vfu.sock
+    queue_size: 256
+    mac: "02:5a:00:00:0b:03"
+    backend: {type: tap, name: sdbqf$tag, netns: $ns_f}
+CONF
+} >"$work/sriovd.yaml"
+"$build/src/sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -S $work/vfu.sock && -S $work/vu.sock ]] && break; sleep 0.1; done
+[[ -S $work/vfu.sock ]] || { echo "bench qemu: sriovd did not come up" >&2; cat "$work/sriovd.log" >&2; exit 1; }
+server() {  # server NS TAP SUBNET
+  ip -n "$1" addr add "10.$3.0.1/24" dev "$2"
+  ip -n "$1" link set "$2" up
+  ip -n "$1" link set lo up
+  ip netns exec "$1" iperf3 -s -B "10.$3.0.1" >/dev/null 2>&1 &
+  pids+=($!)
+}
+for _ in $(seq 50); do ip -n "$ns_u" link show "sdbqu$tag" >/dev/null 2>&1 && break; sleep 0.1; done
+server "$ns_u" "sdbqu$tag" 82
+server "$ns_f" "sdbqf$tag" 83
+
+cp "$(q11_kernel)/vmlinuz" "$work/vmlinuz"
+q11_initramfs "$work/initrd.gz" "$here/tests/vm/scenarios/bench-qemu.sh" /usr/bin/iperf3
+log=$work/console.log
+# QEMU's own tap: created by QEMU (in this namespace), then moved into its own.
+q11_qemu "$work" -accel tcg -machine q35,memory-backend=mem -cpu max -m 768 -smp 2 \
+  -object memory-backend-memfd,id=mem,size=768M,share=on \
+  -netdev "tap,id=t0,ifname=sdbqq$tag,script=no,downscript=no" -device virtio-net-pci,netdev=t0,mac=02:5a:00:00:0b:01 \
+  -chardev "socket,id=c0,path=$work/vu.sock" -netdev vhost-user,id=n1,chardev=c0 \
+  -device virtio-net-pci,netdev=n1,mac=02:5a:00:00:0b:02 \
+  -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/vfu.sock\"}}" \
+  -kernel "$work/vmlinuz" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 sriovd.runs=$runs sriovd.seconds=$seconds" \
+  -display none -nodefaults -no-reboot -serial "file:$log" </dev/null >"$log.qemu" 2>&1 &
+qemu=$!
+pids+=("$qemu")
+for _ in $(seq 200); do ip link show "sdbqq$tag" >/dev/null 2>&1 && break; sleep 0.1; done
+ip link set "sdbqq$tag" netns "$ns_q" || { echo "bench qemu: QEMU's tap did not appear" >&2; cat "$log.qemu" >&2; exit 1; }
+server "$ns_q" "sdbqq$tag" 81
+timeout=$((300 + runs * 6 * (seconds + 5)))
+for _ in $(seq "$timeout"); do
+  grep -q '^VMTEST \(PASS\|FAIL\) bench-qemu' "$log" 2>/dev/null && break
+  kill -0 "$qemu" 2>/dev/null || break
+  sleep 1
+done
+grep -E '^VMTEST (INFO|BENCH|FAIL)' "$log" | sed 's/^/  /' >&2
+if ! grep -q '^VMTEST PASS bench-qemu' "$log" || grep -q '^VMTEST FAIL' "$log"; then
+  echo "bench qemu: the guest's run failed; console:" >&2
+  tail -n 40 "$log" >&2
+  cat "$log.qemu" >&2
+  exit 1
+fi
+sed -n 's/^VMTEST BENCH \([a-z_]*\) \(tx\|rx\) \([0-9.e+]*\).*/\1 \2 \3/p' "$log" | tr -d '\r' |
+  python3 -c '
+import json, statistics, sys
+runs = {}
+for line in sys.stdin:
+    path, d, bps = line.split()
+    runs.setdefault(f"{path}_{d}", []).append(float(bps) / 1e9)
+out = {k + "_gbps": round(statistics.median(v), 3) for k, v in sorted(runs.items())}
+for d in ("tx", "rx"):
+    base = out.get(f"qemu_tap_{d}_gbps")
+    for p in ("vhost_user", "vfio_user"):
+        v = out.get(f"{p}_{d}_gbps")
+        out[f"{p}_vs_qemu_{d}"] = round(v / base, 3) if base and v is not None else None
+out["runs"] = len(runs.get("qemu_tap_tx", []))
+out["per_run_gbps"] = {k: [round(x, 3) for x in v] for k, v in sorted(runs.items())}
+out["guest"] = "Linux 6.12 (Debian 13), QEMU 11.1 TCG, 2 vCPUs; tx: guest -> host, rx: host -> guest"
+print(json.dumps(out))
+'
