@@ -93,8 +93,12 @@ if ! grep -q '^VMTEST PASS bench-qemu' "$log" || grep -q '^VMTEST FAIL' "$log"; 
   cat "$log.qemu" >&2
   exit 1
 fi
+# Where sriovd's time goes: per device, packets, the driver's kicks and
+# the device's interrupts (notifies) over the whole run, and vfio-user
+# messages (every doorbell of QEMU's client is one).
+"$build/src/sriovctl" --socket "$work/control.sock" --json devices >"$work/devices.json"
 sed -n 's/^VMTEST BENCH \([a-z_]*\) \(tx\|rx\) \([0-9.e+]*\).*/\1 \2 \3/p' "$log" | tr -d '\r' |
-  python3 -c '
+  DEVICES="$work/devices.json" python3 -c '
 import json, statistics, sys
 runs = {}
 for line in sys.stdin:
@@ -108,6 +112,18 @@ for d in ("tx", "rx"):
         out[f"{p}_vs_qemu_{d}"] = round(v / base, 3) if base and v is not None else None
 out["runs"] = len(runs.get("qemu_tap_tx", []))
 out["per_run_gbps"] = {k: [round(x, 3) for x in v] for k, v in sorted(runs.items())}
+devs = json.load(open(__import__("os").environ["DEVICES"]))["virtio_devices"]
+for name, path in (("bench-vu", "vhost_user"), ("bench-vfu", "vfio_user")):
+    d = next((v for v in devs if v["name"] == name), None)
+    if d is None:
+        continue
+    q = d.get("queues", [])
+    pk = sum(x["packets"] for x in q) or 1
+    c = {"packets": pk, "kicks_per_packet": round(sum(x["kicks"] for x in q) / pk, 4),
+         "notifies_per_packet": round(sum(x["notifies"] for x in q) / pk, 4)}
+    if "vfio_user" in d:
+        c["messages_per_packet"] = round(d["vfio_user"]["messages"] / pk, 4)
+    out[f"{path}_counters"] = c
 out["guest"] = "Linux 6.12 (Debian 13), QEMU 11.1 TCG, 2 vCPUs; tx: guest -> host, rx: host -> guest"
 print(json.dumps(out))
 '
