@@ -114,6 +114,7 @@ size_t usual_size(uint16_t command, uint16_t pick) {
     case kDeviceSetIrqs: return sizeof(IrqSet) + pick % 16;
     case kRegionRead: return sizeof(RegionAccess);
     case kRegionWrite: return sizeof(RegionAccess) + 1 + pick % 8;
+    case kRegionWriteMulti: return sizeof(uint64_t) + (pick % 4) * sizeof(WriteOne);
     default: return 0;
   }
 }
@@ -151,9 +152,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   fuzz::settle(w.io, sock.get());
   if (!(mode & 2U)) {
-    const uint16_t version[2] = {kMajor, kMinor};
-    send_message(sock.get(), 0, kVersion, 0,
-                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(version), sizeof version), {});
+    // Bare, or with the capabilities QEMU 11's client proposes.
+    std::vector<uint8_t> version(4);
+    const uint16_t v[2] = {kMajor, kMinor};
+    std::memcpy(version.data(), v, sizeof v);
+    if (mode & 4U) {
+      const std::string caps = R"({"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576,"max_dma_maps":65535,)"
+                               R"("pgsizes":4096,"migration":{"pgsize":4096,"max_bitmap_size":1048576},"write_multiple":true}})";
+      version.insert(version.end(), caps.begin(), caps.end());
+      version.push_back(0);
+    }
+    send_message(sock.get(), 0, kVersion, 0, version, {});
     fuzz::settle(w.io, sock.get());
   }
   for (unsigned step = 0; step < 64 && !in.empty(); ++step) {
@@ -164,7 +173,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(w.host + off, bytes.data(), std::min<size_t>(bytes.size(), kRam - off));
       continue;
     }
-    const uint16_t command = static_cast<uint16_t>(1 + in.byte() % 14);
+    const uint16_t command = static_cast<uint16_t>(1 + in.byte() % 15);  // 14 (DIRTY_PAGES) is not served
     const uint32_t flags = in.byte() & (kTypeMask | kNoReply | kError);
     const uint16_t id = in.take<uint16_t>();
     const uint16_t pick = in.take<uint16_t>();
