@@ -97,8 +97,15 @@ fi
 # the device's interrupts (notifies) over the whole run, and vfio-user
 # messages (every doorbell of QEMU's client is one).
 "$build/src/sriovctl" --socket "$work/control.sock" --json devices >"$work/devices.json"
+# CPU seconds of sriovd's control thread (it serves every vfio-user message:
+# the doorbells of QEMU's client) and of the whole daemon, over the run.
+sriovd_pid=${pids[0]}
+hz=$(getconf CLK_TCK)
+cpu_of() { awk -v hz="$hz" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$1"; }
+control_cpu=$(cpu_of "/proc/$sriovd_pid/task/$sriovd_pid/stat")
+daemon_cpu=$(cpu_of "/proc/$sriovd_pid/stat")
 sed -n 's/^VMTEST BENCH \([a-z_]*\) \(tx\|rx\) \([0-9.e+]*\).*/\1 \2 \3/p' "$log" | tr -d '\r' |
-  DEVICES="$work/devices.json" python3 -c '
+  DEVICES="$work/devices.json" CONTROL_CPU="$control_cpu" DAEMON_CPU="$daemon_cpu" python3 -c '
 import json, statistics, sys
 runs = {}
 for line in sys.stdin:
@@ -123,7 +130,11 @@ for name, path in (("bench-vu", "vhost_user"), ("bench-vfu", "vfio_user")):
          "notifies_per_packet": round(sum(x["notifies"] for x in q) / pk, 4)}
     if "vfio_user" in d:
         c["messages_per_packet"] = round(d["vfio_user"]["messages"] / pk, 4)
+        env = __import__("os").environ
+        c["control_thread_cpu_s"] = float(env["CONTROL_CPU"])
+        c["control_thread_us_per_message"] = round(float(env["CONTROL_CPU"]) * 1e6 / max(d["vfio_user"]["messages"], 1), 2)
     out[f"{path}_counters"] = c
+out["sriovd_cpu_s"] = float(__import__("os").environ["DAEMON_CPU"])
 out["guest"] = "Linux 6.12 (Debian 13), QEMU 11.1 TCG, 2 vCPUs; tx: guest -> host, rx: host -> guest"
 print(json.dumps(out))
 '
