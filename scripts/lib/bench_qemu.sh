@@ -6,14 +6,17 @@
 # virtio-net-pci over vfio-user (QEMU's vfio-user client) on a tap. Each tap
 # sits in a namespace of its own with an iperf3 server. Prints one JSON
 # object: the medians per path and direction and sriovd's ratios to QEMU's.
-#   scripts/lib/bench_qemu.sh BUILD_DIR [--runs N] [--seconds S]
+#   scripts/lib/bench_qemu.sh BUILD_DIR [--runs N] [--seconds S] [--poll-us U]
+# --poll-us: sriovd's control thread polls U us after work (control.poll_us)
+# instead of sleeping at once: a doorbell that comes meanwhile costs no wakeup.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:?usage: bench_qemu.sh BUILD_DIR [--runs N] [--seconds S]}
 shift
-runs=3 seconds=5
+runs=3 seconds=5 poll_us=0
 while (($#)); do
   case $1 in
+    --poll-us) poll_us=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     *) echo "bench qemu: unknown argument $1" >&2; exit 64 ;;
@@ -47,6 +50,8 @@ virtio_devices:
     backend: {type: tap, name: sdbqf$tag, netns: $ns_f}
 CONF
 } >"$work/sriovd.yaml"
+sed -i "s|^  socket: $work/control.sock\$|&\n  poll_us: $poll_us|" "$work/sriovd.yaml"
+grep -q "poll_us: $poll_us" "$work/sriovd.yaml" || { echo "bench qemu: could not set control.poll_us" >&2; exit 1; }
 "$build/src/sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -S $work/vfu.sock && -S $work/vu.sock ]] && break; sleep 0.1; done
@@ -105,7 +110,7 @@ cpu_of() { awk -v hz="$hz" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$1"; }
 control_cpu=$(cpu_of "/proc/$sriovd_pid/task/$sriovd_pid/stat")
 daemon_cpu=$(cpu_of "/proc/$sriovd_pid/stat")
 sed -n 's/^VMTEST BENCH \([a-z_]*\) \(tx\|rx\) \([0-9.e+]*\).*/\1 \2 \3/p' "$log" | tr -d '\r' |
-  DEVICES="$work/devices.json" CONTROL_CPU="$control_cpu" DAEMON_CPU="$daemon_cpu" python3 -c '
+  DEVICES="$work/devices.json" CONTROL_CPU="$control_cpu" DAEMON_CPU="$daemon_cpu" POLL_US="$poll_us" python3 -c '
 import json, statistics, sys
 runs = {}
 for line in sys.stdin:
@@ -117,7 +122,16 @@ for d in ("tx", "rx"):
     for p in ("vhost_user", "vfio_user"):
         v = out.get(f"{p}_{d}_gbps")
         out[f"{p}_vs_qemu_{d}"] = round(v / base, 3) if base and v is not None else None
+# Each run measured the three paths back to back: its own ratios, and
+# their median (a machine that changes speed between runs moves both).
+for d in ("tx", "rx"):
+    base = runs.get(f"qemu_tap_{d}", [])
+    for p in ("vhost_user", "vfio_user"):
+        mine = runs.get(f"{p}_{d}", [])
+        pairs = [m / b for m, b in zip(mine, base) if b > 0]
+        out[f"{p}_vs_qemu_{d}_paired"] = round(statistics.median(pairs), 3) if pairs else None
 out["runs"] = len(runs.get("qemu_tap_tx", []))
+out["control_poll_us"] = int(__import__("os").environ["POLL_US"])
 out["per_run_gbps"] = {k: [round(x, 3) for x in v] for k, v in sorted(runs.items())}
 devs = json.load(open(__import__("os").environ["DEVICES"]))["virtio_devices"]
 for name, path in (("bench-vu", "vhost_user"), ("bench-vfu", "vfio_user")):
