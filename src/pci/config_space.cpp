@@ -46,9 +46,8 @@ std::vector<Capability> capabilities(std::span<const uint8_t> config) {
 
 namespace {
 
-// The bytes a standard capability occupies, from its own header; 0 when
-// the size cannot be told from the ID (the structure is then taken to be
-// its 2-byte header only).
+// The bytes a standard capability occupies, from its own header. An ID
+// whose size this does not know counts as its 2-byte header only.
 unsigned capability_bytes(std::span<const uint8_t> c, unsigned at) {
   switch (c[at]) {
     case 0x01: return 8;                         // Power Management (PCI PM 1.2 §3.2)

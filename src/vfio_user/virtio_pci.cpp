@@ -67,10 +67,7 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
       }()),
       vectors_(engine, routes_),
       queues_(num_queues_) {
-  for (unsigned q = 0; q < num_queues_; ++q) {
-    kicks_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!kicks_.back()) throw_errno(name_ + ": doorbell eventfd");
-  }
+  new_doorbells();
   // Config space (§4.1.2): a non-transitional virtio-net function.
   config_bytes_.assign(4096, 0);
   auto& c = config_bytes_;
@@ -97,6 +94,18 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
   msix_ = std::make_unique<msix::MsixState>(static_cast<uint16_t>(routes_.size()), vectors_);
   config_ = make_config();
   virtio_reset();
+}
+
+// One eventfd per queue doorbell, handed to a client with GET_REGION_IO_FDS.
+// Each client gets its own: one that left keeps the ones it was given and
+// must not ring (or drain) the next client's queues with them.
+void VirtioNetPci::new_doorbells() {
+  std::vector<UniqueFd> fresh;
+  for (unsigned q = 0; q < num_queues_; ++q) {
+    fresh.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!fresh.back()) throw_errno(name_ + ": doorbell eventfd");
+  }
+  kicks_ = std::move(fresh);
 }
 
 // The guest's config space: BAR0 (the virtio structures) and BAR1 (MSI-X),
@@ -480,6 +489,12 @@ void VirtioNetPci::client_gone() {
   }
   disable_irqs(vfio::kMsixIrq);
   msix_->reset();
+  try {
+    new_doorbells();
+  } catch (const std::exception& e) {
+    // The old ones stay (out of fds): logged, the device still works.
+    spdlog::error("virtio-pci {}: new doorbells for the next client: {}", name_, e.what());
+  }
   config_ = make_config();  // BARs unplaced again, as a new client expects
   cfg_bar_ = 0;
   cfg_offset_ = cfg_length_ = 0;

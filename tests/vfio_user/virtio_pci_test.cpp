@@ -539,6 +539,45 @@ TEST_F(VirtioPciTest, KilledClientsLeaveNoMemory) {
   }
 }
 
+// Doorbells are the client's own: one that left still holds the eventfds
+// it was given (GET_REGION_IO_FDS), and ringing them reaches nothing of
+// the next client's device.
+TEST_F(VirtioPciTest, ADepartedClientsDoorbellsRingNothing) {
+  std::vector<UniqueFd> old;
+  {
+    guest::VfioUserClient c(socket);
+    old = std::move(c.region_io_fds(0).fds);
+    ASSERT_EQ(old.size(), 3U);
+  }
+  ASSERT_TRUE(test::wait_until([&] { return !server->connected(); }, 5s));
+  guest::VfioUserClient c(socket);
+  // Not the same eventfds: a count written on a new one does not show on
+  // the old one (the device is not started yet: nobody drains either).
+  const auto fresh = c.region_io_fds(0);
+  ASSERT_EQ(fresh.fds.size(), old.size());
+  for (size_t q = 0; q < old.size(); ++q) {
+    const uint64_t seven = 7;
+    ASSERT_EQ(::write(fresh.fds[q].get(), &seven, sizeof seven), 8);
+    uint64_t count = 0;
+    EXPECT_EQ(::read(old[q].get(), &count, sizeof count), -1) << "queue " << q << ": the old doorbell is the new one";
+    ASSERT_EQ(::read(fresh.fds[q].get(), &count, sizeof count), 8);
+  }
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  // Ring the old ones, then a frame through the device: the worker pass
+  // that sent it would have drained any doorbell it watched.
+  const uint64_t one = 1;
+  for (const auto& fd : old) ASSERT_EQ(::write(fd.get(), &one, sizeof one), 8);
+  auto f = frame(80, 0x5a);
+  ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_EQ(from_peer().size(), f.size());
+  for (const auto& fd : old) {
+    uint64_t count = 0;
+    EXPECT_EQ(::read(fd.get(), &count, sizeof count), 8) << "an old doorbell was drained by the device";
+    EXPECT_EQ(count, 1U);
+  }
+}
+
 // A window shared without an fd (QEMU's BIOS and ROM windows) is taken at
 // DMA_MAP; a queue that lies in one cannot be served, and the device says
 // so when the driver starts it (NEEDS_RESET), not at DMA_MAP.

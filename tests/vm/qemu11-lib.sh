@@ -26,9 +26,13 @@ q11_root() { echo "$Q11_DIR/root"; }
 q11_kernel() { echo "$Q11_DIR/kernel"; }
 
 q11_mirror() {
-  # The URI the host's own apt uses for the main archive (never written down).
-  awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null ||
-    true
+  # The URI the host's own apt uses for the main archive (never written
+  # down here): deb822 sources first, then the one-line format.
+  local m
+  m=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [[ -n $m ]] || m=$(awk '$1 == "deb" && $2 !~ /security/ && $2 ~ /^https?:/ {print $2; exit}' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
+  echo "$m"
 }
 
 q11_prepare() {
@@ -41,7 +45,7 @@ q11_prepare() {
   mirror=$(q11_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in /etc/apt/sources.list.d/debian.sources"; return 1; }
   local pkgs=()
-  for p in debootstrap busybox-static cpio kmod; do
+  for p in debootstrap busybox-static cpio kmod xz-utils; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || pkgs+=("$p")
   done
   if ((${#pkgs[@]})); then

@@ -88,6 +88,7 @@ class VirtioNetPci : public ExportedDevice {
   std::unique_ptr<pci::VirtualConfig> make_config();
   void stop_device();
   void remap_running_device();
+  void new_doorbells();
   [[nodiscard]] std::string in_unmapped_window(uint64_t iova) const;
   void access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
 
@@ -100,7 +101,7 @@ class VirtioNetPci : public ExportedDevice {
   std::unique_ptr<msix::MsixState> msix_;
   std::unique_ptr<pci::VirtualConfig> config_;
   std::vector<uint8_t> config_bytes_;
-  std::vector<UniqueFd> kicks_;  // one doorbell eventfd per queue
+  std::vector<UniqueFd> kicks_;  // one doorbell eventfd per queue, new for each client
   // Common configuration (§4.1.4.3).
   uint32_t device_feature_select_ = 0;
   uint32_t driver_feature_select_ = 0;
