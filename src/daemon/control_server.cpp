@@ -15,11 +15,45 @@ namespace sriovd::daemon {
 using control::json;
 using stream = asio::local::stream_protocol;
 
+namespace {
+
+// A connection that sends no complete request for this long is closed: an
+// idle one holds an fd of the daemon's and one of the sessions below.
+constexpr std::chrono::seconds kIdleDeadline{60};
+// Sessions open at once: past this a peer is told why and closed (the fd
+// limit outside the unit is 1024, and everything else needs fds too).
+constexpr size_t kMaxSessions = 64;
+// Arrays and objects nested deeper than this are refused before parsing:
+// a value is copied and printed recursively (the "id" goes back in the
+// reply), and 30,000 levels overflow the stack.
+constexpr int kMaxNesting = 64;
+
+bool nests_deeper_than(const std::string& line, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 class ControlServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(ControlServer& server, uint64_t id, stream::socket socket, PeerCredentials peer)
       : server_(server), id_(id), socket_(std::move(socket)), peer_(peer),
-        buffer_(control::kMaxLineBytes) {}
+        buffer_(control::kMaxLineBytes), idle_(socket_.get_executor()) {}
 
   void start() { read_next(); }
 
@@ -30,12 +64,17 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
   void close() {
     boost::system::error_code ignored;
+    idle_.cancel();
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
 
  private:
   void read_next() {
+    idle_.expires_after(kIdleDeadline);
+    idle_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec) self->finish();  // no request within the deadline
+    });
     asio::async_read_until(socket_, buffer_, '\n',
                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
                              self->on_line(ec, n);
@@ -43,6 +82,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_line(boost::system::error_code ec, size_t n) {
+    idle_.cancel();
     if (ec == asio::error::not_found) {
       // streambuf full before a newline: a request longer than the limit.
       ++server_.stats_.errors;
@@ -71,6 +111,9 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   json dispatch(const std::string& line) {
+    if (nests_deeper_than(line, kMaxNesting))
+      return control::make_error(control::errc::kBadRequest,
+                                 "request nests arrays or objects deeper than " + std::to_string(kMaxNesting) + " levels");
     json request = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (request.is_discarded())
       return control::make_error(control::errc::kBadJson, "request is not valid JSON");
@@ -112,14 +155,18 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   PeerCredentials peer_;
   asio::streambuf buffer_;
   std::string out_;
+  asio::steady_timer idle_;
 };
 
 ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, Handler handler)
     : io_(io), path_(cfg.socket), handler_(std::move(handler)) {
   listener_ = std::make_unique<UnixListener>(
-      io, path_, UnixListener::Options{"control socket", "control.allowed_uids", 0660, cfg.allowed_uids},
+      io, path_,
+      UnixListener::Options{"control socket", "control.allowed_uids", 0660, cfg.allowed_uids,
+                            "a connection: " + std::to_string(kMaxSessions) + " control connections are open"},
       [this](UniqueFd fd, const ucred& peer) { open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start(); },
-      UnixListener::Busy{},  // any number of clients: one may watch while another reloads
+      // Several clients at once (one may watch while another reloads), up to a limit.
+      [this] { return sessions_.size() >= kMaxSessions; },
       [this](UniqueFd fd, const std::string& why) {
         // Fails closed: the peer is told why, then closed.
         ++stats_.rejected_peers;

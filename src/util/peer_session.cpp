@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -27,13 +28,14 @@ std::string peer_refusal(const std::optional<ucred>& peer, std::span<const uid_t
 UnixListener::UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy,
                            Refuse refuse)
     : path_(std::move(path)), options_(std::move(options)), admit_(std::move(admit)), busy_(std::move(busy)),
-      refuse_(std::move(refuse)), acceptor_(io) {
+      refuse_(std::move(refuse)), acceptor_(io), retry_(io) {
   listen_unix(acceptor_, path_, options_.mode, options_.what);
   accept_next();
 }
 
 UnixListener::~UnixListener() {
   boost::system::error_code ignored;
+  retry_.cancel();
   acceptor_.close(ignored);
   ::unlink(path_.c_str());
 }
@@ -42,25 +44,36 @@ void UnixListener::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
     if (ec == asio::error::operation_aborted) return;  // the listener is gone: touch nothing
     if (ec) {
-      // EMFILE and the like: this peer is lost, the socket stays.
-      spdlog::warn("{}: accept failed: {}", options_.what, ec.message());
+      accept_later(ec);  // EMFILE and the like: this peer waits, the socket stays
+      return;
+    }
+    if (std::exchange(failing_, false))
+      spdlog::info("{}: accepting again ({} failed accepts meanwhile)", options_.what, accept_failures_);
+    UniqueFd fd(socket.release());
+    const std::optional<ucred> peer = peer_credentials(fd.get());
+    std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
+    if (why.empty() && busy_ && busy_())
+      why = "refused " + options_.busy_refusal + " (pid " + std::to_string(peer->pid) + ")";
+    if (why.empty()) {
+      ++accepted_;
+      admit_(std::move(fd), *peer);
     } else {
-      UniqueFd fd(socket.release());
-      const std::optional<ucred> peer = peer_credentials(fd.get());
-      std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
-      if (why.empty() && busy_ && busy_())
-        why = "refused a second client (pid " + std::to_string(peer->pid) + ") while one is connected";
-      if (why.empty()) {
-        ++accepted_;
-        admit_(std::move(fd), *peer);
-      } else {
-        ++refused_;
-        last_refusal_ = why;
-        spdlog::warn("{}: {}", options_.what, why);
-        if (refuse_) refuse_(std::move(fd), why);
-      }
+      ++refused_;
+      last_refusal_ = why;
+      spdlog::warn("{}: {}", options_.what, why);
+      if (refuse_) refuse_(std::move(fd), why);
     }
     accept_next();
+  });
+}
+
+void UnixListener::accept_later(const boost::system::error_code& why) {
+  ++accept_failures_;
+  if (!std::exchange(failing_, true))
+    spdlog::error("{}: accept failed: {}; trying again every {} ms", options_.what, why.message(), kAcceptRetry.count());
+  retry_.expires_after(kAcceptRetry);
+  retry_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) accept_next();
   });
 }
 

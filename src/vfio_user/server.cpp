@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -17,6 +18,7 @@
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/util/hex.hpp"
+#include "sriovd/util/printable.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -213,7 +215,7 @@ void Server::dispatch(Message& m) {
   } catch (const Error& e) {
     ++stats_.error_replies;
     stats_.last_error = e.what();
-    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what(), e.what());
+    log_refusal(what(), e.what());
     reply.flags |= kError;
     reply.error = static_cast<uint32_t>(e.code());
     if (m.hdr.command == kVersion) {  // no version, no session
@@ -238,6 +240,27 @@ void Server::dispatch(Message& m) {
   if (m.hdr.flags & kNoReply) return;
   reply.size = static_cast<uint32_t>(sizeof(Header) + r.payload.size());
   send(reply, r.payload, r.fds);
+}
+
+// A client may send refused requests without pause (posted writes take no
+// reply): at most kRefusalsLogged a second are logged, and the next logged
+// one says how many were not. Every one is counted (stats().error_replies).
+void Server::log_refusal(const std::string& what, const char* why) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - refusal_window_ >= std::chrono::seconds(1)) {
+    refusal_window_ = now;
+    refusals_logged_ = 0;
+  }
+  if (refusals_logged_ >= kRefusalsLogged) {
+    ++refusals_unlogged_;
+    return;
+  }
+  ++refusals_logged_;
+  if (refusals_unlogged_ == 0)
+    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what, why);
+  else
+    spdlog::warn("vfio-user: {}: {} refused: {} ({} more refused before it, not logged)", device_.name(), what, why,
+                 std::exchange(refusals_unlogged_, 0));
 }
 
 void Server::handle(Message& m, Reply& r) {
@@ -309,7 +332,7 @@ void Server::version(const Message& m, Reply& r) {
     if (text.find('\0') != std::string::npos) throw Error(EINVAL, "VERSION data with a NUL inside");
     if (!text.empty()) {
       const auto j = nlohmann::json::parse(text, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) throw Error(EINVAL, "VERSION data is not a JSON object: " + text.substr(0, 80));
+      if (j.is_discarded() || !j.is_object()) throw Error(EINVAL, "VERSION data is not a JSON object: " + printable(text));
       if (j.contains("capabilities")) {
         const auto& caps = j["capabilities"];
         if (!caps.is_object()) throw Error(EINVAL, "VERSION capabilities is not an object");

@@ -21,6 +21,7 @@
 
 #include "sriovd/control/client.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
 #include "integration/daemon_fixture.hpp"
 #include "support/process.hpp"
@@ -91,6 +92,81 @@ TEST_F(Daemon, ControlSocketIsMode0660) {
   ASSERT_EQ(::stat(socket().c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660U);
+}
+
+// The daemon answers a version request (false on any failure).
+bool answers(const std::string& socket) {
+  try {
+    control::Client c(socket, 2s);
+    return c.request({{"cmd", "version"}}).value("ok", false);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A line the daemon sends on `fd` within 5 s (empty: none).
+std::string read_line(int fd) {
+  std::string line;
+  char c = 0;
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, 5000) == 1 && ::read(fd, &c, 1) == 1 && c != '\n') line += c;
+  return line;
+}
+
+// Hostile peers, round 2 (issue 24, item 5): idle control connections are
+// capped. The 65th is told why and closed; the daemon answers again once
+// some go.
+TEST_F(Daemon, ControlConnectionsAreCapped) {
+  write_config(1);
+  start();
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 64; ++i) idle.push_back(connect_unix(socket(), "control socket"));
+  UniqueFd extra = connect_unix(socket(), "control socket");
+  const std::string refusal = read_line(extra.get());
+  EXPECT_THAT(refusal, HasSubstr("64 control connections are open")) << refusal;
+  EXPECT_THAT(refusal, HasSubstr("\"ok\":false"));
+  idle.resize(32);
+  EXPECT_TRUE(test::wait_until([&] { return answers(socket()); }, 5s));
+}
+
+// A request nesting 30,000 arrays (the reply echoes "id", printed
+// recursively) is refused before it is parsed; the daemon goes on.
+TEST_F(Daemon, DeeplyNestedRequestIsRefused) {
+  write_config(1);
+  start();
+  const std::string deep = "{\"cmd\":\"version\",\"id\":" + std::string(30000, '[') + std::string(30000, ']') + "}";
+  control::Client c(socket(), 5s);
+  const json reply = c.request(json::parse("{\"cmd\":\"version\"}"));
+  ASSERT_TRUE(reply.value("ok", false));
+  UniqueFd raw = connect_unix(socket(), "control socket");
+  const std::string line = deep + "\n";
+  ASSERT_EQ(::write(raw.get(), line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  const std::string answer = read_line(raw.get());
+  EXPECT_THAT(answer, HasSubstr("deeper than 64 levels")) << answer.substr(0, 200);
+  EXPECT_TRUE(request({{"cmd", "version"}}).value("ok", false));
+  EXPECT_TRUE(daemon_->running());
+}
+
+// Out of fds (EMFILE): the listener waits before it accepts again instead
+// of failing in a loop (a core and ~730,000 log lines a second before),
+// and serves again once fds are free.
+TEST_F(Daemon, AcceptBacksOffWhenTheDaemonIsOutOfFds) {
+  if (::access("/usr/bin/prlimit", X_OK) != 0) GTEST_SKIP() << "prlimit (util-linux) is not installed";
+  write_config(1);
+  start({}, {"/usr/bin/prlimit", "--nofile=60:60", "--"});
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 70; ++i) conns.push_back(connect_unix(socket(), "control socket"));
+  ASSERT_TRUE(test::wait_until([&] { return daemon_->log().find("accept failed") != std::string::npos; }, 5s))
+      << "the daemon never ran out of fds; raise the connection count";
+  // A second of being out of fds: the failure is logged once, not per try.
+  const auto until = std::chrono::steady_clock::now() + 1s;
+  test::wait_until([&] { return std::chrono::steady_clock::now() >= until; }, 2s);
+  size_t failures = 0;
+  for (size_t at = 0; (at = daemon_->log().find("accept failed", at)) != std::string::npos; ++at) ++failures;
+  EXPECT_EQ(failures, 1U) << daemon_->log();
+  conns.clear();
+  EXPECT_TRUE(test::wait_until([&] { return answers(socket()); }, 5s));
+  EXPECT_TRUE(test::wait_until([&] { return daemon_->log().find("accepting again") != std::string::npos; }, 5s));
 }
 
 TEST_F(Daemon, SriovctlPrintsTablesAndJson) {
@@ -749,7 +825,7 @@ TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
                                "; _sriovctl; echo \"${COMPREPLY[*]}\"";
     return test::run({"/bin/bash", "-c", script}).output;
   };
-  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault udev-event\n");
+  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault simulate-interrupt udev-event\n");
   EXPECT_EQ(complete("de", 1), "devices\n");
   EXPECT_EQ(complete("devices --js", 2), "--json\n");
   EXPECT_EQ(complete("simulate-fault --ti", 2), "--times --timeout\n");

@@ -15,10 +15,15 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "sriovd/vfio/simulated.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
@@ -727,6 +732,69 @@ TEST_F(VfProxyTest, AnIncompleteMessageDoesNotHoldTheControlThread) {
   EXPECT_TRUE(closed_by_peer(fd.get()));  // and the deadline still ends it
   EXPECT_NE(exported->server->stats().last_error.find("not complete within"), std::string::npos)
       << exported->server->stats().last_error;
+}
+
+// What the daemon logs while a test runs (spdlog's default logger).
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+size_t lines_with(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
+  return n;
+}
+
+// Hostile peers, round 2 (issue 24, item 10): a VMM's VERSION text goes
+// into the log escaped - its newline and "<0>" cannot forge a journal line
+// of their own - and a flood of refused posted writes is counted, not
+// logged one line each.
+TEST_F(VfProxyTest, RefusalsCannotForgeOrFloodTheLog) {
+  LogCapture log;
+  {
+    UniqueFd raw = connect_unix(socket, "vfio-user socket");
+    const std::string text = "x\n<0>sriovd: forged emergency line";
+    std::vector<uint8_t> payload(4);
+    payload.insert(payload.end(), text.begin(), text.end());
+    payload.push_back(0);
+    Header h{1, kVersion, static_cast<uint32_t>(sizeof(Header) + payload.size()), kTypeCommand, 0};
+    ASSERT_EQ(::write(raw.get(), &h, sizeof h), static_cast<ssize_t>(sizeof h));
+    ASSERT_EQ(::write(raw.get(), payload.data(), payload.size()), static_cast<ssize_t>(payload.size()));
+    Header reply{};
+    pollfd p{raw.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 2000), 1);
+    ASSERT_EQ(::read(raw.get(), &reply, sizeof reply), static_cast<ssize_t>(sizeof reply));
+    EXPECT_TRUE(reply.flags & kError);
+  }
+  ASSERT_TRUE(test::wait_until([&] { return log.text().find("forged") != std::string::npos; }, 2s));
+  const std::string after_version = log.text();
+  std::istringstream lines(after_version);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_NE(line.rfind("<0>", 0), 0U) << "a forged line: " << line;
+  EXPECT_NE(after_version.find("\\x0a<0>"), std::string::npos) << after_version;
+  ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
+
+  guest::VfioUserClient c(socket);
+  const uint64_t before = exported->server->stats().error_replies;
+  const std::vector<uint8_t> byte{0};
+  for (int i = 0; i < 5000; ++i) c.post_write(0, 1ULL << 40U, byte);  // outside BAR0: refused, no reply
+  EXPECT_EQ(c.read32(vfio::kConfigRegion, 0) & 0xffffU, 0x8086U);   // a read flushes the posted writes
+  EXPECT_EQ(exported->server->stats().error_replies - before, 5000U);
+  EXPECT_LE(lines_with(log.text(), "REGION_WRITE (10) refused"), 30U) << "a log line per refused write";
 }
 
 class VfProxyDirect : public VfProxyTest {

@@ -47,6 +47,8 @@ class UnixListener {
     std::string list;  // the allow-list in refusals: "the export's allowed_uids"
     mode_t mode = 0660;
     std::vector<uid_t> allowed_uids;
+    // What a peer refused while the server is busy is told (after "refused ").
+    std::string busy_refusal = "a second client while one is connected";
   };
   // An admitted peer: its connection (blocking, close-on-exec) and who it is.
   using Admit = std::function<void(UniqueFd fd, const ucred& peer)>;
@@ -71,9 +73,16 @@ class UnixListener {
   [[nodiscard]] uint64_t accepted() const { return accepted_; }
   [[nodiscard]] uint64_t refused() const { return refused_; }
   [[nodiscard]] const std::string& last_refusal() const { return last_refusal_; }
+  [[nodiscard]] uint64_t accept_failures() const { return accept_failures_; }
+
+  // After a failed accept (EMFILE: the process is out of fds) the listener
+  // waits this long before it tries again: accepting at once would fail at
+  // once, in a loop that takes a core and floods the log.
+  static constexpr std::chrono::milliseconds kAcceptRetry{100};
 
  private:
   void accept_next();
+  void accept_later(const boost::system::error_code& why);
 
   std::string path_;
   Options options_;
@@ -83,7 +92,10 @@ class UnixListener {
   asio::local::stream_protocol::acceptor acceptor_;
   uint64_t accepted_ = 0;
   uint64_t refused_ = 0;
+  uint64_t accept_failures_ = 0;
+  bool failing_ = false;  // accepts fail: logged once until one succeeds
   std::string last_refusal_;
+  asio::steady_timer retry_;
 };
 
 // Ends a connection: its bytes cannot be framed (an impossible size, too
