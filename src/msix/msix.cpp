@@ -61,7 +61,7 @@ uint32_t MsixState::read_dword(unsigned vector, unsigned dword) const {
   }
 }
 
-void MsixState::write_dword(unsigned vector, unsigned dword, uint32_t value) {
+void MsixState::write_dword(unsigned vector, unsigned dword, uint32_t value, bool notify) {
   Entry& e = entries_[vector];
   switch (dword) {
     case 0:  // Message Address: bits 1:0 are zero (DWORD-aligned), read-only here.
@@ -80,7 +80,7 @@ void MsixState::write_dword(unsigned vector, unsigned dword, uint32_t value) {
       const bool before = effectively_masked(vector);
       e.control = value & kVectorMasked;  // reserved bits 31:1 read as 0
       const bool now = effectively_masked(vector);
-      if (now != before) control_if_.set_masked(vector, now);
+      if (notify && now != before) control_if_.set_masked(vector, now);
       return;
     }
   }
@@ -110,10 +110,15 @@ void MsixState::write_table(uint64_t offset, unsigned size, uint64_t value) {
   const auto dword = static_cast<unsigned>((offset % kEntryBytes) / 4U);
   if (!table_forwarded_) {
     // The first write from the client: from now on the table is the
-    // guest's, and every vector's Mask Bit counts (most are still 1).
+    // guest's, and every vector's Mask Bit counts (most are still 1). One
+    // transition per vector from before the write to after it: a first
+    // write that unmasks a live vector must not mask it on the way.
     const auto before = masks();
     table_forwarded_ = true;
+    write_dword(vector, dword, static_cast<uint32_t>(value), false);
+    if (size == 8) write_dword(vector, dword + 1, static_cast<uint32_t>(value >> 32U), false);
     sync(before);
+    return;
   }
   write_dword(vector, dword, static_cast<uint32_t>(value));
   if (size == 8) write_dword(vector, dword + 1, static_cast<uint32_t>(value >> 32U));

@@ -209,6 +209,17 @@ const Case kTableKeepingCases[] = {
    [](Device& d) { d.enable(); d.fire(3); EXPECT_EQ(d.pba(), 0U); EXPECT_EQ(d.messages(3), 1U); }},
   {"FirstTableWriteMakesMaskBitsCount", "a table write marks a forwarding client: §6.8.2.9 Mask Bits apply",
    [](Device& d) { d.enable(); d.w32(2 * 16, 0xfee00000); EXPECT_TRUE(d.state->table_forwarded()); d.fire(2); EXPECT_EQ(d.messages(2), 0U); d.unmask(2); EXPECT_EQ(d.messages(2), 1U); }},
+  {"FirstTableWriteIsOneTransition", "a live vector the first table write unmasks is never masked on the way (an adaptive route counts masks)",
+   [](Device& d) {
+     d.enable();
+     const uint64_t masks = d.engine->stats(d.vectors->route(2)).masks;
+     d.unmask(2);
+     EXPECT_EQ(d.engine->stats(d.vectors->route(2)).masks, masks);
+     d.fire(2);
+     EXPECT_EQ(d.messages(2), 1U);
+     d.fire(3);
+     EXPECT_EQ(d.messages(3), 0U);  // its Mask Bit counts now
+   }},
   {"ResetForgetsTheForwardedTable", "after DEVICE_RESET the next client may be of either kind",
    [](Device& d) { d.w32(0, 0); d.state->reset(); EXPECT_FALSE(d.state->table_forwarded()); d.enable(); d.fire(1); EXPECT_EQ(d.messages(1), 1U); }},
 };

@@ -115,7 +115,9 @@ class MsixState {
   [[nodiscard]] const AccessStats& stats() const { return stats_; }
 
  private:
-  void write_dword(unsigned vector, unsigned dword, uint32_t value);
+  // notify: tell VectorControl when the vector's effective mask changes
+  // (false while the caller syncs a whole change at once).
+  void write_dword(unsigned vector, unsigned dword, uint32_t value, bool notify = true);
   [[nodiscard]] uint32_t read_dword(unsigned vector, unsigned dword) const;
   // Tells VectorControl about every vector whose effective mask changed.
   void sync(const std::vector<bool>& before);
