@@ -149,17 +149,5 @@ q11_umount_all() {
 q11_initramfs() {
   local out=$1 scenario=$2
   shift 2
-  local root
-  root=$(mktemp -d)
-  mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,var/lib,modules}
-  cp /bin/busybox "$root/bin/busybox"
-  cp "$Q11_DIR"/kernel/modules/*.ko "$root/modules/"
-  : >"$root/modules.order"
-  for m in $Q11_MODULES; do basename "$m" >>"$root/modules.order"; done
-  for b in "$@"; do vm_add_binary "$root" "$b"; done
-  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/guest-init" "$root/init"
-  install -m 0644 "$scenario" "$root/scenario.sh"
-  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh" "$root/guest-lib.sh"
-  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out"
-  rm -rf "$root"
+  vm_initramfs "$out" "$scenario" "$Q11_DIR/kernel/modules" "$Q11_MODULES" "$@"
 }

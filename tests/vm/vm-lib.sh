@@ -93,6 +93,27 @@ vm_add_binary() {
   done
 }
 
+# vm_initramfs OUT SCENARIO MODULE_DIR "MODULES" BINARY... : a busybox
+# initramfs with the modules (loaded in the order given), the binaries and
+# their libraries, the guest's init and one scenario script.
+vm_initramfs() {
+  local out=$1 scenario=$2 module_dir=$3 modules=$4
+  shift 4
+  local root
+  root=$(mktemp -d)
+  mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,var/lib,modules}
+  cp /bin/busybox "$root/bin/busybox"
+  cp "$module_dir"/*.ko "$root/modules/"
+  : >"$root/modules.order"
+  for m in $modules; do basename "$m" >>"$root/modules.order"; done
+  for b in "$@"; do vm_add_binary "$root" "$b"; done
+  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/guest-init" "$root/init"
+  install -m 0644 "$scenario" "$root/scenario.sh"
+  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh" "$root/guest-lib.sh"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out"
+  rm -rf "$root"
+}
+
 # vm_run SCENARIO LOG BINARY... : builds the initramfs, boots, writes the
 # console to LOG, and returns 0 when the scenario ended and every check passed.
 vm_run() {
@@ -100,19 +121,9 @@ vm_run() {
   shift 2
   local kernel
   kernel=$(vm_kernel) || return 1
-  local root
-  root=$(mktemp -d)
-  mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,var/lib,modules}
-  cp /bin/busybox "$root/bin/busybox"
-  cp "$kernel"/modules/*.ko "$root/modules/"
-  : >"$root/modules.order"
-  for m in $VM_MODULES; do basename "$m" >>"$root/modules.order"; done
-  for b in "$@"; do vm_add_binary "$root" "$b"; done
-  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/guest-init" "$root/init"
-  install -m 0644 "$scenario" "$root/scenario.sh"
-  install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh" "$root/guest-lib.sh"
-  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$root.cpio.gz"
-  rm -rf "$root"
+  local initrd
+  initrd=$(mktemp /tmp/sriovd-vm-initrd.XXXXXX)
+  vm_initramfs "$initrd" "$scenario" "$kernel/modules" "$VM_MODULES" "$@"
 
   vm_log "booting $(basename "$kernel") with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
   local rc=0
@@ -122,10 +133,10 @@ vm_run() {
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \
-    -kernel "$kernel/vmlinuz" -initrd "$root.cpio.gz" $VM_QEMU_EXTRA \
+    -kernel "$kernel/vmlinuz" -initrd "$initrd" $VM_QEMU_EXTRA \
     -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
     -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
-  rm -f "$root.cpio.gz"
+  rm -f "$initrd"
   if ! grep -q '^VMTEST END' "$log"; then
     vm_log "the guest did not finish (qemu exit $rc); console in $log"
     return 1
