@@ -215,7 +215,7 @@ void Server::dispatch(Message& m) {
   } catch (const Error& e) {
     ++stats_.error_replies;
     stats_.last_error = e.what();
-    log_refusal(what(), e.what());
+    log_refusal(m.hdr.command, e.what());
     reply.flags |= kError;
     reply.error = static_cast<uint32_t>(e.code());
     if (m.hdr.command == kVersion) {  // no version, no session
@@ -244,8 +244,9 @@ void Server::dispatch(Message& m) {
 
 // A client may send refused requests without pause (posted writes take no
 // reply): at most kRefusalsLogged a second are logged, and the next logged
-// one says how many were not. Every one is counted (stats().error_replies).
-void Server::log_refusal(const std::string& what, const char* why) {
+// one says how many were not. Every one is counted (stats().error_replies);
+// one that is not logged builds no text.
+void Server::log_refusal(uint16_t command, const char* why) {
   const auto now = std::chrono::steady_clock::now();
   if (now - refusal_window_ >= std::chrono::seconds(1)) {
     refusal_window_ = now;
@@ -257,10 +258,10 @@ void Server::log_refusal(const std::string& what, const char* why) {
   }
   ++refusals_logged_;
   if (refusals_unlogged_ == 0)
-    spdlog::warn("vfio-user: {}: {} refused: {}", device_.name(), what, why);
+    spdlog::warn("vfio-user: {}: {} ({}) refused: {}", device_.name(), command_name(command), command, why);
   else
-    spdlog::warn("vfio-user: {}: {} refused: {} ({} more refused before it, not logged)", device_.name(), what, why,
-                 std::exchange(refusals_unlogged_, 0));
+    spdlog::warn("vfio-user: {}: {} ({}) refused: {} ({} more refused before it, not logged)", device_.name(),
+                 command_name(command), command, why, std::exchange(refusals_unlogged_, 0));
 }
 
 void Server::handle(Message& m, Reply& r) {

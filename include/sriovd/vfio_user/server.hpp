@@ -130,7 +130,7 @@ class Server {
   pid_t client_pid_ = 0;
   std::vector<Mapping> held_;      // windows a device could not let go (never unmapped)
   uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
-  void log_refusal(const std::string& what, const char* why);
+  void log_refusal(uint16_t command, const char* why);
   static constexpr unsigned kRefusalsLogged = 10;  // a second
   std::chrono::steady_clock::time_point refusal_window_{};
   unsigned refusals_logged_ = 0;
