@@ -202,6 +202,7 @@ json Daemon::routes_json() const {
                       {"masked", r.masked},
                       {"pending", r.pending},
                       {"sink", r.has_sink},
+                      {"sink_blocked", r.sink_blocked},
                       {"fired", r.stats.fired},
                       {"delivered", r.stats.delivered},
                       {"masked_pending", r.stats.masked_pending},

@@ -5,9 +5,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <stdexcept>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 
 namespace sriovd::irq {
 
@@ -16,6 +19,14 @@ namespace {
 constexpr uint32_t kMasked = 1U << 0U;
 constexpr uint32_t kPending = 1U << 1U;
 constexpr uint32_t kLive = 1U << 2U;
+// The VMM made its sink blocking (a write was interrupted by the peer I/O
+// watchdog): nothing more is written to that sink; a new one clears it.
+constexpr uint32_t kSinkBlocked = 1U << 3U;
+constexpr uint32_t kSinkBlockedSaid = 1U << 4U;  // and housekeeping has logged it
+
+// What another thread asked the relay thread to do with a route (Route::posts).
+constexpr uint32_t kPostFire = 1U << 0U;    // trigger() off the data plane
+constexpr uint32_t kPostReplay = 1U << 1U;  // unmask() found it pending
 
 int64_t now_ns(std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now()) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -46,6 +57,7 @@ struct Engine::Route {
   // Deliveries under way (any thread): a replaced sink is closed only once
   // none of them can still hold its number.
   std::atomic<uint32_t> delivering{0};
+  std::atomic<uint32_t> posts{0};  // kPost*: set, then the relay eventfd written
   std::atomic<Mode> mode{Mode::relay};
   std::atomic<uint64_t> fired{0}, delivered{0}, masked_pending{0}, replayed{0}, dropped{0};
   std::atomic<uint64_t> masks{0}, unmasks{0}, mode_switches{0};
@@ -70,6 +82,15 @@ struct Engine::RelayThread {
   std::atomic<bool> stop{false};
   std::thread thread;
 };
+
+// Delivery that lands on a relay thread: how a thread that must not write
+// a peer's eventfd (the control thread) triggers or replays a route. The
+// relay eventfd is the engine's own, never full: the write cannot block.
+void Engine::post(Route& r, uint32_t what) {
+  r.posts.fetch_or(what, std::memory_order_release);
+  const uint64_t one = 1;
+  (void)::write(r.relay.get(), &one, sizeof one);
+}
 
 Engine::Engine(EngineOptions options) : options_(std::move(options)) {
   const unsigned chunks = (options_.max_routes + kChunk - 1) / kChunk;
@@ -117,6 +138,7 @@ Engine::Route& Engine::at(RouteId id) const {
 }
 
 void Engine::relay_loop(RelayThread& t) {
+  enroll_peer_io_thread();
   epoll_event events[64];
   const int timeout = options_.busy_poll ? 0 : -1;
   while (!t.stop.load(std::memory_order_relaxed)) {
@@ -130,8 +152,13 @@ void Engine::relay_loop(RelayThread& t) {
       }
       // Edge-triggered: every eventfd signal queues the route again, so the
       // counter need not be read back; that saves a syscall per interrupt
-      // (one write to the sink is all the relay pays).
-      fire(*r, 1);
+      // (one write to the sink is all the relay pays). A post that shared
+      // the signal with the device's own merges with it, as two MSI-X
+      // messages pending at once do.
+      const uint32_t posts =
+          r->posts.load(std::memory_order_acquire) ? r->posts.exchange(0, std::memory_order_acq_rel) : 0;
+      if (posts & kPostReplay) replay(*r);
+      if (!posts || (posts & kPostFire)) fire(*r, 1);
     }
     // Drain first, publish after: a wake written before the drain is
     // answered by this bump, one written after it by the next epoll_wait.
@@ -156,15 +183,30 @@ void Engine::fire(Route& r, uint64_t count) {
     deliver(r);
 }
 
+// A pending interrupt the control thread's unmask found: delivered if the
+// vector is still unmasked, pending again if it was masked meanwhile.
+void Engine::replay(Route& r) {
+  if (!(r.flags.load(std::memory_order_acquire) & kMasked)) {
+    deliver(r);
+    return;
+  }
+  r.flags.fetch_or(kPending, std::memory_order_acq_rel);
+  if (!(r.flags.load(std::memory_order_acquire) & kMasked) &&
+      (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending))
+    deliver(r);
+}
+
 void Engine::deliver(Route& r) {
   // seq_cst pairs with retire_sinks(): either it sees this delivery under
   // way, or this delivery sees the sink that replaced the old one.
   r.delivering.fetch_add(1, std::memory_order_seq_cst);
   const int fd = r.sink.load(std::memory_order_seq_cst);
-  const uint64_t one = 1;
-  // Sinks are non-blocking eventfds (checked where they enter): a VMM that
-  // lets its counter run full costs it its own interrupts, not this thread.
-  const bool ok = fd >= 0 && ::write(fd, &one, sizeof one) == sizeof one;
+  // Sinks were made non-blocking where they entered, but the VMM shares the
+  // flag and may clear it: a counter it lets run full then costs it its own
+  // interrupts (EAGAIN), and one it also made blocking is cut by the peer
+  // I/O watchdog (EINTR) and written no more.
+  const bool ok = fd >= 0 && !(r.flags.load(std::memory_order_relaxed) & kSinkBlocked) && peer_eventfd_write(fd);
+  if (!ok && fd >= 0 && errno == EINTR) r.flags.fetch_or(kSinkBlocked, std::memory_order_relaxed);
   r.delivering.fetch_sub(1, std::memory_order_release);
   (ok ? r.delivered : r.dropped).fetch_add(1, std::memory_order_relaxed);
 }
@@ -218,6 +260,7 @@ RouteId Engine::add(const RouteSpec& spec) {
   if (!r.spec.binder) r.spec.policy = Policy::relay;  // a device model has no source to bind
   r.relay = make_eventfd();
   r.flags.store(kMasked | kLive);
+  r.posts.store(0);
   r.sink.store(-1);
   r.mode.store(Mode::relay);
   for (auto* c : {&r.fired, &r.delivered, &r.masked_pending, &r.replayed, &r.dropped, &r.masks, &r.unmasks,
@@ -279,6 +322,7 @@ void Engine::set_sink(RouteId id, UniqueFd sink) {
   if (r.sink_owner) r.retired_sinks.push_back(std::move(r.sink_owner));
   r.sink_owner = std::move(sink);
   r.sink.store(r.sink_owner.valid() ? r.sink_owner.get() : -1, std::memory_order_seq_cst);
+  r.flags.fetch_and(~(kSinkBlocked | kSinkBlockedSaid), std::memory_order_relaxed);
   if (r.mode.load() == Mode::direct) {
     // Rebind the device to the new sink (or back to the relay if none).
     r.mode.store(Mode::relay);
@@ -319,7 +363,14 @@ void Engine::unmask(RouteId id) {
   const int64_t previous = r.last_mask_ns.exchange(now, std::memory_order_relaxed);
   if (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending) {
     r.replayed.fetch_add(1, std::memory_order_relaxed);
-    deliver(r);
+    // The control thread unmasks (a vfio-user table write) and must not
+    // write the VMM's eventfd: the relay thread delivers it. There the
+    // fire finds the vector unmasked - or masked again, and pending again.
+    if (peer_io_thread() || threads_.empty()) {
+      deliver(r);
+    } else {
+      post(r, kPostReplay);
+    }
   }
   // direct: always back to the sink. adaptive: only if this vector had been
   // quiet (no mask traffic for adaptive_quiet) - a vector masked on every
@@ -332,7 +383,14 @@ void Engine::unmask(RouteId id) {
   }
 }
 
-void Engine::trigger(RouteId id) { fire(at(id), 1); }
+void Engine::trigger(RouteId id) {
+  Route& r = at(id);
+  if (peer_io_thread() || threads_.empty()) {
+    fire(r, 1);
+  } else {
+    post(r, kPostFire);
+  }
+}
 
 bool Engine::pending(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kPending; }
 bool Engine::masked(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kMasked; }
@@ -348,6 +406,11 @@ void Engine::housekeeping(std::chrono::steady_clock::time_point now) {
       std::lock_guard switching(r.switch_mutex);
       retire_sinks(r);
     }
+    if ((r.flags.load(std::memory_order_relaxed) & (kLive | kSinkBlocked | kSinkBlockedSaid)) == (kLive | kSinkBlocked) &&
+        !(r.flags.fetch_or(kSinkBlockedSaid, std::memory_order_relaxed) & kSinkBlockedSaid))
+      spdlog::warn("{} vector {}: the VMM made its interrupt eventfd blocking (a write to it waited and was cut "
+                   "short); no interrupt is written to it until it gives another",
+                   r.spec.device, r.spec.vector);
     const uint32_t f = r.flags.load(std::memory_order_acquire);
     if (!(f & kLive) || (f & kMasked) || r.spec.policy != Policy::adaptive || r.mode.load() != Mode::relay ||
         r.sink.load() < 0 || r.last_mask_ns.load(std::memory_order_relaxed) > cutoff)
@@ -371,7 +434,7 @@ std::vector<RouteInfo> Engine::list() const {
     const uint32_t f = r.flags.load();
     if (!(f & kLive)) continue;
     out.push_back({id, r.spec.device, r.spec.vector, r.spec.policy, r.mode.load(), (f & kMasked) != 0,
-                   (f & kPending) != 0, r.sink.load() >= 0, stats(id)});
+                   (f & kPending) != 0, r.sink.load() >= 0, (f & kSinkBlocked) != 0, stats(id)});
   }
   return out;
 }

@@ -244,10 +244,10 @@ void VirtioNetPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
   }
   if (offset >= kNotifyOffset && offset < kNotifyOffset + num_queues_ * kNotifyMultiplier) {
     // A doorbell through REGION_WRITE (a client without ioeventfds): the
-    // queue is the address; the same eventfd a client's ioeventfd signals.
-    const unsigned q = static_cast<unsigned>((offset - kNotifyOffset) / kNotifyMultiplier);
-    const uint64_t one = 1;
-    (void)::write(kicks_[q].get(), &one, sizeof one);
+    // queue is the address. Not a write to the queue's doorbell eventfd -
+    // the client holds that one too and may have made it blocking, and
+    // this is the control thread - but the worker's own wake-up.
+    device_.kick(static_cast<unsigned>((offset - kNotifyOffset) / kNotifyMultiplier));
   }
   // The device configuration is read-only for virtio-net (no writable fields offered).
 }

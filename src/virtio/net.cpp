@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/virtio/offload.hpp"
 
 namespace sriovd::virtio {
@@ -31,7 +32,7 @@ constexpr unsigned kMaxChains = 64;             // buffers one received packet m
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
 
-enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5, kEvRoom = 6 };
+enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5, kEvRoom = 6, kEvPoke = 7 };
 
 // Control queue classes and commands (§5.1.6.5).
 constexpr uint8_t kCtrlRx = 0, kCtrlRxPromisc = 0, kCtrlRxAllmulti = 1;
@@ -97,6 +98,10 @@ struct NetDevice::Worker {
   unsigned pair = 0;
   UniqueFd epoll;
   UniqueFd stop;
+  // The daemon's own wake-up ("look at the rings"): the control thread
+  // never writes a kick eventfd, which the driver shares and can make
+  // blocking.
+  UniqueFd poke;
   int tap_fd = -1;
   int room_fd = -1;  // the port's fd for room after a full transmit: tap_fd, or its own
   bool room_watched = false;  // room_fd (its own) in the epoll set
@@ -315,7 +320,8 @@ void NetDevice::start() {
     w->room_fd = tap_->room_fd(p);
     w->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
     w->stop.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!w->epoll || !w->stop) throw_errno(config_.name + ": worker setup");
+    w->poke.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!w->epoll || !w->stop || !w->poke) throw_errno(config_.name + ": worker setup");
     auto watch = [&](int fd, uint64_t tag) {
       epoll_event ev{};
       ev.events = EPOLLIN;
@@ -326,6 +332,7 @@ void NetDevice::start() {
     watch(rx.kick.get(), kEvRxKick);
     watch(w->tap_fd, kEvTap);
     watch(w->stop.get(), kEvStop);
+    watch(w->poke.get(), kEvPoke);
     if (p == 0 && (features_ & kNetCtrlVq)) {
       Queue& ctrl = queues_[control_queue_index()];
       if (queue_ready(ctrl)) {
@@ -436,8 +443,14 @@ void NetDevice::reset() {
 
 void NetDevice::kick_all() {
   const uint64_t one = 1;
-  for (auto& q : queues_)
-    if (q.kick) (void)::write(q.kick.get(), &one, sizeof one);
+  for (auto& w : workers_) (void)::write(w->poke.get(), &one, sizeof one);
+}
+
+void NetDevice::kick(unsigned q) {
+  const unsigned pair = q == control_queue_index() ? 0 : q / 2;
+  const uint64_t one = 1;
+  for (auto& w : workers_)
+    if (w->pair == pair) (void)::write(w->poke.get(), &one, sizeof one);
 }
 
 // A worker found the device unusable (NEEDS_RESET): said once, with why;
@@ -460,7 +473,21 @@ void NetDevice::notify(Queue& q) {
   }
 }
 
+// A kick's count read back (the driver shares the eventfd: a read it made
+// blocking is cut short by the peer I/O watchdog). false: the driver made
+// it blocking, and the device stops (NEEDS_RESET).
+bool NetDevice::take_kick(unsigned q) {
+  uint64_t count = 0;
+  if (!peer_eventfd_read(queues_[q].kick.get(), count) && errno == EINTR) {
+    fail_device("queue " + std::to_string(q) + ": the driver made its kick eventfd blocking");
+    return false;
+  }
+  queues_[q].stats->kicks.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 void NetDevice::run_pair(Worker& w) {
+  enroll_peer_io_thread();
   // Buffers may have been posted before the kick fds were watched.
   do_tx(w);
   do_rx(w);
@@ -476,14 +503,18 @@ void NetDevice::run_pair(Worker& w) {
       switch (events[i].data.u64) {
         case kEvStop:
           return;
+        case kEvPoke:
+          (void)::read(w.poke.get(), &count, sizeof count);
+          do_tx(w);
+          do_rx(w);
+          if (w.pair == 0) do_ctrl(w);
+          break;
         case kEvTxKick:
-          (void)::read(queues_[2 * w.pair + 1].kick.get(), &count, sizeof count);
-          queues_[2 * w.pair + 1].stats->kicks.fetch_add(1, std::memory_order_relaxed);
+          if (!take_kick(2 * w.pair + 1)) return;
           do_tx(w);
           break;
         case kEvRxKick:
-          (void)::read(queues_[2 * w.pair].kick.get(), &count, sizeof count);
-          queues_[2 * w.pair].stats->kicks.fetch_add(1, std::memory_order_relaxed);
+          if (!take_kick(2 * w.pair)) return;
           do_rx(w);
           break;
         case kEvRoom:
@@ -496,8 +527,7 @@ void NetDevice::run_pair(Worker& w) {
           if (events[i].events & EPOLLIN) do_rx(w);
           break;
         case kEvCtrlKick:
-          (void)::read(queues_[control_queue_index()].kick.get(), &count, sizeof count);
-          queues_[control_queue_index()].stats->kicks.fetch_add(1, std::memory_order_relaxed);
+          if (!take_kick(control_queue_index())) return;
           do_ctrl(w);
           break;
       }

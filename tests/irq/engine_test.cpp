@@ -5,11 +5,15 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <atomic>
+#include <future>
 #include <thread>
 #include <utility>
 
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "support/process.hpp"
 
 namespace sriovd::irq {
@@ -94,10 +98,12 @@ TEST(Engine, AMaskedFireLatchesPendingAndUnmaskReplaysItOnce) {
   EXPECT_FALSE(readable_within(sink.reader.get(), 20ms));
   e.unmask(id);
   EXPECT_FALSE(e.pending(id));
+  // Unmasked on a thread that is not the data plane: the relay delivers.
+  ASSERT_TRUE(readable_within(sink.reader.get(), 2s));
   EXPECT_EQ(drain(sink.reader.get()), 1U);
   e.mask(id);
   e.unmask(id);  // nothing pending: nothing replayed
-  EXPECT_EQ(drain(sink.reader.get()), 0U);
+  EXPECT_FALSE(readable_within(sink.reader.get(), 50ms));
   const RouteStats s = e.stats(id);
   EXPECT_EQ(s.masked_pending, 1U);
   EXPECT_EQ(s.replayed, 1U);
@@ -148,6 +154,9 @@ TEST(Engine, DirectPolicyHandsTheSinkToTheDeviceAndEveryMaskRetargets) {
   signal(e.relay_fd(id));
   ASSERT_TRUE(test::wait_until([&] { return e.pending(id); }, 2s));
   e.unmask(id);
+  // Replayed by the relay thread (this thread is not the data plane), even
+  // though the source went back to the sink at once.
+  ASSERT_TRUE(readable_within(sink.reader.get(), 2s));
   EXPECT_EQ(drain(sink.reader.get()), 1U);
   EXPECT_EQ(e.mode(id), Mode::direct);
   EXPECT_EQ(e.stats(id).mode_switches, 3U);
@@ -357,6 +366,110 @@ TEST(Engine, BusyPollAndPinnedRelayThreadDeliver) {
     signal(e.relay_fd(id));
     ASSERT_TRUE(readable_within(sink.reader.get(), 2s));
     EXPECT_EQ(drain(sink.reader.get()), 1U);
+  }
+}
+
+}  // namespace
+}  // namespace sriovd::irq
+
+namespace sriovd::irq {
+namespace {
+
+// A VMM's sink as an attacker leaves it: made blocking after the daemon
+// made it non-blocking (the flag is on the file both share) and filled to
+// the counter's maximum, so that the next write waits until someone reads.
+struct BlockingFullSink {
+  BlockingFullSink() {
+    UniqueFd fd = eventfd_nb();
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    EXPECT_EQ(::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK), 0);
+    const uint64_t most = 0xfffffffffffffffeULL;
+    EXPECT_EQ(::write(fd.get(), &most, sizeof most), 8);
+    peer = std::move(fd);
+  }
+  // Unblocks whatever still waits on it (a failed test must still end).
+  ~BlockingFullSink() { (void)drain(peer.get()); }
+  UniqueFd give() const { return UniqueFd(::dup(peer.get())); }
+  UniqueFd peer;
+};
+
+// Runs fn on a thread of its own; false if it has not returned within t
+// (the thread is then left to the attacker's fd, which the test drains).
+template <typename F>
+bool returns_within(F fn, std::chrono::milliseconds t) {
+  auto done = std::async(std::launch::async, std::move(fn));
+  return done.wait_for(t) == std::future_status::ready;
+}
+
+// Issue 24 item 1: the relay thread that delivers to such a sink is cut
+// loose by the peer I/O watchdog; the sink is written no more, the other
+// tenant's interrupts on the same relay thread keep coming, and the
+// attacker's route can be removed (quiesce waits for the relay thread).
+TEST(EngineHostilePeer, ASinkMadeBlockingCostsOnlyItsOwnInterrupts) {
+  Engine e(threads(1));
+  const RouteId attacker = e.add({"vm-a", 0, Policy::relay, nullptr});
+  const RouteId tenant = e.add({"vm-b", 0, Policy::relay, nullptr});
+  BlockingFullSink hostile;
+  e.set_sink(attacker, hostile.give());
+  Sink other(e, tenant);
+  e.unmask(attacker);
+  e.unmask(tenant);
+  const uint64_t cut_before = peer_io_interruptions();
+  e.trigger(attacker);  // off the data plane: posted to the relay thread, which writes and waits
+  ASSERT_TRUE(test::wait_until([&] { return e.stats(attacker).dropped == 1; }, 3s))
+      << "the relay thread is still blocked on the attacker's eventfd";
+  EXPECT_GT(peer_io_interruptions(), cut_before);
+  e.trigger(tenant);
+  EXPECT_TRUE(readable_within(other.reader.get(), 2s)) << "the other tenant's interrupt did not come";
+  EXPECT_EQ(drain(other.reader.get()), 1U);
+  const auto blocked = e.list();
+  ASSERT_EQ(blocked.size(), 2U);
+  EXPECT_TRUE(blocked[0].sink_blocked);
+  EXPECT_FALSE(blocked[1].sink_blocked);
+  // Written no more: the next fire is dropped at once, not cut again.
+  const uint64_t cut = peer_io_interruptions();
+  e.trigger(attacker);
+  e.trigger(tenant);
+  EXPECT_TRUE(readable_within(other.reader.get(), 2s));
+  ASSERT_TRUE(test::wait_until([&] { return e.stats(attacker).dropped == 2; }, 2s));
+  EXPECT_EQ(peer_io_interruptions(), cut);
+  // A new sink from the VMM is used again.
+  Sink fresh(e, attacker);
+  EXPECT_FALSE(e.list()[0].sink_blocked);
+  e.trigger(attacker);
+  EXPECT_TRUE(readable_within(fresh.reader.get(), 2s));
+  EXPECT_TRUE(returns_within([&] { e.remove(attacker); }, 5s)) << "removing the attacker's route hung";
+}
+
+// The replay of a pending vector at unmask never writes the VMM's eventfd
+// on the caller's thread (the control thread, for vfio-user table writes):
+// the unmask returns at once whatever the VMM did to its sink.
+TEST(EngineHostilePeer, AnUnmaskOffTheDataPlaneNeverWritesTheSink) {
+  Engine e(threads(1));
+  const RouteId id = e.add({"vm-a", 3, Policy::relay, nullptr});
+  BlockingFullSink hostile;
+  e.set_sink(id, hostile.give());
+  e.trigger(id);
+  ASSERT_TRUE(test::wait_until([&] { return e.pending(id); }, 2s));
+  EXPECT_TRUE(returns_within([&] { e.unmask(id); }, 2s)) << "unmask blocked on the VMM's eventfd";
+  EXPECT_TRUE(test::wait_until([&] { return e.list()[0].sink_blocked; }, 3s));
+  EXPECT_EQ(e.stats(id).replayed, 1U);
+}
+
+// A replay posted to the relay thread that finds the vector masked again
+// leaves it pending, as a masked vector's interrupt is (PCI 3.0 6.8.2.9).
+TEST(EngineHostilePeer, APostedReplayThatFindsTheVectorMaskedAgainStaysPending) {
+  Engine e(threads(1));
+  const RouteId id = e.add({"vm-a", 1, Policy::relay, nullptr});
+  Sink sink(e, id);
+  for (int i = 0; i < 200; ++i) {
+    e.trigger(id);
+    ASSERT_TRUE(test::wait_until([&] { return e.pending(id); }, 2s));
+    e.unmask(id);
+    e.mask(id);
+    // Either delivered (the relay ran before the mask) or pending again.
+    ASSERT_TRUE(test::wait_until([&] { return e.pending(id) || drain(sink.reader.get()) == 1; }, 2s)) << i;
+    e.clear_pending(id);
   }
 }
 

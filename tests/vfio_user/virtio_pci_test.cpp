@@ -2,6 +2,7 @@
 // virtio-net device model, driven by the user-space guest driver over a
 // real socket. The device's packet port is a SOCK_SEQPACKET pair, so every
 // frame is checked byte for byte at both ends.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/vfio.h>
 #include <poll.h>
@@ -12,10 +13,12 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "sriovd/guest/vfio_user_client.hpp"
@@ -576,6 +579,113 @@ TEST_F(VirtioPciTest, ADepartedClientsDoorbellsRingNothing) {
     EXPECT_EQ(::read(fd.get(), &count, sizeof count), 8) << "an old doorbell was drained by the device";
     EXPECT_EQ(count, 1U);
   }
+}
+
+// A port whose next recv() waits, when asked to, until the test lets it
+// go (and then finds nothing): a worker held at a known point of a batch
+// of events.
+class GatedPort : public PairPort {
+ public:
+  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override {
+    if (!hold_next.exchange(false)) return PairPort::recv(q, buf, size);
+    std::unique_lock lock(m);
+    ++held;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released >= held; });
+    errno = EAGAIN;
+    return -1;
+  }
+  void wait_held(unsigned n) {
+    std::unique_lock lock(m);
+    ASSERT_TRUE(cv.wait_for(lock, 3s, [&] { return held >= n; })) << "the worker never came to recv " << n;
+  }
+  void release() {
+    std::lock_guard lock(m);
+    ++released;
+    cv.notify_all();
+  }
+  std::atomic<bool> hold_next{false};
+
+ private:
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned held = 0, released = 0;
+};
+
+// Issue 24 item 2: the client clears O_NONBLOCK on a doorbell it was given
+// and drains it between the worker's epoll_wait and its read. The read is
+// cut short by the peer I/O watchdog and the device stops (NEEDS_RESET)
+// instead of its worker blocking for good; the next client's device works.
+TEST(VirtioPciHostile, ADoorbellMadeBlockingAndDrainedStopsOnlyTheDevice) {
+  test::TempDir dir;
+  const std::string socket = dir.file("hostile.sock");
+  irq::Engine engine{irq::EngineOptions{}};
+  auto owned = std::make_unique<GatedPort>();
+  GatedPort& port = *owned;
+  virtio::NetConfig nc;
+  nc.name = "vnet-hostile";
+  nc.offloads = false;
+  virtio::NetDevice net(nc, engine, std::move(owned));
+  VirtioNetPci pci(net, engine, "vnet-hostile");
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  Server server(io, socket, pci);
+  std::thread thread([&] { io.run(); });
+  std::vector<UniqueFd> doorbells;
+  {
+    guest::VfioUserClient c(socket);
+    doorbells = std::move(c.region_io_fds(0).fds);
+    ASSERT_GE(doorbells.size(), 2U);
+    guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+    d.bring_up();  // RX buffers posted: the worker reads the port when it has a frame
+    // The worker has taken the kicks of bring-up: the next batch that
+    // reports the RX doorbell is the one arranged below.
+    auto rung = [](const UniqueFd& fd) {
+      pollfd p{fd.get(), POLLIN, 0};
+      return ::poll(&p, 1, 0) == 1;
+    };
+    ASSERT_TRUE(test::wait_until([&] { return !rung(doorbells[0]) && !rung(doorbells[1]); }, 2s));
+    const std::vector<uint8_t> in(12 + 60, 0);
+    // Batch 1: the port is readable; its recv is held.
+    port.hold_next = true;
+    ASSERT_EQ(::send(port.peer(), in.data(), in.size(), 0), static_cast<ssize_t>(in.size()));
+    port.wait_held(1);
+    // Meanwhile the RX doorbell rings: the next batch is [port, RX doorbell],
+    // and the port's recv is held again before the doorbell is read.
+    const uint64_t one = 1;
+    ASSERT_EQ(::write(doorbells[0].get(), &one, sizeof one), 8);
+    port.hold_next = true;
+    port.release();
+    port.wait_held(2);
+    // Now, after epoll_wait said the doorbell is readable: blocking, drained.
+    const int flags = ::fcntl(doorbells[0].get(), F_GETFL);
+    ASSERT_EQ(::fcntl(doorbells[0].get(), F_SETFL, flags & ~O_NONBLOCK), 0);
+    uint64_t count = 0;
+    ASSERT_EQ(::read(doorbells[0].get(), &count, sizeof count), 8);
+    port.release();
+    const bool stopped = test::wait_until([&] { return net.broken(); }, 3s);
+    if (!stopped) (void)::write(doorbells[0].get(), &one, sizeof one);  // let the blocked worker go
+    EXPECT_TRUE(stopped) << "the worker is blocked in read() on the client's doorbell";
+  }
+  // The client left: its device is reset, and the next client's works.
+  ASSERT_TRUE(test::wait_until([&] { return !server.connected(); }, 5s));
+  {
+    guest::VfioUserClient c(socket);
+    guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+    d.bring_up();
+    std::vector<uint8_t> f(12 + 80, 0x33);
+    std::memset(f.data(), 0, 12);
+    ASSERT_TRUE(d.send(f.data(), f.size()));
+    pollfd p{port.peer(), POLLIN, 0};
+    std::vector<uint8_t> buf(4096);
+    bool out = false;
+    // The first frame the peer reads may be the one it sent in: skip to ours.
+    for (int i = 0; i < 3 && !out && ::poll(&p, 1, 2000) == 1; ++i)
+      out = ::recv(port.peer(), buf.data(), buf.size(), 0) == static_cast<ssize_t>(f.size()) && buf[12] == 0x33;
+    EXPECT_TRUE(out) << "the next client's device does not send";
+  }
+  io.stop();
+  thread.join();
 }
 
 // A window shared without an fd (QEMU's BIOS and ROM windows) is taken at

@@ -10,8 +10,12 @@
 // period that lets set_sink/remove close a replaced sink whatever thread
 // delivers: relay, a device's worker, the control thread replaying at
 // unmask); a fire on a masked route latches the pending bit, and unmask
-// replays it. Nothing on that path allocates, locks or logs. Sinks must be
-// non-blocking eventfds: callers check that where a peer's fd enters.
+// replays it. Nothing on that path allocates, locks or logs. Sinks are
+// made non-blocking where a peer's fd enters, but the peer shares that
+// flag: writes to them go through the peer I/O watchdog
+// (util/eventfd.hpp), and only data-plane threads write them - trigger()
+// and a replaying unmask() on any other thread (the control thread) post
+// the delivery to the route's relay thread.
 //
 // Modes: in relay mode the device signals the route's relay eventfd; in
 // direct mode the device signals the sink itself (VFIO SET_IRQS with the
@@ -77,6 +81,7 @@ struct RouteInfo {
   bool masked = true;
   bool pending = false;
   bool has_sink = false;
+  bool sink_blocked = false;  // the VMM made its eventfd blocking: written no more
   RouteStats stats;
 };
 
@@ -133,6 +138,8 @@ class Engine {
   Route& at(RouteId id) const;
   void fire(Route& r, uint64_t count);
   void deliver(Route& r);
+  void replay(Route& r);
+  void post(Route& r, uint32_t what);
   void retire_sinks(Route& r);
   void switch_mode(Route& r, Mode to);
   void quiesce();

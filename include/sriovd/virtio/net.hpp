@@ -185,6 +185,9 @@ class NetDevice {
   // Wakes every queue as its kick would (after an IOTLB update, so that
   // stalled rings retry).
   void kick_all();
+  // A doorbell that came as a message (vfio-user REGION_WRITE): the worker
+  // of queue q's pair looks at its rings.
+  void kick(unsigned q);
   // Pairs that could not start because their rings are not translated
   // yet (IOTLB misses reported).
   [[nodiscard]] bool waiting_for_translations() const { return waiting_rings_; }
@@ -223,6 +226,7 @@ class NetDevice {
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
   void notify(Queue& q);
   void fail_device(const std::string& why);
+  bool take_kick(unsigned q);
   void fail_queue(unsigned index, const Queue& q);
 
   NetConfig config_;
