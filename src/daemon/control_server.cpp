@@ -163,7 +163,8 @@ ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, H
   listener_ = std::make_unique<UnixListener>(
       io, path_,
       UnixListener::Options{"control socket", "control.allowed_uids", 0660, cfg.allowed_uids,
-                            "a connection: " + std::to_string(kMaxSessions) + " control connections are open"},
+                            "a connection: " + std::to_string(kMaxSessions) + " control connections are open",
+                            std::nullopt, cfg.gid},
       [this](UniqueFd fd, const ucred& peer) { open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start(); },
       // Several clients at once (one may watch while another reloads), up to a limit.
       [this] { return sessions_.size() >= kMaxSessions; },
@@ -172,7 +173,6 @@ ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, H
         ++stats_.rejected_peers;
         open_session(std::move(fd), {})->refuse(control::make_error(control::errc::kPermissionDenied, why));
       });
-  apply_group(cfg);
   spdlog::info("control API listening on {}", path_);
 }
 
@@ -187,15 +187,12 @@ void ControlServer::stop() {
   listener_.reset();  // stops accepting and removes the socket file
 }
 
-void ControlServer::apply_group(const config::Control& cfg) {
-  if (!cfg.gid) return;
-  if (::chown(path_.c_str(), static_cast<uid_t>(-1), *cfg.gid) != 0)
-    throw_errno("setting group " + cfg.group + " on " + path_);
-}
-
+// A reload's group: given to the socket file the listener made (never by
+// path), mode as at the start.
 void ControlServer::update_access(const config::Control& cfg) {
-  apply_group(cfg);
-  if (listener_) listener_->set_allowed_uids(cfg.allowed_uids);
+  if (!listener_) return;
+  if (cfg.gid) listener_->set_access({std::nullopt, cfg.gid, 0660});
+  listener_->set_allowed_uids(cfg.allowed_uids);
 }
 
 std::shared_ptr<ControlServer::Session> ControlServer::open_session(UniqueFd fd, PeerCredentials peer) {

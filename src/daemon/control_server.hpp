@@ -56,7 +56,6 @@ class ControlServer {
  private:
   class Session;
   std::shared_ptr<Session> open_session(UniqueFd fd, PeerCredentials peer);
-  void apply_group(const config::Control& cfg);
 
   asio::io_context& io_;
   std::string path_;

@@ -310,10 +310,9 @@ irq::Policy policy_of(config::MsixPolicy p) {
 
 namespace {
 // A socket a VMM connects to gets the file owner, group and mode its config
-// asks for (a VMM running as libvirt-qemu:kvm connects without root).
-void apply_access(const std::string& path, const config::SocketAccess& a, const std::string& what) {
-  set_socket_access(path, a.uid, a.gid, a.mode, what);
-}
+// asks for (a VMM running as libvirt-qemu:kvm connects without root) -
+// given to the file the server made, whatever its path holds by now.
+SocketAccess access_of(const config::SocketAccess& a) { return {a.uid, a.gid, a.mode}; }
 }  // namespace
 
 void Daemon::drop_vf_exports(const config::Config* next) {
@@ -375,7 +374,7 @@ void Daemon::sync_vf_exports() {
       if (have->server) {
         have->server->set_allowed_uids(w.assign->access.allowed_uids);
         try {
-          apply_access(have->socket, w.assign->access, "vfio-user socket");
+          have->server->set_socket_access(access_of(w.assign->access));
         } catch (const std::exception& ex) {
           spdlog::error("vfio-user: {}", ex.what());
         }
@@ -399,7 +398,7 @@ void Daemon::sync_vf_exports() {
       // The export's own allow-list: a VMM allowed here may not use the
       // control API, nor an operator's uid this VMM's socket.
       e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
-      apply_access(e.socket, w.assign->access, "vfio-user socket");
+      e.server->set_socket_access(access_of(w.assign->access));
       spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(), w.index,
                    w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
     } catch (const std::exception& ex) {
@@ -496,14 +495,14 @@ void Daemon::start_virtio() {
         if (dev.transport == config::Transport::vfio_user) {
           e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
           e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
-          apply_access(dev.socket, dev.access, "vfio-user socket");
+          e.pci_server->set_socket_access(access_of(dev.access));
         } else {
           e.backend = std::make_unique<vhost_user::Backend>(
               io_, dev.socket, *e.device, *irq_,
               dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
                                                            : vhost_user::Backend::Mode::server,
               dev.access.allowed_uids);
-          if (dev.socket_mode == config::SocketMode::server) apply_access(dev.socket, dev.access, "vhost-user socket");
+          e.backend->set_socket_access(access_of(dev.access));
         }
       } catch (const std::exception& ex) {
         e.pci_server.reset();
@@ -575,10 +574,10 @@ void Daemon::update_access(VirtioExport& e, const config::SocketAccess& access) 
   try {
     if (e.pci_server) {
       e.pci_server->set_allowed_uids(access.allowed_uids);
-      apply_access(e.config.socket, access, "vfio-user socket");
+      e.pci_server->set_socket_access(access_of(access));
     } else if (e.backend) {
       e.backend->set_allowed_uids(access.allowed_uids);
-      if (e.config.socket_mode == config::SocketMode::server) apply_access(e.config.socket, access, "vhost-user socket");
+      e.backend->set_socket_access(access_of(access));
     }
   } catch (const std::exception& ex) {
     spdlog::error("virtio {}: {}", e.name, ex.what());

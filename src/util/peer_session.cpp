@@ -29,7 +29,7 @@ UnixListener::UnixListener(asio::io_context& io, std::string path, Options optio
                            Refuse refuse)
     : path_(std::move(path)), options_(std::move(options)), admit_(std::move(admit)), busy_(std::move(busy)),
       refuse_(std::move(refuse)), acceptor_(io), retry_(io) {
-  listen_unix(acceptor_, path_, options_.mode, options_.what);
+  file_ = listen_unix(acceptor_, path_, {options_.uid, options_.gid, options_.mode}, options_.what);
   accept_next();
 }
 
@@ -37,7 +37,7 @@ UnixListener::~UnixListener() {
   boost::system::error_code ignored;
   retry_.cancel();
   acceptor_.close(ignored);
-  ::unlink(path_.c_str());
+  file_.remove();
 }
 
 void UnixListener::accept_next() {

@@ -8,8 +8,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/fd.hpp"
@@ -36,22 +38,104 @@ void remove_stale(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path, mode_t mode,
-                 const std::string& what) {
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+// ---- SocketFile ------------------------------------------------------------
+
+namespace {
+
+std::string proc_fd(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+// A fresh directory only this process can use, made in `parent`; its name.
+std::string private_directory(int parent, const std::string& what) {
+  std::random_device random;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char name[32];
+    std::snprintf(name, sizeof name, ".sriovd-%08x%08x", random(), random());
+    if (::mkdirat(parent, name, 0700) == 0) return name;
+    if (errno != EEXIST) throw_errno("making a private directory for " + what);
+  }
+  throw std::runtime_error("making a private directory for " + what + ": every name taken");
+}
+
+bool same_file(int dir, const char* name, dev_t dev, ino_t ino) {
+  struct stat st{};
+  return ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+}  // namespace
+
+SocketFile::SocketFile(const std::string& path, const SocketAccess& access, const std::string& what)
+    : path_(path), what_(what) {
+  const std::filesystem::path p(path);
+  base_ = p.filename().string();
+  const std::filesystem::path dir = p.parent_path();
+  if (base_.empty() || dir.empty()) throw std::invalid_argument(what + " path '" + path + "' is not a file in a directory");
   std::error_code fs_ec;
   std::filesystem::create_directories(dir, fs_ec);
   if (fs_ec) throw std::runtime_error("cannot create " + dir.string() + " for " + what + ": " + fs_ec.message());
   remove_stale(path, what);
-  acceptor.open(asio::local::stream_protocol());
-  // The mode must hold from the moment the file exists, so the umask is set
-  // around bind() rather than fixed with chmod() afterwards.
-  const mode_t old_mask = ::umask(static_cast<mode_t>(~mode & 0777));
-  boost::system::error_code ec;
-  acceptor.bind(asio::local::stream_protocol::endpoint(path), ec);
-  ::umask(old_mask);
-  if (ec) throw std::runtime_error("cannot bind " + what + " " + path + ": " + ec.message());
-  acceptor.listen(asio::socket_base::max_listen_connections);
+  dir_.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_) throw_errno("opening the directory of " + what + " " + path);
+
+  // The socket is bound and given its access where nobody else can reach
+  // it: a directory of ours, held by fd (a peer that renames it away and
+  // puts a symlink in its place changes nothing we do).
+  const std::string hidden = private_directory(dir_.get(), what);
+  UniqueFd priv(::openat(dir_.get(), hidden.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat pst{};
+  auto clean_up = [&] {
+    if (priv) ::unlinkat(priv.get(), "s", 0);
+    if (priv && ::fstat(priv.get(), &pst) == 0 && same_file(dir_.get(), hidden.c_str(), pst.st_dev, pst.st_ino))
+      ::unlinkat(dir_.get(), hidden.c_str(), AT_REMOVEDIR);
+  };
+  try {
+    if (!priv || ::fstat(priv.get(), &pst) != 0) throw_errno("opening the private directory of " + what);
+    if (pst.st_uid != ::geteuid() || ::chmod(proc_fd(priv.get()).c_str(), 0700) != 0)
+      throw std::runtime_error("the private directory of " + what + " " + path + " was replaced");
+    listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!listener_) throw_errno("socket for " + what);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string inside = proc_fd(priv.get()) + "/s";
+    std::memcpy(addr.sun_path, inside.c_str(), inside.size() + 1);
+    if (::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+      throw_errno("cannot bind " + what + " " + path);
+    handle_.reset(::openat(priv.get(), "s", O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st{};
+    if (!handle_ || ::fstat(handle_.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) throw_errno("opening " + what + " " + path);
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    set_access(access);
+    if (::listen(listener_.get(), SOMAXCONN) != 0) throw_errno("listen on " + what + " " + path);
+    // Into place at once, with its access: replaces what is at the path
+    // (a stale socket, or whatever was put there since it was looked at).
+    if (::renameat(priv.get(), "s", dir_.get(), base_.c_str()) != 0) throw_errno("putting " + what + " at " + path);
+  } catch (...) {
+    clean_up();
+    throw;
+  }
+  clean_up();
+}
+
+void SocketFile::set_access(const SocketAccess& access) const {
+  if (!handle_) return;
+  const std::string file = proc_fd(handle_.get());  // this socket's inode, whatever its path holds now
+  if ((access.uid || access.gid) &&
+      ::chown(file.c_str(), access.uid ? *access.uid : static_cast<uid_t>(-1), access.gid ? *access.gid : static_cast<gid_t>(-1)) != 0)
+    throw_errno("giving " + what_ + " " + path_ + " its owner and group");
+  if (::chmod(file.c_str(), access.mode) != 0) throw_errno("setting the mode of " + what_ + " " + path_);
+}
+
+void SocketFile::remove() const {
+  if (dir_ && same_file(dir_.get(), base_.c_str(), dev_, ino_)) ::unlinkat(dir_.get(), base_.c_str(), 0);
+}
+
+SocketFile listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path,
+                       const SocketAccess& access, const std::string& what) {
+  SocketFile file(path, access, what);
+  UniqueFd fd = file.take_listener();
+  acceptor.assign(asio::local::stream_protocol(), fd.get());
+  (void)fd.release();
+  return file;
 }
 
 ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int> fds, int flags) {
@@ -89,13 +173,6 @@ bool peer_admitted(const std::optional<ucred>& peer, std::span<const uid_t> allo
   if (!peer) return false;
   if (allowed.empty()) return true;
   return std::find(allowed.begin(), allowed.end(), peer->uid) != allowed.end();
-}
-
-void set_socket_access(const std::string& path, std::optional<uid_t> uid, std::optional<gid_t> gid, mode_t mode,
-                       const std::string& what) {
-  if ((uid || gid) && ::chown(path.c_str(), uid ? *uid : static_cast<uid_t>(-1), gid ? *gid : static_cast<gid_t>(-1)) != 0)
-    throw_errno("giving " + what + " " + path + " its owner and group");
-  if (::chmod(path.c_str(), mode) != 0) throw_errno("setting the mode of " + what + " " + path);
 }
 
 UniqueFd connect_unix(const std::string& path, const std::string& what, bool nonblocking) {

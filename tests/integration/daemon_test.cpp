@@ -905,6 +905,55 @@ TEST_F(Daemon, EachExportHasItsOwnSocketAccessAndAReloadAppliesIt) {
   EXPECT_EQ(c.device_info().num_regions, 9U);
 }
 
+// Issue 24 item 9: a VMM that can write its socket's directory (libvirt
+// and KubeVirt keep one per VM) puts a symlink to a root-only file where
+// its socket was. The next routine reload gives the access to the socket
+// the daemon made - not to the file at the end of the symlink - and
+// stopping the export leaves the VMM's symlink alone.
+TEST_F(Daemon, AReloadNeverFollowsWhatAPeerPutAtItsSocketPath) {
+  const std::string vm_dir = dir_.file("vm1");
+  ASSERT_EQ(::mkdir(vm_dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(vm_dir.c_str(), 0777), 0);  // the VMM's own directory: it may rename in it
+  const std::string vf0 = vm_dir + "/vf0.sock";
+  auto configure = [&](const std::string& mode) {
+    std::string text = config_text(socket(), 2, "  allowed_uids: [0]\n");
+    const std::string plain = "assign: {owner: vm1, socket: " + socket() + ".vf0}";
+    text.replace(text.find(plain), plain.size(),
+                 "assign: {owner: vm1, socket: " + vf0 + ", access: {user: nobody, group: nogroup, mode: \"" + mode + "\"}}");
+    dir_.write("sriovd.yaml", text);
+  };
+  configure("0660");
+  start();
+  struct stat st{};
+  ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534U);
+  const ino_t socket_ino = st.st_ino;
+  // The secret: root's, 0600. The VMM's swap: its socket moved aside, a
+  // symlink to the secret in its place.
+  const std::string secret = dir_.file("shadow");
+  dir_.write("shadow", "root:x:0:0\n");
+  ASSERT_EQ(::chmod(secret.c_str(), 0600), 0);
+  ASSERT_EQ(::rename(vf0.c_str(), (vm_dir + "/moved.sock").c_str()), 0);
+  ASSERT_EQ(::symlink(secret.c_str(), vf0.c_str()), 0);
+  configure("0666");
+  ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0U) << "the reload gave the file behind the symlink to the VMM";
+  EXPECT_EQ(st.st_mode & 0777, 0600U) << "the reload changed the mode of the file behind the symlink";
+  // The socket itself, wherever the VMM moved it, has the new mode.
+  ASSERT_EQ(::stat((vm_dir + "/moved.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_ino, socket_ino);
+  EXPECT_EQ(st.st_mode & 0777, 0666U);
+  // The export goes: the daemon removes its socket only, not the symlink
+  // (which is the VMM's) nor the secret.
+  dir_.write("sriovd.yaml", config_text(socket(), 2, "  allowed_uids: [0]\n"));  // the export moves elsewhere
+  ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
+  struct stat lst{};
+  EXPECT_EQ(::lstat(vf0.c_str(), &lst), 0) << "the VMM's symlink was removed";
+  EXPECT_TRUE(S_ISLNK(lst.st_mode));
+  EXPECT_EQ(::stat(secret.c_str(), &st), 0);
+}
+
 // A VMM that dies mid-storm (SIGKILL) leaves nothing behind in the daemon:
 // its routes go, the export listens again, and the next client is served.
 TEST_F(Daemon, VfioUserClientCrashAndReconnect) {

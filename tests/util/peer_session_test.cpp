@@ -5,10 +5,12 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -267,6 +269,59 @@ TEST(PeerRefusal, FailsClosedOnUnknownCredentials) {
   const uid_t only[] = {1000};
   EXPECT_EQ(peer_refusal(root, {}, "x"), "");
   EXPECT_NE(peer_refusal(root, only, "the list").find("refused uid 0: not in the list"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sriovd
+
+namespace sriovd {
+namespace {
+
+// Issue 24 item 9, at the source: a SocketFile's access goes to the socket
+// it made, whatever its path holds later, and its mode does not depend on
+// the process's umask (which it no longer changes).
+TEST(SocketFileAttack, AccessGoesToTheSocketNotToWhatItsPathHoldsNow) {
+  test::TempDir dir;
+  const std::string path = dir.file("vm.sock");
+  const mode_t old_mask = ::umask(077);
+  SocketFile file(path, {std::nullopt, std::nullopt, 0666}, "test socket");
+  EXPECT_EQ(::umask(old_mask), 077U) << "the umask was changed";
+  struct stat st{};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0666U) << "the umask cut the mode";
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string(), "vm.sock") << "a private directory was left behind";
+  const std::string secret = dir.file("secret");
+  dir.write("secret", "x");
+  ASSERT_EQ(::chmod(secret.c_str(), 0600), 0);
+  ASSERT_EQ(::rename(path.c_str(), dir.file("moved").c_str()), 0);
+  ASSERT_EQ(::symlink(secret.c_str(), path.c_str()), 0);
+  file.set_access({65534, 65534, 0640});
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600U);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  ASSERT_EQ(::stat(dir.file("moved").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640U);
+  EXPECT_EQ(st.st_uid, 65534U);
+  file.remove();
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << "remove() took the symlink that is not its socket";
+  EXPECT_EQ(::lstat(dir.file("moved").c_str(), &st), 0);
+}
+
+TEST(SocketFileAttack, ASocketStillInPlaceIsRemovedAndALiveOneRefused) {
+  test::TempDir dir;
+  const std::string path = dir.file("a.sock");
+  SocketFile file(path, {std::nullopt, std::nullopt, 0600}, "test socket");
+  EXPECT_THROW(SocketFile(path, {std::nullopt, std::nullopt, 0600}, "second"), std::exception)
+      << "a live server's socket was replaced";
+  UniqueFd fd = file.take_listener();
+  ASSERT_TRUE(fd.valid());
+  UniqueFd c = connect_unix(path, "test socket");
+  EXPECT_TRUE(c.valid());
+  file.remove();
+  struct stat st{};
+  EXPECT_NE(::lstat(path.c_str(), &st), 0);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd {
 
@@ -49,6 +50,8 @@ class UnixListener {
     std::vector<uid_t> allowed_uids;
     // What a peer refused while the server is busy is told (after "refused ").
     std::string busy_refusal = "a second client while one is connected";
+    std::optional<uid_t> uid{};  // the socket file's owner and group (unset: the daemon's)
+    std::optional<gid_t> gid{};
   };
   // An admitted peer: its connection (blocking, close-on-exec) and who it is.
   using Admit = std::function<void(UniqueFd fd, const ucred& peer)>;
@@ -58,16 +61,20 @@ class UnixListener {
   // control API sends an error line); unset: the connection is closed.
   using Refuse = std::function<void(UniqueFd fd, const std::string& why)>;
 
-  // Listens on `path` (listen_unix: a stale socket replaced, a live one or
-  // a non-socket refused; throws).
+  // Listens on `path` (a SocketFile: a stale socket replaced, a live one or
+  // a non-socket refused, the file's access set before it is in place;
+  // throws).
   UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy = {},
                Refuse refuse = {});
-  ~UnixListener();  // stops accepting and removes the socket file
+  ~UnixListener();  // stops accepting and removes the socket file (if the path is still it)
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;
 
   // A reload's list: the next peer is checked against it.
   void set_allowed_uids(std::vector<uid_t> uids) { options_.allowed_uids = std::move(uids); }
+  // A reload's owner, group and mode, given to this socket's file (never
+  // to whatever its path holds now).
+  void set_access(const SocketAccess& access) { file_.set_access(access); }
   [[nodiscard]] const std::vector<uid_t>& allowed_uids() const { return options_.allowed_uids; }
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] uint64_t accepted() const { return accepted_; }
@@ -90,6 +97,7 @@ class UnixListener {
   Busy busy_;
   Refuse refuse_;
   asio::local::stream_protocol::acceptor acceptor_;
+  SocketFile file_;
   uint64_t accepted_ = 0;
   uint64_t refused_ = 0;
   uint64_t accept_failures_ = 0;

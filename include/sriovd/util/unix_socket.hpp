@@ -16,13 +16,53 @@
 
 namespace sriovd {
 
-// Opens `acceptor` listening on the Unix socket `path` with file mode
-// `mode` from the moment the file exists (umask around bind). Creates the
-// directory; replaces a stale socket file a dead process left, but refuses
-// a path where a live server answers or that is not a socket. `what` names
-// the socket in errors ("control socket", "vhost-user socket").
-void listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path, mode_t mode,
-                 const std::string& what);
+// A listening Unix socket and a handle on its file. The file is made in a
+// private directory (0700, next to `path`) where its mode, owner and group
+// are set before anyone can reach it, then renamed into place: no umask is
+// changed (the process's umask is shared by every thread) and nothing is
+// done by path that a peer could redirect. Later changes of access go to
+// the file through an O_PATH handle (/proc/self/fd/N), never by path: a
+// VMM that can write the socket's directory (libvirt, KubeVirt) and puts
+// a symlink to /etc/shadow where its socket was has its symlink, and
+// nothing else, left alone. remove() unlinks the path only while it is
+// still this socket.
+//
+// Creates the directory; replaces a stale socket file a dead process left,
+// but refuses a path where a live server answers or that is not a socket.
+// `what` names the socket in errors ("control socket", "vhost-user socket").
+struct SocketAccess {
+  std::optional<uid_t> uid;  // unset: the daemon's
+  std::optional<gid_t> gid;
+  mode_t mode = 0600;
+};
+
+class SocketFile {
+ public:
+  SocketFile() = default;
+  SocketFile(const std::string& path, const SocketAccess& access, const std::string& what);
+  SocketFile(SocketFile&&) noexcept = default;
+  SocketFile& operator=(SocketFile&&) noexcept = default;
+  ~SocketFile() = default;  // the path stays: remove() says when it goes
+
+  // The listening socket (ownership passes to the caller once).
+  [[nodiscard]] UniqueFd take_listener() { return std::move(listener_); }
+  // Owner, group and mode of this socket's file; throws SystemError.
+  void set_access(const SocketAccess& access) const;
+  // Unlinks the path if it is still this socket's file.
+  void remove() const;
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, what_, base_;
+  UniqueFd listener_, handle_, dir_;  // dir_: the parent, held as it was when the socket was made
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+// Opens `acceptor` listening on a SocketFile at `path` with `access`; the
+// file stays the caller's to remove.
+SocketFile listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path,
+                       const SocketAccess& access, const std::string& what);
 
 // A connected Unix stream socket to `path` (close-on-exec). Throws
 // SystemError naming `what` and the path: ENAMETOOLONG for a path that does
@@ -46,11 +86,6 @@ std::optional<ucred> peer_credentials(int fd);
 // every known peer (the socket file's owner, group and mode are the gate);
 // otherwise exactly the listed uids (root too only when listed).
 bool peer_admitted(const std::optional<ucred>& peer, std::span<const uid_t> allowed);
-
-// Gives the socket file at `path` its owner and group (unset: left as they
-// are) and mode; throws SystemError naming `what`.
-void set_socket_access(const std::string& path, std::optional<uid_t> uid, std::optional<gid_t> gid, mode_t mode,
-                       const std::string& what);
 
 // The most fds one message may carry through these two (no allocation:
 // the control buffers are on the stack).

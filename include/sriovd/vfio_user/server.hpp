@@ -51,6 +51,9 @@ class Server {
   // A reload's new list: the next client is checked against it (the one
   // connected stays).
   void set_allowed_uids(std::vector<uid_t> uids) { listener_.set_allowed_uids(std::move(uids)); }
+  // The socket file's owner, group and mode (through the listener's handle
+  // on its file, never by path).
+  void set_socket_access(const SocketAccess& access) { listener_.set_access(access); }
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const ServerStats& stats() const { return stats_; }

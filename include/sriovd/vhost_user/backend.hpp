@@ -51,6 +51,12 @@ class Backend {
 
   // A reload's new list: applies to the next front-end.
   void set_allowed_uids(std::vector<uid_t> uids);
+  // Server mode: the socket file's owner, group and mode (through the
+  // listener's handle on its file, never by path). Client mode: nothing
+  // (the front-end's socket is not ours).
+  void set_socket_access(const SocketAccess& access) {
+    if (listener_) listener_->set_access(access);
+  }
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const BackendStats& stats() const { return stats_; }
