@@ -17,10 +17,12 @@
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include "deviceplugin_v1beta1.grpc.pb.h"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd::k8s {
 
@@ -77,58 +79,108 @@ json cdi_spec(const Pool& pool) {
   return {{"cdiVersion", "0.6.0"}, {"kind", pool.resource}, {"devices", devices}};
 }
 
-// One pool's DevicePlugin service and its gRPC server.
+// Registration calls under way, so that a stop (a reload that drops the
+// pool, the daemon's exit) cancels them instead of waiting out a kubelet
+// that listens and never answers.
+class RegistrationCalls {
+ public:
+  // false: stopped (no call may start).
+  bool begin(grpc::ClientContext* ctx, const void* owner) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return false;
+    calls_.emplace_back(ctx, owner);
+    return true;
+  }
+  void end(grpc::ClientContext* ctx) {
+    std::lock_guard lock(mu_);
+    std::erase_if(calls_, [&](const auto& c) { return c.first == ctx; });
+  }
+  void cancel(const void* owner) {
+    std::lock_guard lock(mu_);
+    for (auto& [ctx, o] : calls_)
+      if (o == owner) ctx->TryCancel();
+  }
+  void stop() {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    for (auto& [ctx, o] : calls_) ctx->TryCancel();
+  }
+
+ private:
+  std::mutex mu_;
+  bool stopped_ = false;
+  std::vector<std::pair<grpc::ClientContext*, const void*>> calls_;
+};
+
+// One pool's DevicePlugin service and its gRPC server. The socket is ours
+// (a SocketFile, 0600): connections are accepted here, their peer checked
+// (root or the daemon's own uid, as the kubelet runs), and handed to the
+// gRPC server, which has no listening port of its own. The server's
+// threads are capped, and so are ListAndWatch streams: a peer that opens
+// many gets RESOURCE_EXHAUSTED, not a thread each.
 class PoolServer final : public v1beta1::DevicePlugin::Service {
  public:
+  static constexpr int kMaxThreads = 16;
+  static constexpr int kMaxWatchers = 4;  // the kubelet keeps one
+  static constexpr auto kShutdownGrace = std::chrono::milliseconds(200);
+
   PoolServer(std::string dir, std::string cdi_dir, Pool pool)
       : dir_(std::move(dir)), cdi_dir_(std::move(cdi_dir)), socket_name_(file_stem(pool.resource) + ".sock"),
         pool_(std::move(pool)) {
     write_cdi();
   }
-  ~PoolServer() override {
-    stop();
-    std::error_code ec;
-    fs::remove(cdi_path(), ec);
-  }
+  ~PoolServer() override { retire(); }
 
   [[nodiscard]] std::string socket_path() const { return dir_ + "/" + socket_name_; }
   [[nodiscard]] const std::string& socket_name() const { return socket_name_; }
   [[nodiscard]] bool registered() const { return registered_.load(); }
+  [[nodiscard]] bool retired() const { return retired_.load(); }
 
-  // (Re)starts the server on a fresh socket.
+  // (Re)starts the server on a fresh socket (not once retired).
   void start() {
-    stop();
+    std::lock_guard life(lifecycle_);
+    if (retired_) return;
+    stop_locked(std::chrono::steady_clock::now() + kShutdownGrace);
     {
       std::lock_guard lock(mu_);
       stopping_ = false;
     }
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    fs::remove(socket_path(), ec);
     grpc::ServerBuilder b;
-    b.AddListeningPort("unix://" + socket_path(), grpc::InsecureServerCredentials());
+    grpc::ResourceQuota quota("sriovd device plugin " + pool_.resource);
+    quota.SetMaxThreads(kMaxThreads);
+    b.SetResourceQuota(quota);
     b.RegisterService(this);
     server_ = b.BuildAndStart();
-    if (!server_) throw std::runtime_error("device plugin " + pool_.resource + ": cannot serve on " + socket_path());
+    if (!server_) throw std::runtime_error("device plugin " + pool_.resource + ": cannot start its gRPC server");
+    socket_ = SocketFile(socket_path(), {std::nullopt, std::nullopt, 0600}, "device plugin socket of " + pool_.resource);
+    listener_ = socket_.take_listener();
+    wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_) throw std::runtime_error("device plugin " + pool_.resource + ": eventfd: " + std::strerror(errno));
+    acceptor_ = std::thread([this] { accept_loop(); });
   }
 
-  void stop() {
-    if (!server_) return;
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    server_->Wait();
-    server_.reset();
+  // Stops serving; `deadline` bounds how long in-flight calls may take.
+  void stop(std::chrono::steady_clock::time_point deadline) {
+    std::lock_guard life(lifecycle_);
+    stop_locked(deadline);
+  }
+
+  // For good: stops, removes the socket (if its path is still ours) and the
+  // CDI spec; later start() and registration do nothing. A late destructor
+  // (the watcher held the last reference) then touches nothing a newer
+  // server of the same pool made.
+  void retire(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() + kShutdownGrace) {
+    std::lock_guard life(lifecycle_);
+    if (retired_.exchange(true)) return;
+    stop_locked(deadline);
     std::error_code ec;
-    fs::remove(socket_path(), ec);
+    fs::remove(cdi_path(), ec);
   }
 
   // Registration.Register on the kubelet's socket; false (logged) when
-  // there is no kubelet or it refuses.
-  bool register_with_kubelet() {
+  // there is no kubelet, it refuses, or the call was cancelled.
+  bool register_with_kubelet(RegistrationCalls& calls) {
+    if (retired_) return false;
     auto channel = grpc::CreateChannel("unix://" + dir_ + "/" + NodeAgent::kKubeletSocket, grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
     grpc::ClientContext ctx;
@@ -139,12 +191,14 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     req.set_resource_name(pool_.resource);
     req.mutable_options()->set_get_preferred_allocation_available(true);
     v1beta1::Empty reply;
+    if (!calls.begin(&ctx, this)) return false;
     const grpc::Status st = stub->Register(&ctx, req, &reply);
+    calls.end(&ctx);
     registered_ = st.ok();
     if (st.ok()) {
       ++registrations_;
       spdlog::info("kubernetes: {} registered with the kubelet ({})", pool_.resource, socket_path());
-    } else {
+    } else if (!retired_) {
       spdlog::warn("kubernetes: {}: registration with the kubelet failed: {}", pool_.resource, st.error_message());
     }
     return st.ok();
@@ -167,7 +221,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     for (const auto& d : pool_.devices) healthy += d.healthy ? 1 : 0;
     return {{"resource", pool_.resource},  {"socket", socket_path()},    {"registered", registered_.load()},
             {"registrations", registrations_.load()}, {"devices", pool_.devices.size()}, {"healthy", healthy},
-            {"allocations", allocations_.load()}, {"refused", refused_.load()}, {"watchers", watchers_.load()}};
+            {"allocations", allocations_.load()}, {"refused", refused_.load()}, {"watchers", watchers_.load()},
+            {"refused_peers", refused_peers_.load()}};
   }
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
@@ -180,7 +235,12 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   // kubelet goes or the pool does.
   grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
                             grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
-    ++watchers_;
+    if (++watchers_ > kMaxWatchers) {
+      --watchers_;
+      return refuse(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                    "ListAndWatch: pool " + pool_.resource + " already streams to " + std::to_string(kMaxWatchers) +
+                        " watchers");
+    }
     uint64_t sent = 0;
     bool first = true;
     std::unique_lock lock(mu_);
@@ -315,6 +375,58 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   }
 
  private:
+  void stop_locked(std::chrono::steady_clock::time_point deadline) {
+    if (acceptor_.joinable()) {
+      const uint64_t one = 1;
+      (void)::write(wake_.get(), &one, sizeof one);
+      acceptor_.join();
+    }
+    listener_.reset();
+    socket_.remove();
+    socket_ = SocketFile();
+    if (!server_) return;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                          std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
+    server_->Wait();
+    server_.reset();
+  }
+
+  // Accepts on the pool's socket: a peer that is neither root nor the
+  // daemon's uid is closed at once (counted, the first of a run logged).
+  void accept_loop() {
+    const uid_t self = ::geteuid();
+    for (;;) {
+      pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents) return;
+      UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd) {
+        // EMFILE and the like: the peer waits in the backlog; no spinning.
+        pollfd w{wake_.get(), POLLIN, 0};
+        if (::poll(&w, 1, 100) > 0) return;
+        continue;
+      }
+      const auto peer = peer_credentials(fd.get());
+      if (!peer || (peer->uid != 0 && peer->uid != self)) {
+        if (refused_peers_++ == 0 || refused_peers_ % 1000 == 0)
+          spdlog::warn("kubernetes: {}: refused a peer on the device plugin socket ({}; {} refused so far)",
+                       pool_.resource, peer ? "uid " + std::to_string(peer->uid) : std::string("no credentials"),
+                       refused_peers_.load());
+        continue;
+      }
+      grpc::AddInsecureChannelFromFd(server_.get(), fd.release());
+    }
+  }
+
   [[nodiscard]] const Device* find(const std::string& id) const {
     for (const Device& d : pool_.devices)
       if (d.id == id) return &d;
@@ -345,9 +457,14 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   Pool pool_;
   uint64_t version_ = 0;
   bool stopping_ = false;
+  std::mutex lifecycle_;  // start, stop, retire (the control and watcher threads)
+  std::atomic<bool> retired_{false};
   std::unique_ptr<grpc::Server> server_;
+  SocketFile socket_;
+  UniqueFd listener_, wake_;
+  std::thread acceptor_;
   std::atomic<bool> registered_{false};
-  std::atomic<uint64_t> registrations_{0}, allocations_{0}, refused_{0};
+  std::atomic<uint64_t> registrations_{0}, allocations_{0}, refused_{0}, refused_peers_{0};
   std::atomic<int> watchers_{0};
 };
 
@@ -362,7 +479,18 @@ struct NodeAgent::Impl {
   std::mutex mu;  // servers (the map; each server locks its own state)
   std::map<std::string, std::shared_ptr<PoolServer>> servers;
   UniqueFd inotify, stop_fd, kick_fd;  // kick: a new pool wants registering
+  RegistrationCalls calls;
   std::thread watcher;
+
+  bool stopping() const {
+    pollfd p{stop_fd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+  // Waits `t` unless a stop comes first (true: it came).
+  bool stop_within(std::chrono::milliseconds t) const {
+    pollfd p{stop_fd.get(), POLLIN, 0};
+    return ::poll(&p, 1, static_cast<int>(t.count())) > 0;
+  }
 
   // Registration and restarts happen here, never on the caller of update()
   // (the daemon's control thread): a kubelet that is slow to answer holds
@@ -396,6 +524,7 @@ struct NodeAgent::Impl {
       }
       const bool have_kubelet = fs::exists(dir + "/" + kKubeletSocket);
       for (auto& server : all) {
+        if (stopping()) return;
         // Gone and not there again: a socket this process re-made is there.
         const bool lost = std::find(gone.begin(), gone.end(), server->socket_name()) != gone.end() &&
                           !fs::exists(server->socket_path());
@@ -405,8 +534,9 @@ struct NodeAgent::Impl {
           if (lost) server->start();
           if (!have_kubelet) continue;
           // A kubelet that has just made its socket may not listen yet.
-          for (int i = 0; i < 30 && !server->register_with_kubelet() && kubelet; ++i)
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          // A stop cancels the call under way and ends the retries.
+          for (int i = 0; i < 30 && !server->register_with_kubelet(calls) && kubelet && !server->retired(); ++i)
+            if (stop_within(std::chrono::milliseconds(100))) return;
         } catch (const std::exception& ex) {
           spdlog::error("kubernetes: {}", ex.what());
         }
@@ -426,14 +556,32 @@ NodeAgent::NodeAgent(std::string plugin_dir, std::string cdi_dir) : impl_(std::m
   if (!impl_->inotify || !impl_->stop_fd || !impl_->kick_fd ||
       ::inotify_add_watch(impl_->inotify.get(), impl_->dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0)
     throw std::runtime_error("kubernetes: cannot watch " + impl_->dir + ": " + std::strerror(errno));
+  // CDI specs a previous run left (it crashed, or was killed): a runtime
+  // that honours CDI annotations could otherwise inject a device nobody
+  // allocated. Only sriovd's own files (its stem); update() writes the
+  // pools' specs again.
+  for (const auto& e : fs::directory_iterator(impl_->cdi_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("sriovd-", 0) == 0 && (name.ends_with(".json") || name.ends_with(".json.tmp")) &&
+        e.is_regular_file(ec) && !e.is_symlink(ec)) {
+      spdlog::info("kubernetes: removing {}, a CDI spec a previous run left", e.path().string());
+      fs::remove(e.path(), ec);
+    }
+  }
   impl_->watcher = std::thread([this] { impl_->watch(); });
 }
 
+// On the control thread: bounded. The watcher's registration is cancelled
+// (a kubelet that never answers holds nothing), and the servers get one
+// grace period between them for their calls under way.
 NodeAgent::~NodeAgent() {
   const uint64_t one = 1;
   (void)::write(impl_->stop_fd.get(), &one, sizeof one);
+  impl_->calls.stop();
   impl_->watcher.join();
   std::lock_guard lock(impl_->mu);
+  const auto deadline = std::chrono::steady_clock::now() + PoolServer::kShutdownGrace;
+  for (auto& [resource, server] : impl_->servers) server->retire(deadline);
   impl_->servers.clear();
 }
 
@@ -443,7 +591,13 @@ void NodeAgent::update(std::vector<Pool> pools) {
     std::lock_guard lock(impl_->mu);
     for (auto it = impl_->servers.begin(); it != impl_->servers.end();) {
       const bool kept = std::any_of(pools.begin(), pools.end(), [&](const Pool& p) { return p.resource == it->first; });
-      if (!kept) spdlog::info("kubernetes: {} is no longer a pool; its device plugin stops", it->first);
+      if (!kept) {
+        spdlog::info("kubernetes: {} is no longer a pool; its device plugin stops", it->first);
+        // Now, not when the watcher lets go of it: a pool added again
+        // next gets a server whose files the old one never touches.
+        impl_->calls.cancel(it->second.get());
+        it->second->retire();
+      }
       it = kept ? std::next(it) : impl_->servers.erase(it);
     }
     for (Pool& pool : pools) {
