@@ -148,13 +148,27 @@ json Daemon::devices_json() const {
   return out;
 }
 
+// Never a /proc walk here (a status is built for every scrape): the last
+// survey, which this asks to be renewed.
+std::string Daemon::surveyed_holders(const std::string& vf) const {
+  std::map<std::string, std::vector<pid_t>> devices = fd_given_;
+  for (const auto& e : vf_exports_) {
+    if (!e.server) continue;
+    auto& pids = devices[e.vf];
+    for (pid_t p : e.server->fd_recipients())
+      if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
+  }
+  std::erase_if(devices, [](const auto& d) { return d.second.empty(); });
+  holder_survey_->watch(std::move(devices));
+  return vfio::describe(holder_survey_->seen(vf).holders);
+}
+
 control::json Daemon::held_vfs_json() const {
   json out = json::array();
   for (const auto& given : fd_given_) {
     const std::string& vf = given.first;
     if (std::any_of(vf_exports_.begin(), vf_exports_.end(), [&](const VfExport& e) { return e.vf == vf; })) continue;
-    const auto holders = vfio::device_holders(vf, given.second);
-    if (!holders.empty()) out.push_back({{"vf", vf}, {"held_by", vfio::describe(holders)}});
+    if (const std::string held = surveyed_holders(vf); !held.empty()) out.push_back({{"vf", vf}, {"held_by", held}});
   }
   return out;
 }
@@ -175,7 +189,7 @@ json Daemon::vf_exports_json() const {
                         {"last_error", st.last_error}};
       j["dma_windows"] = e.proxy->dma_windows();
       if (!e.server->fd_recipients().empty())
-        j["device_fd_holders"] = vfio::describe(vfio::device_holders(e.vf, e.server->fd_recipients()));
+        j["device_fd_holders"] = surveyed_holders(e.vf);
       const irq::RouteStats t = e.proxy->interrupt_totals();
       j["interrupts"] = {{"fired", t.fired}, {"delivered", t.delivered}, {"masked_pending", t.masked_pending},
                          {"replayed", t.replayed}, {"dropped", t.dropped}, {"masks", t.masks}, {"unmasks", t.unmasks},

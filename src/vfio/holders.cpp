@@ -1,5 +1,7 @@
 #include "sriovd/vfio/holders.hpp"
 
+#include <pthread.h>
+
 #include <dirent.h>
 #include <unistd.h>
 
@@ -7,6 +9,8 @@
 #include <cerrno>
 #include <climits>
 #include <fstream>
+
+#include "sriovd/util/printable.hpp"
 
 namespace sriovd::vfio {
 
@@ -99,9 +103,67 @@ std::string describe(const std::vector<Holder>& holders) {
   std::string s;
   for (const Holder& h : holders) {
     if (!s.empty()) s += ", ";
-    s += "pid " + std::to_string(h.pid) + " (" + (h.comm.empty() ? "?" : h.comm) + ") " + h.what;
+    // A process names itself (prctl): escaped, it cannot forge a log line.
+    s += "pid " + std::to_string(h.pid) + " (" + (h.comm.empty() ? "?" : printable(h.comm, 16)) + ") " + h.what;
   }
   return s;
+}
+
+HolderSurvey::HolderSurvey(std::chrono::milliseconds interval, Walk walk)
+    : interval_(interval), walk_(walk ? std::move(walk) : Walk([](const std::string& d, std::span<const pid_t> g) {
+                                   return device_holders(d, g);
+                                 })) {
+  thread_ = std::thread([this] { run(); });
+  pthread_setname_np(thread_.native_handle(), "sriovd-holders");
+}
+
+HolderSurvey::~HolderSurvey() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void HolderSurvey::watch(std::map<std::string, std::vector<pid_t>> devices) {
+  std::lock_guard lock(mu_);
+  devices_ = std::move(devices);
+  std::erase_if(seen_, [&](const auto& s) { return !devices_.contains(s.first); });
+}
+
+HolderSurvey::Seen HolderSurvey::seen(const std::string& device) {
+  std::lock_guard lock(mu_);
+  if (!asked_) {
+    asked_ = true;
+    cv_.notify_all();
+  }
+  const auto it = seen_.find(device);
+  return it == seen_.end() ? Seen{} : it->second;
+}
+
+uint64_t HolderSurvey::surveys() const {
+  std::lock_guard lock(mu_);
+  return surveys_;
+}
+
+void HolderSurvey::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || (asked_ && !devices_.empty()); });
+    if (stop_) return;
+    asked_ = false;
+    const auto devices = devices_;
+    lock.unlock();
+    std::map<std::string, Seen> fresh;
+    for (const auto& [device, given] : devices) fresh[device] = {walk_(device, given), std::chrono::steady_clock::now()};
+    lock.lock();
+    for (auto& [device, s] : fresh)
+      if (devices_.contains(device)) seen_[device] = std::move(s);
+    ++surveys_;
+    // At most one survey per interval, however often a status is asked for.
+    if (cv_.wait_for(lock, interval_, [&] { return stop_; })) return;
+  }
 }
 
 }  // namespace sriovd::vfio

@@ -5,11 +5,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include <gtest/gtest.h>
 
+#include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
 namespace sriovd::vfio {
@@ -89,6 +92,44 @@ TEST(DeviceHolders, NobodyAndThisProcessAreNoHolders) {
   const pid_t given[] = {4242, ::getpid()};
   EXPECT_TRUE(device_holders(kVf, given, dir.path()).empty());
   EXPECT_TRUE(device_holders(kVf, {}, dir.path() + "/missing").empty());
+}
+
+// Issue 24 item 4: a status (built for every Prometheus scrape) walked
+// every process's fds on the control thread. A survey is its own thread's
+// work: looking never waits for a walk, and however often a status looks,
+// walks come at most once per interval.
+TEST(HolderSurvey, LookingNeverWaitsForAWalkAndWalksAreRateLimited) {
+  using namespace std::chrono_literals;
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  std::atomic<int> walks{0};
+  HolderSurvey survey(200ms, [&](const std::string& device, std::span<const pid_t> given) {
+    ++walks;
+    released.wait();  // a walk of a host with a great many fds
+    return std::vector<Holder>{{given.empty() ? 0 : given[0], "qemu\n<0>forged", "fd 7 of " + device}};
+  });
+  survey.watch({{"0000:3b:02.0", {4242}}});
+  // While the first walk is stuck, looking answers at once: nothing yet.
+  auto looks = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 1000; ++i)
+      if (!survey.seen("0000:3b:02.0").holders.empty()) return false;
+    return true;
+  });
+  ASSERT_EQ(looks.wait_for(5s), std::future_status::ready) << "a look waited for the walk";
+  EXPECT_TRUE(looks.get());
+  ASSERT_TRUE(test::wait_until([&] { return walks.load() == 1; }, 2s));
+  go.set_value();
+  ASSERT_TRUE(test::wait_until([&] { return !survey.seen("0000:3b:02.0").holders.empty(); }, 5s));
+  const auto seen = survey.seen("0000:3b:02.0");
+  EXPECT_EQ(seen.holders[0].pid, 4242);
+  EXPECT_EQ(describe(seen.holders).find('\n'), std::string::npos) << "a process's name forged a log line";
+  // A thousand looks in a burst: at most a couple of walks more.
+  const int before = walks.load();
+  for (int i = 0; i < 1000; ++i) (void)survey.seen("0000:3b:02.0");
+  EXPECT_LE(walks.load() - before, 2);
+  // Nothing watched: no walk at all.
+  survey.watch({});
+  EXPECT_TRUE(survey.seen("0000:3b:02.0").holders.empty());
 }
 
 }  // namespace

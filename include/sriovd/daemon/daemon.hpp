@@ -12,6 +12,7 @@
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/k8s/device_plugin.hpp"
+#include "sriovd/vfio/holders.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
@@ -158,6 +159,12 @@ class Daemon {
   // past the export: such a VMM may hold the VF after it disconnects, and
   // the host layer asks before it unbinds (release_holders).
   std::map<std::string, std::vector<pid_t>> fd_given_;
+  // Who holds those fds, as a status shows it: surveyed on a thread of its
+  // own (a /proc walk of every process costs seconds on a busy host).
+  std::unique_ptr<vfio::HolderSurvey> holder_survey_ = std::make_unique<vfio::HolderSurvey>();
+  // The devices to survey (every fd given, by export and past it) and what
+  // the last survey of `vf` found, described.
+  std::string surveyed_holders(const std::string& vf) const;
   void forget_export(const VfExport& e);
   std::string release_holders(const PciAddress& vf);
   control::json held_vfs_json() const;

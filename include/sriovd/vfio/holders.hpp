@@ -14,8 +14,14 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace sriovd::vfio {
@@ -34,5 +40,46 @@ std::vector<Holder> device_holders(const std::string& device, std::span<const pi
 
 // "pid 4242 (qemu-system-x86) fd 23, ..." for logs and errors.
 std::string describe(const std::vector<Holder>& holders);
+
+// The holders as a status shows them, surveyed off the caller's thread. A
+// walk reads the fd links of every process on the host: with many fds (an
+// unprivileged user can hold hundreds of thousands) it takes seconds, and
+// a status is built for every Prometheus scrape and for the device plugin.
+// So the control thread only reads the last survey; a survey runs on this
+// class's thread when someone has looked since the last one, at most once
+// per `interval`. What a status shows is at most interval + one walk old.
+class HolderSurvey {
+ public:
+  using Walk = std::function<std::vector<Holder>(const std::string& device, std::span<const pid_t> given_to)>;
+  struct Seen {
+    std::vector<Holder> holders;
+    std::chrono::steady_clock::time_point when{};  // epoch: not surveyed yet
+  };
+
+  explicit HolderSurvey(std::chrono::milliseconds interval = std::chrono::seconds(2), Walk walk = {});
+  ~HolderSurvey();
+  HolderSurvey(const HolderSurvey&) = delete;
+  HolderSurvey& operator=(const HolderSurvey&) = delete;
+
+  // The devices to survey and the pids each one's fd went to (replaces the
+  // last set; a device no longer in it is forgotten).
+  void watch(std::map<std::string, std::vector<pid_t>> devices);
+  // The last survey of `device`; asks for a new one. Never walks /proc.
+  [[nodiscard]] Seen seen(const std::string& device);
+  [[nodiscard]] uint64_t surveys() const;
+
+ private:
+  void run();
+
+  const std::chrono::milliseconds interval_;
+  Walk walk_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::vector<pid_t>> devices_;
+  std::map<std::string, Seen> seen_;
+  bool asked_ = false, stop_ = false;
+  uint64_t surveys_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace sriovd::vfio
