@@ -1,10 +1,11 @@
 #include "metrics.hpp"
 
-#include <future>
+#include <algorithm>
+#include <sstream>
 #include <stdexcept>
+#include <utility>
 
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
+#include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 
 #include "host_service.hpp"
@@ -34,61 +35,189 @@ Family& Family::add(std::vector<std::pair<std::string, std::string>> labels, dou
   return *this;
 }
 
-// Runs the snapshot on the control thread and waits for it; a control
-// thread that does not answer in time gives a scrape that says so
-// (sriovd_scrape_timeouts_total) instead of a hung one.
-class MetricsServer::Collector : public prometheus::Collectable {
+// One client: its request read within the deadline and the size limit,
+// answered, closed (no keep-alive: a scrape is one request).
+class MetricsServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Collector(asio::io_context& io, Snapshot snapshot) : io_(io), snapshot_(std::move(snapshot)) {}
-
-  std::vector<MetricFamily> Collect() const override {
-    auto done = std::make_shared<std::promise<std::vector<MetricFamily>>>();
-    auto result = done->get_future();
-    asio::post(io_, [done, fn = snapshot_] {
-      try {
-        done->set_value(fn());
-      } catch (...) {
-        done->set_exception(std::current_exception());
-      }
-    });
-    std::vector<MetricFamily> out;
-    if (result.wait_for(kScrapeDeadline) == std::future_status::ready) {
-      try {
-        out = result.get();
-      } catch (const std::exception& e) {
-        spdlog::warn("metrics: a scrape failed: {}", e.what());
-      }
-    } else {
-      ++timeouts_;
-    }
-    Family t("sriovd_scrape_timeouts_total", "scrapes the control thread did not answer within 2 s", MetricType::Counter);
-    t.add({}, static_cast<double>(timeouts_.load()));
-    out.push_back(std::move(t.f));
-    return out;
+  Connection(MetricsServer& server, asio::ip::tcp::socket socket)
+      : server_(&server), socket_(std::move(socket)), timer_(socket_.get_executor()), buffer_(kMaxRequest) {
+    boost::system::error_code ec;
+    const auto peer = socket_.remote_endpoint(ec);
+    address_ = ec ? std::string("?") : peer.address().to_string();
   }
 
+  void start() {
+    arm(kRequestDeadline, &Closed::request_deadline);
+    asio::async_read_until(socket_, buffer_, "\r\n\r\n", [self = shared_from_this()](boost::system::error_code ec, size_t) {
+      self->on_request(ec);
+    });
+  }
+
+  // The server is going: nothing here may touch it again.
+  void abandon() {
+    server_ = nullptr;
+    shut();
+  }
+  // Pushed out by a newer connection while it had not sent its request.
+  void push_out() { close(&Closed::pushed_out); }
+
+  [[nodiscard]] bool requested() const { return requested_; }
+  [[nodiscard]] const std::string& address() const { return address_; }
+
  private:
-  asio::io_context& io_;
-  Snapshot snapshot_;
-  mutable std::atomic<uint64_t> timeouts_{0};
+  void arm(std::chrono::seconds deadline, uint64_t Closed::*reason) {
+    timer_.expires_after(deadline);
+    timer_.async_wait([self = shared_from_this(), reason](boost::system::error_code ec) {
+      if (!ec) self->close(reason);
+    });
+  }
+
+  void on_request(boost::system::error_code ec) {
+    if (!server_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      close(ec == asio::error::not_found ? &Closed::too_large : nullptr);  // not_found: the limit came first
+      return;
+    }
+    requested_ = true;
+    std::istream in(&buffer_);
+    std::string line;
+    std::getline(in, line);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    answer_ = server_->answer(line);
+    if (answer_.rfind("HTTP/1.1 400", 0) == 0) ++server_->closed_.bad_request;
+    timer_.cancel();
+    arm(kAnswerDeadline, &Closed::answer_deadline);
+    asio::async_write(socket_, asio::buffer(answer_), [self = shared_from_this()](boost::system::error_code wec, size_t) {
+      if (wec == asio::error::operation_aborted || !self->server_) return;
+      self->close(nullptr);
+    });
+  }
+
+  void close(uint64_t Closed::*reason) {
+    if (!server_) return;
+    MetricsServer* server = std::exchange(server_, nullptr);
+    if (reason) ++(server->closed_.*reason);
+    shut();
+    server->forget(this);
+  }
+
+  void shut() {
+    boost::system::error_code ignored;
+    timer_.cancel();
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  MetricsServer* server_;
+  asio::ip::tcp::socket socket_;
+  asio::steady_timer timer_;
+  asio::streambuf buffer_;
+  std::string address_, answer_;
+  bool requested_ = false;
 };
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& listen, Snapshot snapshot)
-    : listen_(listen), collector_(std::make_shared<Collector>(io, std::move(snapshot))) {
+    : listen_(listen), snapshot_(std::move(snapshot)), acceptor_(io) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+    const auto colon = listen.rfind(':');
+    if (colon == std::string::npos) throw std::invalid_argument("not an address and a port");
+    const asio::ip::tcp::endpoint at(asio::ip::make_address_v4(listen.substr(0, colon)),
+                                     static_cast<uint16_t>(std::stoul(listen.substr(colon + 1))));
+    acceptor_.open(at.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(at);
+    acceptor_.listen(asio::socket_base::max_listen_connections);
   } catch (const std::exception& e) {
     throw std::runtime_error("metrics.listen " + listen + ": cannot listen (" + e.what() + ")");
   }
-  exposer_->RegisterCollectable(collector_);
-  spdlog::info("metrics: serving Prometheus on http://{}/metrics", listen);
+  accept_next();
+  spdlog::info("metrics: serving Prometheus on http://{}:{}/metrics", listen.substr(0, listen.rfind(':')), port());
 }
 
-MetricsServer::~MetricsServer() = default;
+MetricsServer::~MetricsServer() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  for (auto& c : connections_) c->abandon();
+  connections_.clear();
+}
 
 int MetricsServer::port() const {
-  const auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+  boost::system::error_code ec;
+  const auto at = acceptor_.local_endpoint(ec);
+  return ec ? 0 : at.port();
+}
+
+void MetricsServer::accept_next() {
+  acceptor_.async_accept([this](boost::system::error_code ec, asio::ip::tcp::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of fds and the like: this client waits in the backlog; no spin.
+      auto retry = std::make_shared<asio::steady_timer>(acceptor_.get_executor(), std::chrono::milliseconds(100));
+      retry->async_wait([this, retry](boost::system::error_code tec) {
+        if (!tec && acceptor_.is_open()) accept_next();
+      });
+      return;
+    }
+    admit(std::move(socket));
+    accept_next();
+  });
+}
+
+void MetricsServer::admit(asio::ip::tcp::socket socket) {
+  auto c = std::make_shared<Connection>(*this, std::move(socket));
+  if (connections_.size() >= kMaxConnections) {
+    // Full: the oldest connection that has not sent its request, from the
+    // address that holds the most such connections, makes room.
+    std::map<std::string, size_t> waiting;
+    for (const auto& o : connections_)
+      if (!o->requested()) ++waiting[o->address()];
+    if (waiting.empty()) {
+      c->abandon();  // all answering: the new one waits for no one
+      ++closed_.pushed_out;
+      return;
+    }
+    const auto most = std::max_element(waiting.begin(), waiting.end(),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+    for (const auto& o : connections_)
+      if (!o->requested() && o->address() == most->first) {
+        o->push_out();  // forgets itself
+        break;
+      }
+  }
+  connections_.push_back(c);
+  c->start();
+}
+
+void MetricsServer::forget(Connection* c) {
+  connections_.remove_if([c](const std::shared_ptr<Connection>& o) { return o.get() == c; });
+}
+
+std::string MetricsServer::answer(const std::string& request_line) {
+  auto reply = [](const char* status, const std::string& type, const std::string& body) {
+    return std::string("HTTP/1.1 ") + status + "\r\nContent-Type: " + type +
+           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  };
+  const auto sp1 = request_line.find(' ');
+  const auto sp2 = sp1 == std::string::npos ? std::string::npos : request_line.find(' ', sp1 + 1);
+  if (sp2 == std::string::npos || request_line.compare(sp2 + 1, 5, "HTTP/") != 0)
+    return reply("400 Bad Request", "text/plain", "not an HTTP request\n");
+  const std::string method = request_line.substr(0, sp1);
+  std::string target = request_line.substr(sp1 + 1, sp2 - sp1 - 1);
+  target = target.substr(0, target.find('?'));
+  if (method != "GET" && method != "HEAD") return reply("405 Method Not Allowed", "text/plain", "GET /metrics\n");
+  if (target != "/metrics") return reply("404 Not Found", "text/plain", "sriovd serves /metrics\n");
+  std::string body;
+  try {
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, snapshot_());
+    body = out.str();
+  } catch (const std::exception& e) {
+    spdlog::warn("metrics: a scrape failed: {}", e.what());
+    return reply("500 Internal Server Error", "text/plain", std::string(e.what()) + "\n");
+  }
+  std::string r = reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", body);
+  if (method == "HEAD") r.resize(r.size() - body.size());
+  return r;
 }
 
 namespace {
@@ -245,6 +374,17 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   Family udev("sriovd_udev_events_total", "udev events taken", MetricType::Counter);
   udev.add({}, static_cast<double>(udev_events_total_));
   out.push_back(std::move(udev.f));
+  if (metrics_) {
+    const auto& shut = metrics_->closed();
+    Family closed("sriovd_metrics_connections_closed_total",
+                  "connections to this endpoint closed by its limits, by reason", MetricType::Counter);
+    closed.add({{"reason", "request_deadline"}}, static_cast<double>(shut.request_deadline))
+        .add({{"reason", "too_large"}}, static_cast<double>(shut.too_large))
+        .add({{"reason", "bad_request"}}, static_cast<double>(shut.bad_request))
+        .add({{"reason", "pushed_out"}}, static_cast<double>(shut.pushed_out))
+        .add({{"reason", "answer_deadline"}}, static_cast<double>(shut.answer_deadline));
+    out.push_back(std::move(closed.f));
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -952,6 +953,73 @@ TEST_F(Daemon, AReloadNeverFollowsWhatAPeerPutAtItsSocketPath) {
   EXPECT_EQ(::lstat(vf0.c_str(), &lst), 0) << "the VMM's symlink was removed";
   EXPECT_TRUE(S_ISLNK(lst.st_mode));
   EXPECT_EQ(::stat(secret.c_str(), &st), 0);
+}
+
+namespace {
+// A TCP connection to 127.0.0.1:port (blocking, with send/receive timeouts).
+UniqueFd tcp_to(int port, int timeout_ms = 3000) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd.reset();
+  return fd;
+}
+
+// GET /metrics; the whole answer, or "" if none came within the timeout.
+std::string scrape(int port) {
+  UniqueFd fd = tcp_to(port);
+  if (!fd) return "";
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "";
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+}  // namespace
+
+// Issue 24 item 11: any local user blinded /metrics with a few slow
+// connections (one civetweb worker, a 30 s request timeout: 24 of them, 0
+// of 4 scrapes answered in 20 s). Now 300 connections that never finish
+// their request, and one that sends too much, leave every scrape answered.
+TEST_F(Daemon, SlowAndOversizedMetricsClientsDoNotBlindTheEndpoint) {
+  write_config(1, "metrics: {listen: \"127.0.0.1:0\"}\n");
+  start();
+  const int port = request({{"cmd", "status"}})["result"]["metrics"].value("port", 0);
+  ASSERT_GT(port, 0);
+  std::vector<UniqueFd> slow;
+  for (int i = 0; i < 300; ++i) {
+    UniqueFd fd = tcp_to(port);
+    ASSERT_TRUE(fd.valid()) << "connection " << i;
+    (void)::send(fd.get(), "GET /met", 8, MSG_NOSIGNAL);  // and nothing more
+    slow.push_back(std::move(fd));
+  }
+  UniqueFd big = tcp_to(port);
+  const std::string huge = "GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(20000, 'a');
+  (void)::send(big.get(), huge.data(), huge.size(), MSG_NOSIGNAL);
+  for (int i = 0; i < 4; ++i) {
+    const std::string got = scrape(port);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200 OK", 0), 0U) << "scrape " << i << ": " << got.substr(0, 80);
+    EXPECT_NE(got.find("sriovd_vf_info"), std::string::npos) << "scrape " << i;
+  }
+  const std::string got = scrape(port);
+  EXPECT_NE(got.find("sriovd_metrics_connections_closed_total{reason=\"pushed_out\"}"), std::string::npos);
+  EXPECT_EQ(got.find("sriovd_metrics_connections_closed_total{reason=\"too_large\"} 0"), std::string::npos)
+      << "the oversized request was not closed";
+  // The slow ones go at their deadline; the daemon answers on.
+  slow.clear();
+  EXPECT_EQ(scrape(port).rfind("HTTP/1.1 200 OK", 0), 0U);
+  // Not GET /metrics: an answer that says so.
+  UniqueFd other = tcp_to(port);
+  (void)::send(other.get(), "POST /x HTTP/1.1\r\n\r\n", 21, MSG_NOSIGNAL);
+  char buf[64] = {};
+  ASSERT_GT(::recv(other.get(), buf, sizeof buf - 1, 0), 0);
+  EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 405", 0), 0U) << buf;
 }
 
 // A VMM that dies mid-storm (SIGKILL) leaves nothing behind in the daemon:
