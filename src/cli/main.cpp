@@ -33,6 +33,8 @@ std::string field(const json& obj, const char* key) {
 void print_status(const json& r) {
   std::printf("sriovd %s, pid %s, %s\n", field(r, "version").c_str(), field(r, "pid").c_str(),
               field(r, "state").c_str());
+  if (r.value("binary_replaced", false))
+    std::printf("  its binary was replaced since it started (an upgrade): restart it when its VMs allow\n");
   std::printf("  host:            %s\n", field(r, "host").c_str());
   std::printf("  config:          %s\n", field(r, "config").c_str());
   std::printf("  control socket:  %s\n", field(r, "control_socket").c_str());

@@ -35,6 +35,15 @@ json queue_stats(const virtio::NetDevice& device) {
   return queues;
 }
 
+// The binary this process runs was replaced or removed since it started
+// (a package upgrade: the daemon is not restarted under running VMs).
+bool binary_replaced() {
+  char target[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", target, sizeof target - 1);
+  static constexpr std::string_view kDeleted = " (deleted)";
+  return n > 0 && std::string_view(target, static_cast<size_t>(n)).ends_with(kDeleted);
+}
+
 }  // namespace
 
 json Daemon::status_json() const {
@@ -45,6 +54,7 @@ json Daemon::status_json() const {
     events.push_back({{"action", e.action}, {"device", e.device}, {"pf", e.pf}, {"managed", e.managed}});
   return {
       {"version", kVersion},
+      {"binary_replaced", binary_replaced()},
       {"pid", ::getpid()},
       {"state", stopping_ ? "stopping" : "running"},
       {"host", config::to_string(config_.host)},

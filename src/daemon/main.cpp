@@ -10,6 +10,7 @@
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "logging.hpp"
+#include "sriovd/host/state.hpp"
 #include "sriovd/version.hpp"
 
 namespace {
@@ -33,6 +34,10 @@ int main(int argc, char** argv) {
   bool version = false;
   app.add_option("-c,--config", config_path, "configuration file")->capture_default_str();
   app.add_option("--check-config", check_path, "validate FILE and exit; touches nothing");
+  std::string pending_path;
+  app.add_option("--pending-restore", pending_path,
+                 "say what the journal FILE (STATE_DIR/state.json) still has to give back to the host; exit 0 if "
+                 "nothing, 1 if something (the package's removal asks this)");
   app.add_flag("-f,--foreground", foreground,
                "log for a terminal (timestamps) instead of for journald (<N> priorities)");
   app.add_option("-l,--log-level", log_level,
@@ -71,6 +76,24 @@ int main(int argc, char** argv) {
       for (const auto& d : e.diagnostics()) std::fprintf(stderr, "%s\n", d.to_string().c_str());
       std::fprintf(stderr, "%s: %zu error(s)\n", check_path.c_str(), e.diagnostics().size());
       return kExitConfig;
+    }
+  }
+
+  if (!pending_path.empty()) {
+    try {
+      const auto journal = sriovd::host::StateFile(pending_path).load();
+      if (journal.ledger.empty() && !journal.txn) {
+        std::printf("%s: nothing to give back\n", pending_path.c_str());
+        return 0;
+      }
+      std::printf("%s: %zu original value(s) to restore%s\n", pending_path.c_str(), journal.ledger.entries().size(),
+                  journal.txn ? ", and a transaction that did not finish" : "");
+      for (const auto& [key, original] : journal.ledger.entries())
+        std::printf("  %s: %s\n", key.to_json().dump().c_str(), original.dump().c_str());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "sriovd: %s: %s\n", pending_path.c_str(), e.what());
+      return 1;
     }
   }
 

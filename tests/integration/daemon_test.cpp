@@ -1022,6 +1022,21 @@ TEST_F(Daemon, SlowAndOversizedMetricsClientsDoNotBlindTheEndpoint) {
   EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 405", 0), 0U) << buf;
 }
 
+// Issue 24, "also seen": an upgrade does not restart the daemon (by
+// design: a restart under QEMU's vfio-user client kills its device), so
+// the status says when the binary it runs was replaced.
+TEST_F(Daemon, StatusSaysWhenTheBinaryWasReplaced) {
+  write_config(1);
+  const std::string copy = dir_.file("sriovd-old");
+  std::filesystem::copy_file(SRIOVD_BIN, copy);
+  std::filesystem::permissions(copy, std::filesystem::perms::owner_all);
+  // sh drops the fixture's binary ($1) and execs the copy: the PID stays the daemon's.
+  start({}, {"/bin/sh", "-c", "shift; exec " + copy + " \"$@\"", "sh"});
+  EXPECT_FALSE(request({{"cmd", "status"}})["result"].value("binary_replaced", true));
+  std::filesystem::remove(copy);
+  EXPECT_TRUE(request({{"cmd", "status"}})["result"].value("binary_replaced", false));
+}
+
 // A VMM that dies mid-storm (SIGKILL) leaves nothing behind in the daemon:
 // its routes go, the export listens again, and the next client is served.
 TEST_F(Daemon, VfioUserClientCrashAndReconnect) {

@@ -44,6 +44,19 @@ dpkg-query -W -f='${Conffiles}' sriovd | grep -q '/etc/sriovd/sriovd.yaml' || fa
 grep -q '/usr/bin/sriovctl' /usr/lib/udev/rules.d/90-sriovd.rules || fail "the udev rules do not name the installed sriovctl"
 echo "PASS conffile, completion, udev rules"
 
+# A host not given back (the journal still records a change to undo): the
+# removal stops, and says what is left.
+mkdir -p /var/lib/sriovd
+cat >/var/lib/sriovd/state.json <<'JSON'
+{"version": 1, "next_txn": 2, "txn": null,
+ "ledger": [{"key": {"kind": "numvfs", "device": "0000:3b:00.0", "vf": -1}, "original": 0}]}
+JSON
+if out=$(dpkg -r sriovd 2>&1); then fail "dpkg -r removed the package with the host not given back"; fi
+grep -q "the host is not given back" <<<"$out" || fail "no reason given: $out"
+[[ -e /usr/sbin/sriovd && -e /var/lib/sriovd/state.json ]] || fail "the refused removal took files"
+echo "PASS a removal with host changes still to undo is refused: $(grep -m1 'original value' <<<"$out")"
+echo '{"version": 1, "next_txn": 3, "txn": null, "ledger": []}' >/var/lib/sriovd/state.json
+
 # An operator's edit of the conffile survives remove; purge takes it.
 echo "# edited" >>/etc/sriovd/sriovd.yaml
 dpkg -r sriovd >/dev/null || fail "dpkg -r"
@@ -54,5 +67,6 @@ installed=false
 [[ ! -e /etc/sriovd/sriovd.yaml ]] || fail "purge left /etc/sriovd/sriovd.yaml"
 left=$(dpkg-deb -c "$deb" | awk '{print substr($6, 2)}' | while read -r f; do [[ -f $f ]] && echo "$f"; done || true)
 [[ -z $left ]] || fail "files left after purge: $left"
+[[ ! -e /var/lib/sriovd ]] || fail "purge left /var/lib/sriovd after a clean removal"
 echo "PASS dpkg -r keeps the edited conffile, --purge leaves nothing"
 echo "deb_test: all passed"
