@@ -218,9 +218,9 @@ void Loader::read_metrics(const YAML::Node& node) {
     return;
   }
   if (v6) {
-    // prometheus-cpp serves through civetweb, which Debian 12 builds without IPv6.
+    // The endpoint (daemon/metrics.cpp) binds an IPv4 address.
     ctx_.error(m.where("listen"), "metrics.listen",
-               "'" + *listen + "': IPv6 is not served (the metrics HTTP server, Debian's civetweb, has no IPv6); "
+               "'" + *listen + "': IPv6 is not served (the metrics endpoint listens on an IPv4 address); "
                "use an IPv4 address such as \"127.0.0.1:9808\"");
     return;
   }

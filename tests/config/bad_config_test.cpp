@@ -277,7 +277,7 @@ const BadCase kCases[] = {
   {"MetricsPortTooBig", kSystem + "metrics: {listen: \"127.0.0.1:65536\"}\n", 3, 19,
    "metrics.listen: '127.0.0.1:65536' is not an address and port (e.g. \"127.0.0.1:9808\")"},
   {"MetricsIpv6", kSystem + "metrics: {listen: \"[::1]:9808\"}\n", 3, 19,
-   "metrics.listen: '[::1]:9808': IPv6 is not served (the metrics HTTP server, Debian's civetweb, has no IPv6); use an "
+   "metrics.listen: '[::1]:9808': IPv6 is not served (the metrics endpoint listens on an IPv4 address); use an "
    "IPv4 address such as \"127.0.0.1:9808\""},
   {"MetricsUnknownKey", kSystem + "metrics: {listen: \"127.0.0.1:9808\", port: 1}\n", 3, 37,
    "metrics: unknown key 'port' (expected one of: listen, allow_remote)"},
