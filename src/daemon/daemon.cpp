@@ -167,6 +167,7 @@ void Daemon::shutdown(const char* why) {
     exit_code_ = 1;
   }
   control_->stop();
+  metrics_.reset();  // its accept would keep the io_context running
   boost::system::error_code ignored;
   signals_.cancel(ignored);
   watchdog_timer_.cancel();

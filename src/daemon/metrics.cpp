@@ -117,7 +117,7 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
 };
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& listen, Snapshot snapshot)
-    : listen_(listen), snapshot_(std::move(snapshot)), acceptor_(io) {
+    : listen_(listen), snapshot_(std::move(snapshot)), acceptor_(io), retry_(io) {
   try {
     const auto colon = listen.rfind(':');
     if (colon == std::string::npos) throw std::invalid_argument("not an address and a port");
@@ -134,8 +134,11 @@ MetricsServer::MetricsServer(asio::io_context& io, const std::string& listen, Sn
   spdlog::info("metrics: serving Prometheus on http://{}:{}/metrics", listen.substr(0, listen.rfind(':')), port());
 }
 
+// Nothing of it stays pending on the io_context (the daemon's shutdown
+// lets the io_context run out of work).
 MetricsServer::~MetricsServer() {
   boost::system::error_code ignored;
+  retry_.cancel();
   acceptor_.close(ignored);
   for (auto& c : connections_) c->abandon();
   connections_.clear();
@@ -152,9 +155,9 @@ void MetricsServer::accept_next() {
     if (ec == asio::error::operation_aborted) return;
     if (ec) {
       // Out of fds and the like: this client waits in the backlog; no spin.
-      auto retry = std::make_shared<asio::steady_timer>(acceptor_.get_executor(), std::chrono::milliseconds(100));
-      retry->async_wait([this, retry](boost::system::error_code tec) {
-        if (!tec && acceptor_.is_open()) accept_next();
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this](boost::system::error_code tec) {
+        if (!tec) accept_next();
       });
       return;
     }

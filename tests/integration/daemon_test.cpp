@@ -1022,6 +1022,20 @@ TEST_F(Daemon, SlowAndOversizedMetricsClientsDoNotBlindTheEndpoint) {
   EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 405", 0), 0U) << buf;
 }
 
+// The metrics endpoint keeps nothing pending on the control thread's
+// io_context once the daemon stops: with it on (and scraped), SIGTERM ends
+// the daemon. (Found by the systemd VM test: the stop hung until systemd's
+// SIGKILL, 30 s later.)
+TEST_F(Daemon, StopsOnSigtermWithMetricsServed) {
+  write_config(1, "metrics: {listen: \"127.0.0.1:0\"}\n");
+  start();
+  const int port = request({{"cmd", "status"}})["result"]["metrics"].value("port", 0);
+  ASSERT_EQ(scrape(port).rfind("HTTP/1.1 200 OK", 0), 0U);
+  UniqueFd idle = tcp_to(port);  // and a client that is still connected
+  daemon_->signal(SIGTERM);
+  EXPECT_TRUE(daemon_->wait_for(10s)) << "sriovd did not stop:\n" << daemon_->log();
+}
+
 // Issue 24, "also seen": an upgrade does not restart the daemon (by
 // design: a restart under QEMU's vfio-user client kills its device), so
 // the status says when the binary it runs was replaced.

@@ -1,0 +1,95 @@
+#!/bin/bash
+# The unit as it ships (issue 24): in a Debian 12 guest booted with systemd
+# as PID 1, the package installed with dpkg, sriovd started by systemctl in
+# its real sandbox, and every feature the sandbox must allow exercised: an
+# af_xdp backend (AF_XDP, bpf()), a macvtap backend, the device plugin's
+# socket and CDI spec (their directories), metrics, a reload, the holder
+# check against a VMM of another uid (CAP_SYS_PTRACE), stop and restore.
+# Runs as a oneshot service (tests/vm/systemd-init); results in
+# /work/results, read by the host after the guest powers off.
+set -u
+R=/work/results
+: >"$R"
+say() { echo "$*" >>"$R"; echo "$*" >/dev/ttyS0; }
+pass() { say "VMTEST PASS $*"; }
+fail() { say "VMTEST FAIL $*"; }
+finish() {
+  journalctl -u sriovd --no-pager >/work/sriovd.journal 2>&1
+  say "VMTEST END"
+  sync
+  systemctl poweroff --no-block
+  exit 0
+}
+check() {  # check NAME COMMAND...: PASS or FAIL by the command's status
+  local name=$1
+  shift
+  if "$@" >/work/check.out 2>&1; then pass "$name"; else fail "$name: $(tail -n 3 /work/check.out | tr '\n' ' ')"; fi
+}
+wait_for() {  # wait_for SECONDS COMMAND...
+  local until=$((SECONDS + $1))
+  shift
+  while ((SECONDS < until)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  "$@"
+}
+metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9808/metrics', timeout=5).read().decode())"; }
+devices() { sriovctl --json devices; }
+field() {  # field PY-EXPR: of `sriovctl --json devices`
+  devices | python3 -c "import json, sys; d = json.load(sys.stdin); d = d.get('result', d); print($1)"
+}
+
+check "systemd-is-pid-1" test "$(cat /proc/1/comm)" = systemd
+check "dpkg-i-the-package" dpkg -i /work/sriovd.deb
+mkdir -p /var/lib/kubelet/device-plugins /run/cdi
+cat >/etc/sriovd/sriovd.yaml <<'EOF'
+version: 1
+host: simulated
+simulated:
+  physical_functions:
+    - {address: "0000:3b:00.0", netdev: simpf0, total_vfs: 8, msix_vectors_per_vf: 4}
+metrics: {listen: "127.0.0.1:9808"}
+physical_functions:
+  - address: "0000:3b:00.0"
+    num_vfs: 4
+    vfs:
+      - {index: 0, assign: {owner: vm1, socket: /run/sriovd/vf0.sock}}
+      - {index: 3, assign: {owner: k8s, export: none}}
+virtio_devices:
+  - {name: vx0, type: net, transport: vhost-user, socket: /run/sriovd/vx0.sock,
+     backend: {type: vf, pf: "0000:3b:00.0", vf: 1, via: af_xdp}}
+  - {name: vm0, type: net, transport: vhost-user, socket: /run/sriovd/vm0.sock,
+     backend: {type: vf, pf: "0000:3b:00.0", vf: 2, via: macvtap}}
+kubernetes:
+  pools:
+    - name: sriovd.test/vfio
+      vfs: [{pf: "0000:3b:00.0", indexes: [3]}]
+EOF
+check "systemctl-start" systemctl start sriovd
+check "unit-active" systemctl is-active sriovd
+check "af_xdp-backend-served" wait_for 10 test "$(field "[v['state'] for v in d['virtio_devices'] if v['name'] == 'vx0'][0]")" = listening
+check "macvtap-backend-served" wait_for 10 test "$(field "[v['state'] for v in d['virtio_devices'] if v['name'] == 'vm0'][0]")" = listening
+check "vf-export-listening" test -S /run/sriovd/vf0.sock
+check "device-plugin-socket" wait_for 10 test -S /var/lib/kubelet/device-plugins/sriovd-sriovd.test_vfio.sock
+check "cdi-spec" test -f /run/cdi/sriovd-sriovd.test_vfio.json
+check "metrics" wait_for 10 sh -c "$(declare -f metrics); metrics | grep -q '^sriovd_vf_info'"
+check "systemctl-reload" systemctl reload sriovd
+check "reloaded" wait_for 10 sh -c "$(declare -f metrics); metrics | grep -q 'sriovd_reloads_total{result=\"ok\"} 1'"
+check "still-active-after-reload" systemctl is-active sriovd
+check "nothing-refused-by-the-sandbox" sh -c "! journalctl -u sriovd --no-pager | grep -iE 'not permitted|permission denied|read-only file system'"
+state() { systemctl show -p ActiveState --value sriovd; }
+systemctl stop --no-block sriovd
+# "deactivating" is not "inactive": the stop is done when the unit says so.
+if ! wait_for 15 sh -c "$(declare -f state); test \"\$(state)\" = inactive"; then
+  # What each of its threads waits in, for the record.
+  pid=$(systemctl show -p MainPID --value sriovd)
+  for t in /proc/"$pid"/task/*; do
+    echo "thread $(basename "$t") $(cat "$t/comm"): $(cat "$t/wchan" 2>/dev/null) syscall $(cat "$t/syscall" 2>/dev/null)"
+  done >/work/threads.txt
+  fail "systemctl-stop: still $(state) after 15 s: $(tr '\n' ';' </work/threads.txt)"
+  wait_for 40 sh -c "$(declare -f state); test \"\$(state)\" != deactivating"
+else
+  pass "systemctl-stop"
+fi
+check "stopped-cleanly" test "$(state)" = inactive
+check "host-given-back" sriovd --pending-restore /var/lib/sriovd/state-simulated.json
+check "cdi-spec-removed-at-stop" test ! -e /run/cdi/sriovd-sriovd.test_vfio.json
+finish
