@@ -40,7 +40,9 @@ std::vector<uint8_t> read_config(VfioUserClient& c) {
   return bytes;
 }
 
-json info(VfioUserClient& c) {
+// `keep`: the region fds the export passed (bar_access: mmap passes the VF's
+// VFIO device fd) are kept there instead of closed.
+json info(VfioUserClient& c, std::vector<UniqueFd>* keep = nullptr) {
   json out;
   out["protocol"] = {{"minor", c.minor()}, {"server", c.server_capabilities()}};
   const auto d = c.device_info();
@@ -55,6 +57,7 @@ json info(VfioUserClient& c) {
     regions.push_back({{"index", i}, {"size", r.info.size}, {"flags", r.info.flags},
                        {"mmap", (r.info.flags & VFIO_REGION_INFO_FLAG_MMAP) != 0}, {"fd", r.fd.valid()},
                        {"sparse", areas}});
+    if (keep && r.fd.valid()) keep->emplace_back(::dup(r.fd.get()));
   }
   out["regions"] = regions;
   json irqs = json::array();
@@ -320,6 +323,10 @@ int main(int argc, char** argv) {
   std::string info_socket;
   auto* info_cmd = app.add_subcommand("info", "what the export offers: regions, sparse areas, interrupts, MSI-X");
   info_cmd->add_option("--socket", info_socket, "the export's vfio-user socket")->required();
+  unsigned hold_seconds = 0;
+  info_cmd->add_option("--hold", hold_seconds,
+                       "then keep the connection and every fd the export passed (a VMM holding the VF's device fd) "
+                       "for this many seconds");
   StormOptions so;
   bool no_mask = false;
   auto* storm_cmd = add_storm_command(app, so, no_mask);
@@ -330,8 +337,13 @@ int main(int argc, char** argv) {
     json j;
     if (*info_cmd) {
       VfioUserClient c(info_socket);
-      j = info(c);
+      std::vector<UniqueFd> kept;
+      j = info(c, &kept);
       if (!as_json) print_info(j);
+      if (hold_seconds) {
+        std::fflush(stdout);
+        std::this_thread::sleep_for(std::chrono::seconds(hold_seconds));
+      }
     } else if (*net_cmd) {
       j = virtio_net(no);
       if (!as_json) print_net(j);

@@ -8,6 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
 # shellcheck source=systemd-lib.sh
 source "$here/systemd-lib.sh"
+# systemd's boot, the package's install and two daemon runs under TCG.
+VM_TIMEOUT=${SRIOVD_VM_TIMEOUT:-600}
 if [[ $EUID -ne 0 ]]; then
   echo "SKIP: the guest's root is debootstrapped and QEMU passes it through 9p as root" >&2
   exit 77

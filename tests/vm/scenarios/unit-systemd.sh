@@ -92,4 +92,39 @@ fi
 check "stopped-cleanly" test "$(state)" = inactive
 check "host-given-back" sriovd --pending-restore /var/lib/sriovd/state-simulated.json
 check "cdi-spec-removed-at-stop" test ! -e /run/cdi/sriovd-sriovd.test_vfio.json
+
+# The real host (the VM's SR-IOV NVMe PF): a VF exported with bar_access:
+# mmap to a VMM of another uid, which keeps the VF's VFIO device fd. Root
+# reads another uid's /proc/PID/fd only with CAP_SYS_PTRACE: without it in
+# the unit, the holder check before an unbind is blind.
+PF=$(for d in /sys/bus/pci/devices/*; do [ -e "$d/sriov_totalvfs" ] && basename "$d"; done | head -n 1)
+cat >/etc/sriovd/sriovd.yaml <<CONF
+version: 1
+host: system
+physical_functions:
+  - address: "$PF"
+    num_vfs: 1
+    vfs:
+      - index: 0
+        assign: {owner: vm1, socket: /run/sriovd/nvme-vf0.sock, bar_access: mmap,
+                 access: {user: nobody, mode: "0600", allowed_uids: [65534]}}
+CONF
+check "systemctl-start-on-the-real-host" systemctl start sriovd
+check "vf-export-on-the-real-host" wait_for 10 test -S /run/sriovd/nvme-vf0.sock
+setpriv --reuid=65534 --regid=65534 --clear-groups sriovd-guest info --socket /run/sriovd/nvme-vf0.sock --hold 120 \
+  >/work/vmm.log 2>&1 &
+VMM=$!
+holders() { field "d['vfio_user_exports'][0].get('device_fd_holders', '')"; }
+if wait_for 15 sh -c "$(declare -f devices field holders); holders | grep -q 'pid $VMM '"; then
+  pass "holder-of-another-uid-seen $(holders)"
+else
+  fail "holder-of-another-uid-seen: '$(holders)' (VMM: $(cat /work/vmm.log))"
+fi
+kill "$VMM"
+wait "$VMM" 2>/dev/null
+systemctl stop --no-block sriovd
+if wait_for 20 sh -c "$(declare -f state); test \"\$(state)\" = inactive"; then pass "stopped-on-the-real-host"; else
+  fail "stopped-on-the-real-host: $(state)"; fi
+check "real-host-given-back" sriovd --pending-restore /var/lib/sriovd/state.json
+check "no-vf-left" test "$(cat "/sys/bus/pci/devices/$PF/sriov_numvfs")" = 0
 finish
