@@ -111,14 +111,14 @@ physical_functions:
 CONF
 check "systemctl-start-on-the-real-host" systemctl start sriovd
 check "vf-export-on-the-real-host" wait_for 10 test -S /run/sriovd/nvme-vf0.sock
-setpriv --reuid=65534 --regid=65534 --clear-groups sriovd-guest info --socket /run/sriovd/nvme-vf0.sock --hold 120 \
+setpriv --reuid=65534 --regid=65534 --clear-groups sriovd-guest --json info --socket /run/sriovd/nvme-vf0.sock --hold 120 \
   >/work/vmm.log 2>&1 &
 VMM=$!
 holders() { field "d['vfio_user_exports'][0].get('device_fd_holders', '')"; }
 if wait_for 15 sh -c "$(declare -f devices field holders); holders | grep -q 'pid $VMM '"; then
   pass "holder-of-another-uid-seen $(holders)"
 else
-  fail "holder-of-another-uid-seen: '$(holders)' (VMM: $(cat /work/vmm.log))"
+  fail "holder-of-another-uid-seen: '$(holders)' (VMM: $(tr '\n' ' ' </work/vmm.log); export: $(field "d['vfio_user_exports'][0]"); VMM fds: $(ls -l /proc/$VMM/fd 2>&1 | tr '\n' ' '))"
 fi
 kill "$VMM"
 wait "$VMM" 2>/dev/null
