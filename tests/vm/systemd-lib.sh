@@ -117,14 +117,5 @@ sd_run() {
     -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
   rm -f "$initrd"
   [[ -f $work/results ]] && cat "$work/results" >>"$log"
-  if ! grep -q '^VMTEST END' "$work/results" 2>/dev/null; then
-    vm_log "the guest did not finish (qemu exit $rc); console in $log"
-    return 1
-  fi
-  local passed failed
-  passed=$(grep -c '^VMTEST PASS' "$work/results" || true)
-  failed=$(grep -c '^VMTEST FAIL' "$work/results" || true)
-  grep -E '^VMTEST (PASS|FAIL)' "$work/results" | sed 's/^/  /' >&2
-  vm_log "$passed passed, $failed failed"
-  [[ $failed -eq 0 && $passed -gt 0 ]]
+  vm_verdict "$work/results" "$rc" "$log"
 }

@@ -137,14 +137,21 @@ vm_run() {
     -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
     -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
   rm -f "$initrd"
-  if ! grep -q '^VMTEST END' "$log"; then
+  vm_verdict "$log" "$rc" "$log"
+}
+
+# vm_verdict RESULTS QEMU_RC LOG: the scenario's "VMTEST PASS|FAIL" lines in
+# RESULTS, listed; 0 when it ended ("VMTEST END") and every check passed.
+vm_verdict() {
+  local results=$1 rc=$2 log=$3
+  if ! grep -q '^VMTEST END' "$results" 2>/dev/null; then
     vm_log "the guest did not finish (qemu exit $rc); console in $log"
     return 1
   fi
   local passed failed
-  passed=$(grep -c '^VMTEST PASS' "$log" || true)
-  failed=$(grep -c '^VMTEST FAIL' "$log" || true)
-  grep -E '^VMTEST (PASS|FAIL)' "$log" | sed 's/^/  /' >&2
+  passed=$(grep -c '^VMTEST PASS' "$results" || true)
+  failed=$(grep -c '^VMTEST FAIL' "$results" || true)
+  grep -E '^VMTEST (PASS|FAIL)' "$results" | sed 's/^/  /' >&2
   vm_log "$passed passed, $failed failed"
   [[ $failed -eq 0 && $passed -gt 0 ]]
 }
