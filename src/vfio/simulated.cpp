@@ -10,6 +10,7 @@
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 
 namespace sriovd::vfio {
 
@@ -137,8 +138,10 @@ void SimulatedDevice::trigger(uint32_t index, uint32_t vector) {
     throw std::out_of_range(name_ + ": no MSI-X vector " + std::to_string(vector));
   const int fd = vector_fds_[vector].load(std::memory_order_acquire);
   if (fd < 0) return;  // no eventfd: the interrupt goes nowhere, as in VFIO
-  const uint64_t one = 1;
-  (void)::write(fd, &one, sizeof one);
+  // The kernel signals without ever waiting; in direct mode this is the
+  // VMM's eventfd, which it may have made blocking: a guarded write
+  // (util/eventfd.hpp) is as close as user space comes.
+  (void)peer_eventfd_write(fd);
 }
 
 void SimulatedDevice::reset() {
