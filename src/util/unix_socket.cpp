@@ -1,8 +1,10 @@
 #include "sriovd/util/unix_socket.hpp"
 
 #include <algorithm>
+#include <array>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -160,6 +162,46 @@ ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int>
   do n = ::sendmsg(sock, &msg, flags | MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n;
+}
+
+ssize_t send_all_within(int sock, std::span<const iovec> iov, std::span<const int> fds,
+                        std::chrono::milliseconds limit) {
+  std::array<iovec, 4> rest{};
+  if (iov.size() > rest.size()) {
+    errno = E2BIG;
+    return -1;
+  }
+  std::copy(iov.begin(), iov.end(), rest.begin());
+  size_t first = 0, count = iov.size(), total = 0;
+  bool fds_sent = fds.empty();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (first < count) {
+    const ssize_t n = send_with_fds(sock, std::span<const iovec>(rest.data() + first, count - first),
+                                    fds_sent ? std::span<const int>() : fds, MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN) return -1;
+    if (n > 0) {
+      fds_sent = true;  // they went with the first byte
+      total += static_cast<size_t>(n);
+      for (size_t left = static_cast<size_t>(n); left > 0 && first < count;) {
+        const size_t take = std::min(left, rest[first].iov_len);
+        rest[first].iov_base = static_cast<uint8_t*>(rest[first].iov_base) + take;
+        rest[first].iov_len -= take;
+        left -= take;
+        if (rest[first].iov_len == 0) ++first;
+      }
+      while (first < count && rest[first].iov_len == 0) ++first;
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    pollfd p{sock, POLLOUT, 0};
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+    if (::poll(&p, 1, static_cast<int>(wait)) < 0 && errno != EINTR) return -1;
+  }
+  return static_cast<ssize_t>(total);
 }
 
 std::optional<ucred> peer_credentials(int fd) {

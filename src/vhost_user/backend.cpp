@@ -242,7 +242,7 @@ void Backend::reply(const Message& m, const void* payload, uint32_t size, int fd
   Header h{m.hdr.request, kVersion | kFlagReply, size};
   const iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), size}};
   const std::span<const int> fds(&fd, fd >= 0 ? 1 : 0);
-  if (send_with_fds(conn_.fd(), iov, fds) != static_cast<ssize_t>(sizeof h + size))
+  if (send_all_within(conn_.fd(), iov, fds, std::chrono::seconds(1)) != static_cast<ssize_t>(sizeof h + size))
     throw ProtocolError(std::string("cannot reply: ") + std::strerror(errno));
 }
 

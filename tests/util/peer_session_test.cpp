@@ -326,3 +326,63 @@ TEST(SocketFileAttack, ASocketStillInPlaceIsRemovedAndALiveOneRefused) {
 
 }  // namespace
 }  // namespace sriovd
+
+namespace sriovd {
+namespace {
+
+// Issue 24, "also seen": a reply larger than the socket buffer. It goes in
+// pieces as the peer reads, fds with the first byte; and a peer that drains
+// it one buffer at a time just inside a per-wait timeout cannot stretch it
+// past the deadline (SO_SNDTIMEO would give it a second per buffer).
+TEST(SendAllWithin, ALargeReplyGoesWholeToAReaderAndNotPastTheDeadlineToATrickler) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd ours(sv[0]), peer(sv[1]);
+  const int small = 16384;
+  ::setsockopt(ours.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  std::vector<uint8_t> body(1 << 20);
+  for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<uint8_t>(i * 7);
+  uint32_t header = 0xabcd;
+  const iovec iov[2] = {{&header, sizeof header}, {body.data(), body.size()}};
+  UniqueFd passed(::eventfd(0, EFD_CLOEXEC));
+  const int fd = passed.get();
+  // A reader: everything arrives, in order, with the fd.
+  auto reader = std::async(std::launch::async, [&] {
+    std::vector<uint8_t> got;
+    std::vector<UniqueFd> fds;
+    bool truncated = false;
+    std::vector<uint8_t> buf(65536);
+    while (got.size() < sizeof header + body.size()) {
+      const ssize_t n = recv_with_fds(peer.get(), buf.data(), buf.size(), fds, 0, truncated);
+      if (n <= 0) break;
+      got.insert(got.end(), buf.begin(), buf.begin() + n);
+    }
+    return std::pair{got, fds.size()};
+  });
+  ASSERT_EQ(send_all_within(ours.get(), iov, std::span<const int>(&fd, 1), std::chrono::seconds(5)),
+            static_cast<ssize_t>(sizeof header + body.size()));
+  const auto [got, nfds] = reader.get();
+  ASSERT_EQ(got.size(), sizeof header + body.size());
+  EXPECT_EQ(std::memcmp(got.data() + sizeof header, body.data(), body.size()), 0);
+  EXPECT_EQ(nfds, 1U);
+  // A trickler: one small read every 300 ms. The send gives up at its
+  // deadline (ETIMEDOUT), not a second per buffer later.
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    std::vector<uint8_t> buf(4096);
+    while (!stop) {
+      (void)::recv(peer.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(send_all_within(ours.get(), iov, {}, std::chrono::milliseconds(500)), -1);
+  EXPECT_EQ(errno, ETIMEDOUT);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  trickle.join();
+  EXPECT_LT(took, std::chrono::seconds(3)) << "the deadline did not hold";
+}
+
+}  // namespace
+}  // namespace sriovd

@@ -5,6 +5,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <optional>
 #include <span>
 #include <string>
@@ -94,6 +95,15 @@ inline constexpr size_t kMaxPassedFds = 16;
 // sendmsg of `iov` with `fds` as SCM_RIGHTS (none: a plain message);
 // MSG_NOSIGNAL, retried on EINTR. Returns what sendmsg returned.
 ssize_t send_with_fds(int sock, std::span<const iovec> iov, std::span<const int> fds, int flags = 0);
+
+// The whole of `iov`, `fds` with its first byte, waiting for room at most
+// `limit` in all: each sendmsg is MSG_DONTWAIT and the waits between them
+// share one deadline, so a peer that drains a large reply one socket buffer
+// at a time, just inside a per-wait timeout, cannot hold the sender for
+// longer (SO_SNDTIMEO counts each wait afresh). Returns the bytes sent (all
+// of them) or -1 with errno (ETIMEDOUT, or sendmsg's). At most 4 iovecs.
+ssize_t send_all_within(int sock, std::span<const iovec> iov, std::span<const int> fds,
+                        std::chrono::milliseconds limit);
 
 // One recvmsg into [data, data + size); the fds that came with it are
 // appended to `fds` (close-on-exec). Sets `truncated` when the sender's
