@@ -183,7 +183,8 @@ void MetricsServer::admit(asio::ip::tcp::socket socket) {
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
     for (const auto& o : connections_)
       if (!o->requested() && o->address() == most->first) {
-        o->push_out();  // forgets itself
+        const auto victim = o;  // push_out() takes it off the list `o` lives in
+        victim->push_out();
         break;
       }
   }

@@ -167,9 +167,7 @@ void Engine::relay_loop(RelayThread& t) {
   }
 }
 
-// Lock-free: a masked fire latches the pending bit; if an unmask raced in
-// between the load and the latch, its replay may have missed the bit, so
-// the fire claims it back and delivers.
+// Lock-free: a masked fire latches the pending bit (latch()).
 void Engine::fire(Route& r, uint64_t count) {
   r.fired.fetch_add(count, std::memory_order_relaxed);
   if (!(r.flags.load(std::memory_order_acquire) & kMasked)) {
@@ -177,6 +175,13 @@ void Engine::fire(Route& r, uint64_t count) {
     return;
   }
   r.masked_pending.fetch_add(1, std::memory_order_relaxed);
+  latch(r);
+}
+
+// A masked vector's interrupt: the pending bit. If an unmask raced in
+// between the caller's load and the latch, its replay may have missed the
+// bit, so the latch claims it back and delivers.
+void Engine::latch(Route& r) {
   r.flags.fetch_or(kPending, std::memory_order_acq_rel);
   if (!(r.flags.load(std::memory_order_acquire) & kMasked) &&
       (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending))
@@ -190,10 +195,7 @@ void Engine::replay(Route& r) {
     deliver(r);
     return;
   }
-  r.flags.fetch_or(kPending, std::memory_order_acq_rel);
-  if (!(r.flags.load(std::memory_order_acquire) & kMasked) &&
-      (r.flags.fetch_and(~kPending, std::memory_order_acq_rel) & kPending))
-    deliver(r);
+  latch(r);
 }
 
 void Engine::deliver(Route& r) {
@@ -206,7 +208,10 @@ void Engine::deliver(Route& r) {
   // interrupts (EAGAIN), and one it also made blocking is cut by the peer
   // I/O watchdog (EINTR) and written no more.
   const bool ok = fd >= 0 && !(r.flags.load(std::memory_order_relaxed) & kSinkBlocked) && peer_eventfd_write(fd);
-  if (!ok && fd >= 0 && errno == EINTR) r.flags.fetch_or(kSinkBlocked, std::memory_order_relaxed);
+  // (Only while that fd is still the sink: one replaced meanwhile is not
+  // the new sink's fault.)
+  if (!ok && fd >= 0 && errno == EINTR && r.sink.load(std::memory_order_relaxed) == fd)
+    r.flags.fetch_or(kSinkBlocked, std::memory_order_relaxed);
   r.delivering.fetch_sub(1, std::memory_order_release);
   (ok ? r.delivered : r.dropped).fetch_add(1, std::memory_order_relaxed);
 }

@@ -138,6 +138,7 @@ class Engine {
   Route& at(RouteId id) const;
   void fire(Route& r, uint64_t count);
   void deliver(Route& r);
+  void latch(Route& r);
   void replay(Route& r);
   void post(Route& r, uint32_t what);
   void retire_sinks(Route& r);
