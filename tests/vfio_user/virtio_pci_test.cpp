@@ -69,6 +69,26 @@ class PairPort : public virtio::PacketPort {
   std::vector<UniqueFd> ours_, peers_;
 };
 
+// A device exported over vfio-user on `socket`, served on an io thread of
+// its own; stopped when it goes.
+struct Exported {
+  Exported(const std::string& socket, const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port)
+      : net(nc, engine, std::move(port)), pci(net, engine, nc.name), server(io, socket, pci), thread([this] { io.run(); }) {}
+  ~Exported() {
+    io.stop();
+    thread.join();
+  }
+  Exported(const Exported&) = delete;
+  Exported& operator=(const Exported&) = delete;
+  irq::Engine engine{irq::EngineOptions{}};
+  virtio::NetDevice net;
+  VirtioNetPci pci;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  Server server;
+  std::thread thread;
+};
+
 class VirtioPciTest : public ::testing::Test {
  public:
   VirtioPciTest() {
@@ -123,7 +143,6 @@ class VirtioPciTest : public ::testing::Test {
 TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
   test::TempDir dir;
   const std::string socket = dir.file("mq.sock");
-  irq::Engine engine{irq::EngineOptions{}};
   auto owned = std::make_unique<PairPort>(2);
   PairPort& port = *owned;
   virtio::NetConfig nc;
@@ -131,12 +150,8 @@ TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
   nc.queue_pairs = 2;
   nc.offloads = false;
   nc.control_queue = true;
-  virtio::NetDevice net(nc, engine, std::move(owned));
-  VirtioNetPci pci(net, engine, "vnet-mq");
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  Server server(io, socket, pci);
-  std::thread thread([&] { io.run(); });
+  Exported exported(socket, nc, std::move(owned));
+  virtio::NetDevice& net = exported.net;
   EXPECT_EQ(port.active.load(), 1U) << "a new device uses its first pair: the port steers there";
   {
     // A driver without MQ: every flow must come to the one pair it reads.
@@ -183,8 +198,6 @@ TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
   }
   // The driver gone, the device is reset: back to its first pair.
   EXPECT_TRUE(test::wait_until([&] { return port.active.load() == 1U; }, 2s));
-  io.stop();
-  thread.join();
 }
 
 TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
@@ -619,18 +632,14 @@ class GatedPort : public PairPort {
 TEST(VirtioPciHostile, ADoorbellMadeBlockingAndDrainedStopsOnlyTheDevice) {
   test::TempDir dir;
   const std::string socket = dir.file("hostile.sock");
-  irq::Engine engine{irq::EngineOptions{}};
   auto owned = std::make_unique<GatedPort>();
   GatedPort& port = *owned;
   virtio::NetConfig nc;
   nc.name = "vnet-hostile";
   nc.offloads = false;
-  virtio::NetDevice net(nc, engine, std::move(owned));
-  VirtioNetPci pci(net, engine, "vnet-hostile");
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  Server server(io, socket, pci);
-  std::thread thread([&] { io.run(); });
+  Exported exported(socket, nc, std::move(owned));
+  virtio::NetDevice& net = exported.net;
+  Server& server = exported.server;
   std::vector<UniqueFd> doorbells;
   {
     guest::VfioUserClient c(socket);
@@ -684,8 +693,6 @@ TEST(VirtioPciHostile, ADoorbellMadeBlockingAndDrainedStopsOnlyTheDevice) {
       out = ::recv(port.peer(), buf.data(), buf.size(), 0) == static_cast<ssize_t>(f.size()) && buf[12] == 0x33;
     EXPECT_TRUE(out) << "the next client's device does not send";
   }
-  io.stop();
-  thread.join();
 }
 
 // A window shared without an fd (QEMU's BIOS and ROM windows) is taken at
