@@ -167,9 +167,10 @@ void add_commands(CLI::App& app, Args& a) {
       {"plan", "show what a reload of the file on disk would change on the host, without acting"},
       {"version", "daemon and client versions"}};
   for (const auto& [name, help] : plain) app.add_subcommand(name, help);
-  auto* release = app.add_subcommand("release", "give one VF back to the host (until the next reload)");
+  auto* release =
+      app.add_subcommand("release", "give a VF, or every assigned VF of a PF, back to the host (until the next reload)");
   release->add_option("pf", a.release_pf, "PF address or netdev");
-  release->add_option("vf", a.release_vf, "VF index");
+  release->add_option("vf", a.release_vf, "VF index (left out: every VF of the PF the config assigns)");
   release->add_option("--device", a.release_device, "the VF's own PCI address instead of PF and index");
   auto* fault = app.add_subcommand("simulate-fault", "simulated host only: make a sysfs write or VF setting fail");
   fault->add_option("path", a.fault_path, "substring of the sysfs path, or netlink/<pf>/vf<N>")->required();
@@ -193,11 +194,11 @@ std::optional<json> request_for(const std::string& cmd, const Args& a) {
   if (cmd == "release") {
     if (!a.release_device.empty()) {
       request["device"] = a.release_device;
-    } else if (!a.release_pf.empty() && a.release_vf >= 0) {
+    } else if (!a.release_pf.empty()) {
       request["pf"] = a.release_pf;
-      request["vf"] = a.release_vf;
+      if (a.release_vf >= 0) request["vf"] = a.release_vf;
     } else {
-      std::fprintf(stderr, "sriovctl: release: give PF and VF index, or --device ADDRESS\n");
+      std::fprintf(stderr, "sriovctl: release: give a PF (and a VF index), or --device ADDRESS\n");
       return std::nullopt;
     }
   }

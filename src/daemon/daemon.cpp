@@ -586,45 +586,63 @@ void Daemon::update_access(VirtioExport& e, const config::SocketAccess& access) 
 }
 
 // Gives one VF back to the host: {"pf": PF, "vf": N} or {"device": VF address}.
+// Gives VFs back to the host until the next reload: one VF (by its own
+// address, or PF and index), or every VF of a PF the config assigns (PF
+// alone). A PF is named as the config names it, by address or by netdev,
+// either way round.
 json Daemon::release(const json& req) {
   std::optional<PciAddress> pf;
-  std::optional<unsigned> index;
+  std::vector<unsigned> indices;
   if (req.contains("device")) {
     auto dev = req["device"].is_string() ? PciAddress::parse(req["device"].get<std::string>()) : std::nullopt;
     if (!dev) return control::make_error(control::errc::kBadRequest, "release: \"device\" must be a PCI address");
     auto id = host::resolve_vf(host_->simulated() ? host_->simulated()->root() : options_.sysfs_root, *dev);
     if (!id) return control::make_error(control::errc::kBadRequest, "release: " + dev->to_string() + " is not a VF");
     pf = id->pf;
-    index = id->index;
-  } else if (req.contains("pf") && req["pf"].is_string() && req.contains("vf") && req["vf"].is_number_unsigned()) {
+    indices.push_back(id->index);
+  } else if (req.contains("pf") && req["pf"].is_string() &&
+             (!req.contains("vf") || req["vf"].is_number_unsigned())) {
     const std::string name = req["pf"].get<std::string>();
-    for (const auto& p : config_.physical_functions)
-      if (p.ref.to_string() == name || p.ref.netdev == name || (p.ref.address && p.ref.address->to_string() == name))
-        pf = p.ref.address;
-    if (!pf) return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' is not configured");
-    index = req["vf"].get<unsigned>();
+    const config::PfConfig* cfg = nullptr;
+    for (const auto& p : config_.physical_functions) {
+      const auto addr = host_->pf_address(p.ref);
+      if (p.ref.netdev == name || (addr && addr->to_string() == name) ||
+          (addr && host_->pf_netdev(*addr) == name)) {
+        cfg = &p;
+        pf = addr;
+      }
+    }
+    if (!cfg || !pf) return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' is not configured");
+    if (req.contains("vf")) {
+      indices.push_back(req["vf"].get<unsigned>());
+    } else {
+      for (const auto& vf : cfg->vfs)
+        if (vf.assign) indices.push_back(vf.index);
+      if (indices.empty())
+        return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' has no assigned VF");
+    }
   } else {
     return control::make_error(control::errc::kBadRequest,
-                               "release: give {\"device\": VF address} or {\"pf\": PF, \"vf\": index}");
+                               "release: give {\"device\": VF address}, {\"pf\": PF, \"vf\": index} or {\"pf\": PF}");
   }
-  // sriovd lets go of the VF before the host layer takes it off vfio-pci.
+  // sriovd lets go of the VFs before the host layer takes them off vfio-pci.
   const PciAddress pf_addr = *pf;
-  const unsigned vf_index = *index;
   std::erase_if(vf_exports_, [&](const VfExport& e) {
-    if (e.pf != pf_addr || e.index != vf_index) return false;
+    if (e.pf != pf_addr || std::find(indices.begin(), indices.end(), e.index) == indices.end()) return false;
     forget_export(e);
     return true;
   });
   std::vector<host::Step> steps;
   try {
     wait_for_vf_ports();
-    steps = host_->release_vf(config_, *pf, *index);
+    steps = host_->release_vfs(config_, pf_addr, indices);
   } catch (...) {
     sync_vf_exports();
     throw;
   }
-  return control::make_result({{"released", pf->to_string() + " VF " + std::to_string(*index)},
-                               {"changes", steps_json(steps)}});
+  std::string released;
+  for (unsigned i : indices) released += (released.empty() ? "" : ", ") + pf_addr.to_string() + " VF " + std::to_string(i);
+  return control::make_result({{"released", released}, {"changes", steps_json(steps)}});
 }
 
 // Simulated host only: inject a fault into a sysfs write or VF setting.

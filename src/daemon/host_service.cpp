@@ -69,15 +69,24 @@ std::vector<host::Step> HostService::reconcile(const config::Config& cfg) {
 // What a reload would do: a reload forgets released VFs.
 std::vector<host::Step> HostService::plan(const config::Config& cfg) { return reconciler_->plan(cfg); }
 
-std::vector<host::Step> HostService::release_vf(const config::Config& cfg, const PciAddress& pf, unsigned index) {
-  released_.insert({pf, index});
+std::vector<host::Step> HostService::release_vfs(const config::Config& cfg, const PciAddress& pf,
+                                                  const std::vector<unsigned>& indices) {
+  const auto before = released_;
+  for (unsigned i : indices) released_.insert({pf, i});
   try {
     return reconciler_->converge(cfg, released_);
   } catch (...) {
-    released_.erase({pf, index});
+    released_ = before;
     throw;
   }
 }
+
+std::optional<PciAddress> HostService::pf_address(const config::PfRef& ref) {
+  if (ref.address) return ref.address;
+  return control_->resolve_netdev(ref.netdev);
+}
+
+std::string HostService::pf_netdev(const PciAddress& pf) { return control_->pf_netdev(pf); }
 
 std::vector<host::Step> HostService::release_all() { return reconciler_->release_all(); }
 

@@ -32,7 +32,11 @@ class HostService {
   std::vector<host::Step> reconcile(const config::Config& cfg);
   [[nodiscard]] std::vector<host::Step> plan(const config::Config& cfg);
   // Gives one VF back to the host (until the next reload).
-  std::vector<host::Step> release_vf(const config::Config& cfg, const PciAddress& pf, unsigned index);
+  // Gives the VFs back to the host until the next reload.
+  std::vector<host::Step> release_vfs(const config::Config& cfg, const PciAddress& pf,
+                                      const std::vector<unsigned>& indices);
+  std::optional<PciAddress> pf_address(const config::PfRef& ref);
+  std::string pf_netdev(const PciAddress& pf);
   std::vector<host::Step> release_all();
 
   [[nodiscard]] control::json devices_json(const config::Config& cfg);

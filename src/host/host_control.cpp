@@ -1,5 +1,6 @@
 #include "sriovd/host/host_control.hpp"
 
+#include <cerrno>
 #include <thread>
 
 #include "sriovd/util/error.hpp"
@@ -124,14 +125,10 @@ void HostControl::set(const Key& key, const json& value) {
     case KeyKind::numvfs:
       set_numvfs(key.device, value);
       return;
-    case KeyKind::vf_settings: {
-      const std::string netdev = pf_netdev(key.device);
-      if (netdev.empty())
-        throw std::runtime_error("PF " + key.device.to_string() + " has no netdev: cannot change settings of VF " +
-                                 std::to_string(key.vf));
-      vf_link_.set(netdev, static_cast<unsigned>(key.vf), VfSettings::from_json(value));
+    case KeyKind::vf_settings:
+      if (set_vf_settings(key.device, static_cast<unsigned>(key.vf), VfSettings::from_json(value)))
+        reload_vf_driver(target(key));
       return;
-    }
     case KeyKind::binding:
       set_binding(target(key), value);
       return;
@@ -166,6 +163,114 @@ void HostControl::wait_until_released(const PciAddress& dev) {
   }
 }
 
+// Only what differs from what the driver holds is sent: a driver refuses
+// some settings outright (igb: every link state) even when asked for the
+// value it already has, and a restore or rollback must not fail on a field
+// it does not change. The two rates travel together, so one that differs
+// takes the other's current value along.
+// A VF driver reads its MAC from the PF when it probes (igbvf; igb says
+// "Reload the VF driver to make this change effective"): after a new MAC,
+// a VF bound to its own driver is unbound and probed again, so that its
+// netdev carries the MAC the PF now filters for. Not for vfio-pci (the
+// guest's driver probes later) nor an unbound VF.
+void HostControl::reload_vf_driver(const PciAddress& vf) {
+  const std::string have = driver(vf);
+  if (have.empty() || have == kVfio || have == "pci-stub") return;
+  const std::string addr = vf.to_string();
+  const std::string have_override = override_text(sysfs_.read(dev_path(vf, "driver_override")));
+  sysfs_.write("bus/pci/drivers/" + have + "/unbind", addr);
+  if (have_override != have) sysfs_.write(dev_path(vf, "driver_override"), have + "\n");
+  sysfs_.write("bus/pci/drivers_probe", addr);
+  if (have_override != have) sysfs_.write(dev_path(vf, "driver_override"), have_override + "\n");
+  if (driver(vf) != have)
+    throw std::runtime_error("reloading " + have + " on " + addr + " for its new MAC: the device is " +
+                             (driver(vf).empty() ? std::string("bound to no driver") : "bound to " + driver(vf)));
+}
+
+// True when a non-zero MAC was set (the VF's driver must read it again).
+bool HostControl::set_vf_settings(const PciAddress& pf, unsigned vf, const VfSettings& want) {
+  const std::string netdev = pf_netdev(pf);
+  if (netdev.empty())
+    throw std::runtime_error("PF " + pf.to_string() + " has no netdev: cannot change settings of VF " +
+                             std::to_string(vf));
+  const VfSettings have = vf_link_.get(netdev, vf);
+  VfSettings diff;
+  if (want.mac && want.mac != have.mac) diff.mac = want.mac;
+  if ((want.vlan && want.vlan != have.vlan) || (want.qos && want.qos != have.qos)) {
+    diff.vlan = want.vlan ? want.vlan : have.vlan;
+    diff.qos = want.qos ? want.qos : have.qos;
+  }
+  if (want.trust && want.trust != have.trust) diff.trust = want.trust;
+  if (want.spoofchk && want.spoofchk != have.spoofchk) diff.spoofchk = want.spoofchk;
+  if (want.link_state && want.link_state != have.link_state) diff.link_state = want.link_state;
+  if ((want.max_tx_rate && want.max_tx_rate.value() != have.max_tx_rate.value_or(0)) ||
+      (want.min_tx_rate && want.min_tx_rate.value() != have.min_tx_rate.value_or(0))) {
+    diff.max_tx_rate = want.max_tx_rate ? want.max_tx_rate : have.max_tx_rate.value_or(0);
+    diff.min_tx_rate = want.min_tx_rate ? want.min_tx_rate : have.min_tx_rate.value_or(0);
+  }
+  if (diff.empty()) return false;
+  const bool new_mac = diff.mac && !diff.mac->is_zero();
+  // Right after sriov_numvfs changes, a driver may refuse rates for a
+  // while: igb resets the PF to enable VFs, its link goes down and comes
+  // back seconds later, and until then every rate is EINVAL (so is one
+  // asked ~0.2 s after the change with the link up). A rate refused with
+  // EINVAL is asked again, for at most rate_retry_.
+  const auto deadline = std::chrono::steady_clock::now() + rate_retry_;
+  for (;;) {
+    try {
+      vf_link_.set(netdev, vf, diff);
+      return new_mac;
+    } catch (const VfSettingRefused& e) {
+      if (e.setting() != "rate" || e.error() != EINVAL) throw;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        if (!link_up(netdev))
+          throw VfSettingRefused(e.setting(), e.error(),
+                                 std::string(e.what()) + " (the PF's link has been down for " +
+                                     std::to_string(rate_retry_.count()) + " ms: " + driver(pf) +
+                                     " takes VF rates only while it has a link)");
+        throw;
+      }
+      diff.mac.reset();  // the settings before the rate went through
+      diff.vlan.reset();
+      diff.qos.reset();
+      diff.trust.reset();
+      diff.spoofchk.reset();
+      diff.link_state.reset();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+bool HostControl::link_up(const std::string& netdev) {
+  return sysfs_.read("class/net/" + netdev + "/carrier").value_or("0") == "1";
+}
+
+// The driver the kernel would give `dev` if nothing stood in the way: the
+// loaded PCI driver of a module whose ID table matches the device's
+// modalias. With sriov_drivers_autoprobe off the kernel probes a VF only for
+// a driver named in its driver_override, so sriovd names it there.
+std::string HostControl::own_driver(const PciAddress& dev) {
+  const auto modalias = sysfs_.read(dev_path(dev, "modalias"));
+  if (!modalias || modalias->empty()) throw std::runtime_error(dev.to_string() + " has no modalias");
+  const auto modules = sysfs_.modules_for(*modalias);
+  auto norm = [](std::string m) {
+    for (char& c : m)
+      if (c == '-') c = '_';
+    return m;
+  };
+  for (const auto& d : sysfs_.list("bus/pci/drivers")) {
+    if (d == kVfio || d == "pci-stub") continue;
+    const std::string module = sysfs_.link_name("bus/pci/drivers/" + d + "/module").value_or(d);
+    for (const auto& m : modules)
+      if (norm(m) == norm(module) || norm(m) == norm(d)) return d;
+  }
+  std::string names;
+  for (const auto& m : modules) names += (names.empty() ? "" : ", ") + m;
+  throw std::runtime_error(dev.to_string() + " (" + *modalias + "): no loaded driver claims it" +
+                           (names.empty() ? std::string(" (no module's ID table matches it)")
+                                          : " (modules.alias names " + names + ": load it with modprobe)"));
+}
+
 json HostControl::get_binding(const PciAddress& dev) {
   return {{"driver", driver(dev)}, {"override", override_text(sysfs_.read(dev_path(dev, "driver_override")))}};
 }
@@ -179,13 +284,25 @@ void HostControl::set_binding(const PciAddress& dev, const json& value) {
 
   if (have == kVfio && want != kVfio) wait_until_released(dev);
   if (want == "*") {
-    // The device's own driver, whichever the kernel picks with no override.
+    // The device's own driver, whichever the kernel picks with no override:
+    // probed with that driver as the override (autoprobe may be off), which
+    // is then cleared.
     if (have == kVfio || (!have.empty() && !have_override.empty())) {
       sysfs_.write("bus/pci/drivers/" + have + "/unbind", addr);
       have.clear();
     }
-    if (!have_override.empty()) sysfs_.write(dev_path(dev, "driver_override"), "\n");
-    if (have.empty()) sysfs_.write("bus/pci/drivers_probe", addr);
+    if (have.empty()) {
+      const std::string own = own_driver(dev);
+      sysfs_.write(dev_path(dev, "driver_override"), own + "\n");
+      sysfs_.write("bus/pci/drivers_probe", addr);
+      sysfs_.write(dev_path(dev, "driver_override"), "\n");
+      const std::string bound = driver(dev);
+      if (bound != own)
+        throw std::runtime_error("binding " + addr + " to its own driver " + own + ": drivers_probe succeeded but the device is " +
+                                 (bound.empty() ? std::string("bound to no driver") : "bound to " + bound));
+    } else if (!have_override.empty()) {
+      sysfs_.write(dev_path(dev, "driver_override"), "\n");
+    }
     return;
   }
   if (have == want && have_override == want_override) return;
@@ -245,10 +362,13 @@ void HostControl::set_numvfs(const PciAddress& pf, const json& value) {
   wait_for_vfs(pf, want);
   // A snapshot (from get) brings the VFs back as they were.
   if (value.contains("vfs") && have != want) {
+    // Driver first, then settings, as a release goes: a VF driver that
+    // comes up registers its own MAC with the PF (igbvf: a random one), and
+    // only a MAC set after that leaves the PF's view as it was.
     for (const auto& snap : value["vfs"]) {
+      set(Key{KeyKind::binding, pf, snap.at("index").get<int>()}, snap.at("binding"));
       const Key settings{KeyKind::vf_settings, pf, snap.at("index").get<int>()};
       if (snap.contains("settings")) set(settings, snap["settings"]);
-      set(Key{KeyKind::binding, pf, snap.at("index").get<int>()}, snap.at("binding"));
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <netlink/route/link.h>
 #include <netlink/route/link/sriov.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -62,43 +63,63 @@ VfPtr make_vf(unsigned index, const VfSettings& s) {
   return vf;
 }
 
+// libnl's error (-NLE_*) as the kernel's errno, for callers that retry.
+int errno_of(int nl_err) {
+  switch (-nl_err) {
+    case NLE_INVAL: return EINVAL;
+    case NLE_OPNOTSUPP: return EOPNOTSUPP;
+    case NLE_PERM: return EPERM;
+    case NLE_BUSY: return EBUSY;
+    case NLE_RANGE: return ERANGE;
+    case NLE_NODEV: return ENODEV;
+    case NLE_AGAIN: return EAGAIN;
+    default: return EIO;
+  }
+}
+
+struct Request {
+  const char* setting;  // VfSettingRefused::setting()
+  std::string label;    // for messages
+  VfSettings one;
+};
+
 // The settings split into the requests sriovd sends, each with its name for
 // error messages. VLAN and QoS travel together (IFLA_VF_VLAN), as do the rates.
-std::vector<std::pair<std::string, VfSettings>> split(const VfSettings& s) {
-  std::vector<std::pair<std::string, VfSettings>> out;
+std::vector<Request> split(const VfSettings& s) {
+  std::vector<Request> out;
   VfSettings one;
   if (s.mac) {
     one = {};
     one.mac = s.mac;
-    out.emplace_back("mac " + s.mac->to_string(), one);
+    out.push_back(Request{"mac", "mac " + s.mac->to_string(), one});
   }
   if (s.vlan || s.qos) {
     one = {};
     one.vlan = s.vlan.value_or(0);
     one.qos = s.qos.value_or(0);
-    out.emplace_back("vlan " + std::to_string(*one.vlan) + " qos " + std::to_string(*one.qos), one);
+    out.push_back(Request{"vlan", "vlan " + std::to_string(*one.vlan) + " qos " + std::to_string(*one.qos), one});
   }
   if (s.trust) {
     one = {};
     one.trust = s.trust;
-    out.emplace_back(std::string("trust ") + (*s.trust ? "on" : "off"), one);
+    out.push_back(Request{"trust", std::string("trust ") + (*s.trust ? "on" : "off"), one});
   }
   if (s.spoofchk) {
     one = {};
     one.spoofchk = s.spoofchk;
-    out.emplace_back(std::string("spoofchk ") + (*s.spoofchk ? "on" : "off"), one);
+    out.push_back(Request{"spoofchk", std::string("spoofchk ") + (*s.spoofchk ? "on" : "off"), one});
   }
   if (s.link_state) {
     one = {};
     one.link_state = s.link_state;
-    out.emplace_back("link_state " + *s.link_state, one);
+    out.push_back(Request{"link_state", "link_state " + *s.link_state, one});
   }
   if (s.max_tx_rate || s.min_tx_rate) {
     one = {};
     one.min_tx_rate = s.min_tx_rate.value_or(0);
     one.max_tx_rate = s.max_tx_rate.value_or(0);
-    out.emplace_back("tx rate " + std::to_string(*one.min_tx_rate) + ".." + std::to_string(*one.max_tx_rate) + " Mbit/s",
-                     one);
+    out.push_back(Request{"rate", "tx rate " + std::to_string(*one.min_tx_rate) + ".." + std::to_string(*one.max_tx_rate) + " Mbit/s",
+                     one});
   }
   return out;
 }
@@ -148,7 +169,14 @@ VfSettings NetlinkVfLink::get(const std::string& pf_netdev, unsigned index) {
   uint32_t v = 0;
   if (rtnl_link_vf_get_trust(vf.get(), &v) == 0) s.trust = v != 0;
   if (rtnl_link_vf_get_spoofchk(vf.get(), &v) == 0) s.spoofchk = v != 0;
+  // The kernel sends a link state and the rates for every VF, but libnl
+  // 3.7 keeps only non-zero ones: a zero (link state "auto", no rate) reads
+  // as absent, and must read as zero, or a restore would not know the
+  // original value and leave a rate set.
+  s.link_state = "auto";
   if (rtnl_link_vf_get_linkstate(vf.get(), &v) == 0 && v < 3) s.link_state = kLinkStates[v];
+  s.max_tx_rate = 0;
+  s.min_tx_rate = 0;
   nl_vf_rate rate{};
   if (rtnl_link_vf_get_rate(vf.get(), &rate) == 0) {
     s.max_tx_rate = rate.api == RTNL_LINK_VF_RATE_API_OLD ? rate.rate : rate.max_tx_rate;
@@ -162,15 +190,16 @@ void NetlinkVfLink::set(const std::string& pf_netdev, unsigned index, const VfSe
   if (int err = rtnl_link_get_kernel(sock_, 0, pf_netdev.c_str(), &raw); err < 0)
     throw std::runtime_error("PF " + pf_netdev + ": cannot read link: " + nl_geterror(err));
   LinkPtr orig(raw);
-  for (const auto& [what, one] : split(settings)) {
+  for (const auto& [setting, what, one] : split(settings)) {
     LinkPtr change(rtnl_link_alloc());
     VfPtr vf = make_vf(index, one);
     if (int err = rtnl_link_vf_add(change.get(), vf.get()); err < 0)
       throw std::runtime_error("PF " + pf_netdev + ": VF " + std::to_string(index) + ": " + nl_geterror(err));
     if (int err = rtnl_link_change(sock_, orig.get(), change.get(), 0); err < 0)
-      throw std::runtime_error("PF " + pf_netdev + ": cannot set " + what + " of VF " + std::to_string(index) +
-                               ": " + nl_geterror(err) +
-                               (err == -NLE_OPNOTSUPP ? " (the PF's driver has no SR-IOV VF settings)" : ""));
+      throw VfSettingRefused(setting, errno_of(err),
+                             "PF " + pf_netdev + ": cannot set " + what + " of VF " + std::to_string(index) + ": " +
+                                 nl_geterror(err) +
+                                 (err == -NLE_OPNOTSUPP ? " (the PF's driver does not take this setting)" : ""));
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "sriovd/host/driver_rules.hpp"
+
 namespace sriovd::host {
 
 namespace {
@@ -209,7 +211,41 @@ std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfR
     desire_pf(pf_cfg, pf, released, desired);
   }
   const std::vector<Step> restore = restores(desired, numvfs_changes);
-  return needed(restore, applies(desired), numvfs_changes);  // `before` is what the plan saw; apply() reads it again
+  auto steps = needed(restore, applies(desired), numvfs_changes);  // `before` is what the plan saw; apply() reads it again
+  check_driver_rules(steps);
+  return steps;
+}
+
+// A setting the PF's driver is known to refuse fails the plan, before
+// anything changes (driver_rules.hpp). Only fields the step changes count:
+// a driver that refuses every link state still reports one ("auto"), and
+// asking for that is no change. A VF not there yet starts as drivers make
+// them: link state auto, no rates.
+void Reconciler::check_driver_rules(const std::vector<Step>& steps) {
+  std::string problems;
+  for (const auto& s : steps) {
+    if (s.key.kind != KeyKind::vf_settings) continue;
+    const VfSettings want = VfSettings::from_json(s.after);
+    VfSettings have;
+    if (s.before.is_object()) {
+      have = VfSettings::from_json(s.before);
+    } else {
+      have.link_state = "auto";
+      have.max_tx_rate = 0;
+      have.min_tx_rate = 0;
+    }
+    VfSettings change;
+    if (want.link_state && want.link_state != have.link_state) change.link_state = want.link_state;
+    if (want.min_tx_rate && *want.min_tx_rate != have.min_tx_rate.value_or(0)) change.min_tx_rate = want.min_tx_rate;
+    if (want.max_tx_rate && *want.max_tx_rate != have.max_tx_rate.value_or(0)) change.max_tx_rate = want.max_tx_rate;
+    if (change.empty()) continue;
+    const std::string driver = host_.driver(s.key.device);
+    const std::string netdev = host_.pf_netdev(s.key.device);
+    for (const auto& why : refused_settings(driver, change, !netdev.empty() && host_.link_up(netdev)))
+      problems += (problems.empty() ? "" : "; ") + std::string("PF ") + s.key.device.to_string() +
+                  (netdev.empty() ? "" : " (" + netdev + ")") + " VF " + std::to_string(s.key.vf) + ": " + why;
+  }
+  if (!problems.empty()) throw std::runtime_error(problems);
 }
 
 void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {

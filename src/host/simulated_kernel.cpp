@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
@@ -344,7 +345,7 @@ void SimulatedKernel::set_numvfs(Device& pf, unsigned n, const std::string& path
     vf.vendor = pf.vendor;
     vf.device = pf.vf_device;
     vf.class_code = pf.class_code;
-    vf.native_driver = kVfDriver;
+    vf.native_driver = pf.vf_driver;
     vf.group = next_group_++;
     vf.physfn = pf.address;
     vf.vf_index = i;
@@ -353,6 +354,7 @@ void SimulatedKernel::set_numvfs(Device& pf, unsigned n, const std::string& path
     devices_[vf.address] = vf;
   }
   pf.num_vfs = static_cast<uint16_t>(n);
+  pf.numvfs_changed_at = std::chrono::steady_clock::now();
   if (late) materialize_at_ = std::chrono::steady_clock::now() + vf_delay_;
   write_device(pf);
   for (auto& [addr, d] : devices_)
@@ -376,6 +378,10 @@ void SimulatedKernel::materialize_due() {
 
 void SimulatedKernel::probe(Device& d) {
   if (!d.driver.empty()) return;
+  // pci_device_can_probe(): a VF of a PF with sriov_drivers_autoprobe off
+  // is probed only for the driver its driver_override names.
+  if (d.physfn && d.override.empty())
+    if (const Device* pf = find(*d.physfn); pf && !pf->autoprobe) return;
   // driver_override wins; a name no loaded driver answers to leaves it
   // unbound, and drivers_probe still "succeeds" - the trap sriovd must verify.
   const std::string driver = d.override.empty() ? d.native_driver : d.override;
@@ -409,6 +415,27 @@ void SimulatedKernel::unbind(Device& d) {
   write_device(d);
 }
 
+std::string SimulatedKernel::modalias(const Device& d) {
+  char text[64];
+  std::snprintf(text, sizeof text, "pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X", d.vendor, d.device, d.vendor, 0U,
+                (d.class_code >> 16U) & 0xffU, (d.class_code >> 8U) & 0xffU, d.class_code & 0xffU);
+  return text;
+}
+
+// modules.alias as the model's drivers would fill it: the native driver of
+// every device with the same vendor and device ID.
+std::vector<std::string> SimulatedKernel::modules_for(const std::string& alias) {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& [addr, d] : devices_) {
+    const std::string mine = modalias(d);
+    if (!d.native_driver.empty() && alias.compare(0, 22, mine, 0, 22) == 0 &&
+        std::find(out.begin(), out.end(), d.native_driver) == out.end())
+      out.push_back(d.native_driver);
+  }
+  return out;
+}
+
 // --- VF settings over "netlink" ---
 
 VfSettings SimulatedKernel::effective_settings(const PciAddress& pf, unsigned vf) const {
@@ -440,15 +467,54 @@ void SimulatedKernel::set(const std::string& pf_netdev, unsigned vf, const VfSet
   if (!pf) fail(ENODEV, "PF " + pf_netdev + ": no such netdev");
   if (vf >= pf->num_vfs) fail(EINVAL, "PF " + pf_netdev + ": no VF " + std::to_string(vf));
   check_fault("netlink/" + pf_netdev + "/vf" + std::to_string(vf));
+  // One request per setting, in NetlinkVfLink's order: a refused one stops
+  // there, with what went before already applied.
   VfSettings& s = vf_settings_[{pf->address, vf}];
+  const std::string where = "PF " + pf_netdev + ": cannot set ";
+  const std::string of_vf = " of VF " + std::to_string(vf);
   if (settings.mac) s.mac = settings.mac;
   if (settings.vlan) s.vlan = settings.vlan;
   if (settings.qos) s.qos = settings.qos;
   if (settings.trust) s.trust = settings.trust;
   if (settings.spoofchk) s.spoofchk = settings.spoofchk;
-  if (settings.link_state) s.link_state = settings.link_state;
-  if (settings.max_tx_rate) s.max_tx_rate = settings.max_tx_rate;
-  if (settings.min_tx_rate) s.min_tx_rate = settings.min_tx_rate;
+  if (settings.link_state) {
+    if (pf->igb_rules)
+      throw VfSettingRefused("link_state", EOPNOTSUPP,
+                             where + "link_state " + *settings.link_state + of_vf + ": Operation not supported");
+    s.link_state = settings.link_state;
+  }
+  if (settings.max_tx_rate || settings.min_tx_rate) {
+    if (pf->igb_rules && (settings.min_tx_rate.value_or(0) != 0 || !pf->link_up ||
+                          std::chrono::steady_clock::now() < pf->numvfs_changed_at + pf->settle))
+      throw VfSettingRefused("rate", EINVAL, where + "tx rate" + of_vf + ": Invalid input data or parameter");
+    if (settings.max_tx_rate) s.max_tx_rate = settings.max_tx_rate;
+    if (settings.min_tx_rate) s.min_tx_rate = settings.min_tx_rate;
+  }
+}
+
+void SimulatedKernel::behave_like_igb(const PciAddress& pf, std::chrono::milliseconds settle) {
+  set_driver_loaded("igb", true);
+  set_driver_loaded("igbvf", true);
+  std::lock_guard lock(mutex_);
+  Device* d = find(pf);
+  if (!d) fail(ENODEV, "behave_like_igb: no device " + pf.to_string());
+  d->igb_rules = true;
+  d->settle = settle;
+  if (d->driver == d->native_driver) {
+    link_driver(*d, false);
+    d->driver = "igb";
+  }
+  d->native_driver = "igb";
+  d->vf_driver = "igbvf";
+  write_device(*d);
+}
+
+void SimulatedKernel::set_pf_link(const PciAddress& pf, bool up) {
+  std::lock_guard lock(mutex_);
+  Device* d = find(pf);
+  if (!d) fail(ENODEV, "set_pf_link: no device " + pf.to_string());
+  d->link_up = up;
+  write_device(*d);
 }
 
 // --- controls ---
@@ -595,6 +661,7 @@ void SimulatedKernel::write_device(const Device& d) {
   put_file(dev / "numa_node", "0\n");
   put_file(dev / "resource", std::string(7, '\n'));
   put_file(dev / "driver_override", (d.override.empty() ? "(null)" : d.override) + "\n");
+  put_file(dev / "modalias", modalias(d) + "\n");
   const auto cfg = config_space(d);
   put_file(dev / "config", std::string(cfg.begin(), cfg.end()));
   const fs::path group = fs::path(dir_) / "kernel/iommu_groups" / std::to_string(d.group) / "devices";
@@ -615,6 +682,7 @@ void SimulatedKernel::write_device(const Device& d) {
   if (d.physfn) fs::remove(fs::path(dir_) / "class/net" / vf_netdev(d), ec);
   if (!netdev.empty() && d.driver == d.native_driver) {
     fs::create_directories(dev / "net" / netdev);
+    put_file(dev / "net" / netdev / "carrier", std::string(d.link_up ? "1" : "0") + "\n");
     put_link(dev / "net" / netdev / "device", "../../../" + a);
     put_link(fs::path(dir_) / "class/net" / netdev, "../../" + std::string(kBusDir) + "/" + a + "/net/" + netdev);
   }

@@ -1,6 +1,8 @@
 #include "sriovd/host/sysfs_io.hpp"
 
 #include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +55,28 @@ std::vector<std::string> RealSysfs::list(const std::string& dir) {
 bool RealSysfs::exists(const std::string& path) {
   std::error_code ec;
   return fs::exists(fs::symlink_status(root_ + "/" + path, ec));
+}
+
+std::vector<std::string> RealSysfs::modules_for(const std::string& modalias) {
+  if (!aliases_read_) {
+    aliases_read_ = true;
+    utsname u{};
+    if (::uname(&u) == 0) {
+      for (const char* file : {"modules.alias", "modules.builtin.alias"}) {
+        std::ifstream in(std::string("/lib/modules/") + u.release + "/" + file);
+        std::string word, pattern, module;
+        // "alias PATTERN MODULE", one per line; only PCI ones matter here.
+        while (in >> word >> pattern >> module)
+          if (word == "alias" && pattern.rfind("pci:", 0) == 0) pci_aliases_.emplace_back(pattern, module);
+      }
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [pattern, module] : pci_aliases_)
+    if (::fnmatch(pattern.c_str(), modalias.c_str(), 0) == 0 &&
+        std::find(out.begin(), out.end(), module) == out.end())
+      out.push_back(module);
+  return out;
 }
 
 }  // namespace sriovd::host

@@ -104,6 +104,11 @@ vm_initramfs() {
   mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,run,etc,var/lib,modules}
   cp /bin/busybox "$root/bin/busybox"
   cp "$module_dir"/*.ko "$root/modules/"
+  # The kernel's modules.alias, where the cache has one (VF drivers are
+  # found through it).
+  if [[ -f $module_dir/../modules.alias && -f $module_dir/../version ]]; then
+    install -D -m 0644 "$module_dir/../modules.alias" "$root/lib/modules/$(cat "$module_dir/../version")/modules.alias"
+  fi
   : >"$root/modules.order"
   for m in $modules; do basename "$m" >>"$root/modules.order"; done
   for b in "$@"; do vm_add_binary "$root" "$b"; done

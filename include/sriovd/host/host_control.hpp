@@ -45,6 +45,11 @@ class HostControl {
   [[nodiscard]] std::string pf_netdev(const PciAddress& pf);
   [[nodiscard]] std::optional<PciAddress> resolve_netdev(const std::string& netdev);
   [[nodiscard]] GroupReport iommu_group(const PciAddress& dev);
+  // The driver the kernel would bind `dev` to on its own (by modalias).
+  [[nodiscard]] std::string own_driver(const PciAddress& dev);
+  [[nodiscard]] bool link_up(const std::string& netdev);
+  // How long a rate refused with EINVAL is asked again (see set_vf_settings).
+  void set_rate_retry(std::chrono::milliseconds d) { rate_retry_ = d; }
 
   SysfsIo& sysfs() { return sysfs_; }
 
@@ -63,6 +68,8 @@ class HostControl {
   std::string dev_path(const PciAddress& dev, const std::string& attr) const;
   json get_binding(const PciAddress& dev);
   void set_binding(const PciAddress& dev, const json& value);
+  bool set_vf_settings(const PciAddress& pf, unsigned vf, const VfSettings& want);
+  void reload_vf_driver(const PciAddress& vf);
   json get_numvfs(const PciAddress& pf);
   void set_numvfs(const PciAddress& pf, const json& value);
   void wait_for_vfs(const PciAddress& pf, unsigned n);
@@ -73,6 +80,7 @@ class HostControl {
   ReleaseCheck release_check_;
   std::chrono::milliseconds release_wait_{3000};
   std::chrono::milliseconds vf_timeout_;
+  std::chrono::milliseconds rate_retry_{8000};
 };
 
 }  // namespace sriovd::host

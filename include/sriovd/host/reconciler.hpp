@@ -71,6 +71,7 @@ class Reconciler {
   void desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released,
                  std::map<Key, json>& desired);
   std::vector<Step> restores(std::map<Key, json>& desired, const std::set<PciAddress>& numvfs_changes) const;
+  void check_driver_rules(const std::vector<Step>& steps);
   std::vector<Step> needed(const std::vector<Step>& restore, const std::vector<Step>& apply,
                            const std::set<PciAddress>& numvfs_changes);
 

@@ -40,6 +40,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   std::optional<std::string> link_name(const std::string& path) override;
   std::vector<std::string> list(const std::string& dir) override;
   bool exists(const std::string& path) override;
+  std::vector<std::string> modules_for(const std::string& modalias) override;
 
   // VfLinkControl
   VfSettings get(const std::string& pf_netdev, unsigned vf) override;
@@ -72,6 +73,14 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   // An unloaded driver binds nothing and has no bind/unbind files.
   void set_driver_loaded(const std::string& driver, bool loaded);
 
+  // The PF's driver is igb (its VFs' is igbvf) and behaves as igb does with VF settings (seen on QEMU 10's
+  // 82576 with Linux 6.1 and 6.12): no VF link state at all (EOPNOTSUPP,
+  // even "auto"), no minimum rate (EINVAL), and rates (EINVAL) neither while
+  // the PF has no link nor within `settle` of a sriov_numvfs change.
+  void behave_like_igb(const PciAddress& pf, std::chrono::milliseconds settle = std::chrono::milliseconds(200));
+  // The PF netdev's carrier (class/net/<pf>/carrier).
+  void set_pf_link(const PciAddress& pf, bool up);
+
   // A VF's netdev as a real interface: a veth pair "<vf netdev>" (the VF's
   // side, for the VF-to-virtio bridge) and "<vf netdev>p" (the wire, where
   // tests put traffic). Created on first use, deleted with the model.
@@ -99,6 +108,11 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
     uint16_t vf_msix = 0;
     uint16_t vf_device = 0;
     std::string netdev;
+    bool igb_rules = false;
+    std::string vf_driver = kVfDriver;
+    bool link_up = true;
+    std::chrono::milliseconds settle{0};
+    std::chrono::steady_clock::time_point numvfs_changed_at;
     // VF
     std::optional<PciAddress> physfn;
     unsigned vf_index = 0;
@@ -121,6 +135,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   [[nodiscard]] std::string vf_netdev(const Device& vf) const;
   [[nodiscard]] VfSettings effective_settings(const PciAddress& pf, unsigned vf) const;
   static std::vector<uint8_t> config_space(const Device& d);
+  static std::string modalias(const Device& d);
 
   mutable std::mutex mutex_;
   RealSysfs real_;

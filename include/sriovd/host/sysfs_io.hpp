@@ -25,6 +25,10 @@ class SysfsIo {
   virtual std::optional<std::string> link_name(const std::string& path) = 0;
   virtual std::vector<std::string> list(const std::string& dir) = 0;
   virtual bool exists(const std::string& path) = 0;
+  // The kernel modules whose PCI ID tables match a device's modalias
+  // ("pci:v00008086d000010CA..."), as modules.alias and modules.builtin.alias
+  // of the running kernel name them (the lookup modprobe does for a uevent).
+  virtual std::vector<std::string> modules_for(const std::string& modalias) = 0;
 };
 
 class RealSysfs : public SysfsIo {
@@ -36,9 +40,13 @@ class RealSysfs : public SysfsIo {
   std::optional<std::string> link_name(const std::string& path) override;
   std::vector<std::string> list(const std::string& dir) override;
   bool exists(const std::string& path) override;
+  std::vector<std::string> modules_for(const std::string& modalias) override;
 
  private:
   std::string root_;
+  // "pci:" lines of modules(.builtin).alias: pattern, module; read once.
+  std::vector<std::pair<std::string, std::string>> pci_aliases_;
+  bool aliases_read_ = false;
 };
 
 }  // namespace sriovd::host

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -30,13 +31,28 @@ struct VfSettings {
   static VfSettings from_json(const nlohmann::json& j);
 };
 
+// A PF driver's refusal of one VF setting: which setting ("mac", "vlan",
+// "trust", "spoofchk", "link_state", "rate") and the kernel's errno.
+class VfSettingRefused : public std::runtime_error {
+ public:
+  VfSettingRefused(std::string setting, int error, const std::string& what)
+      : std::runtime_error(what), setting_(std::move(setting)), error_(error) {}
+  [[nodiscard]] const std::string& setting() const { return setting_; }
+  [[nodiscard]] int error() const { return error_; }
+
+ private:
+  std::string setting_;
+  int error_;
+};
+
 // Reads and changes VF settings through a PF's netdev.
 class VfLinkControl {
  public:
   virtual ~VfLinkControl() = default;
   virtual VfSettings get(const std::string& pf_netdev, unsigned vf) = 0;
-  // Applies the fields that are set. Throws with the PF, the VF, the
-  // setting and the kernel's reason.
+  // Applies the fields that are set, one request per setting (VLAN with QoS,
+  // the two rates together). Throws VfSettingRefused with the PF, the VF,
+  // the setting and the kernel's reason when the driver refuses one.
   virtual void set(const std::string& pf_netdev, unsigned vf, const VfSettings& settings) = 0;
 };
 
