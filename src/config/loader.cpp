@@ -125,6 +125,7 @@ Config Loader::run(const YAML::Node& root) {
                 [&](const YAML::Node& n, const std::string& p) { read_virtio(n, p); });
   if (top.has("kubernetes")) read_kubernetes(top.get("kubernetes", false));
   check_sockets();
+  link_bridged_macs();
   check_macs();
 
   if (ctx_.failed()) throw ConfigError(ctx_.take());
@@ -308,6 +309,48 @@ void Loader::check_sockets() {
     claim(dev.socket, "virtio device '" + dev.name + "'", dev.socket_where);
 }
 
+// A guest bridged to a VF speaks with the VF's MAC: a NIC's VF receives
+// only frames for its own MAC (and broadcast and subscribed multicast)
+// unless it is trusted and promiscuous - igbvf has no unicast promiscuous
+// mode at all - and with spoofchk on it drops frames sent from any other.
+// So the device's MAC and the VF's are one: either given sets the other,
+// and two that differ are an error. Neither given: the device takes the VF
+// netdev's MAC when it starts.
+void Loader::link_bridged_macs() {
+  for (auto& dev : cfg_.virtio_devices) {
+    if (dev.backend_kind != BackendKind::vf) continue;
+    PfConfig* pf = nullptr;
+    for (auto& candidate : cfg_.physical_functions)
+      if (candidate.ref == dev.vf.pf) pf = &candidate;
+    if (!pf) continue;
+    VfConfig* vf = nullptr;
+    for (auto& c : pf->vfs)
+      if (c.index == dev.vf.vf) vf = &c;
+    if (vf && vf->mac && dev.mac && *vf->mac != *dev.mac) {
+      ctx_.error(dev.where, "virtio_devices." + dev.name + ".mac",
+                 "virtio device '" + dev.name + "' has MAC " + dev.mac->to_string() + " but its backing VF " +
+                     std::to_string(dev.vf.vf) + " of PF " + pf->ref.to_string() + " has " + vf->mac->to_string() +
+                     " (" + line_ref(vf->where) +
+                     "): a bridged guest must use its VF's MAC (the VF receives only its own, and spoofchk drops "
+                     "others); leave one of the two out");
+      continue;
+    }
+    if (dev.mac && (!vf || !vf->mac)) {
+      if (!vf) {
+        VfConfig added;
+        added.index = dev.vf.vf;
+        added.where = dev.where;
+        pf->vfs.push_back(added);
+        vf = &pf->vfs.back();
+      }
+      vf->mac = dev.mac;
+      vf->mac_from_device = dev.name;
+    } else if (!dev.mac && vf && vf->mac) {
+      dev.mac = vf->mac;
+    }
+  }
+}
+
 void Loader::check_macs() {
   std::map<MacAddress, std::string> used;
   auto claim = [&](const MacAddress& mac, const std::string& what, SourceLocation where) {
@@ -319,7 +362,8 @@ void Loader::check_macs() {
     for (const auto& vf : pf.vfs)
       if (vf.mac) claim(*vf.mac, "VF " + std::to_string(vf.index) + " of PF " + pf.ref.to_string(), vf.where);
   for (const auto& dev : cfg_.virtio_devices)
-    if (dev.mac) claim(*dev.mac, "virtio device '" + dev.name + "'", dev.where);
+    if (dev.mac && dev.backend_kind != BackendKind::vf)  // a bridged device's MAC is its VF's
+      claim(*dev.mac, "virtio device '" + dev.name + "'", dev.where);
 }
 
 Config parse(std::string_view text, const std::string& file) {

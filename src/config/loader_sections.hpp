@@ -27,6 +27,7 @@ class Loader {
   // Every socket the daemon binds must be distinct.
   void check_sockets();
   // Two devices with one MAC on a host is a misconfiguration nobody wants.
+  void link_bridged_macs();
   void check_macs();
 
   // physical_functions.cpp

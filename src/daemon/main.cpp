@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,9 @@
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "logging.hpp"
+#include "sriovd/host/host_control.hpp"
+#include "sriovd/host/netlink_vf_link.hpp"
+#include "sriovd/host/reconciler.hpp"
 #include "sriovd/host/state.hpp"
 #include "sriovd/version.hpp"
 
@@ -21,6 +25,41 @@ constexpr const char* kDefaultConfig = "/etc/sriovd/sriovd.yaml";
 constexpr int kExitUsage = 64;
 constexpr int kExitConfig = 78;  // EX_CONFIG
 constexpr int kExitFailure = 1;
+
+// --check-config on the host the file is for (host: system, every PF
+// present): what applying it would meet that the file alone cannot say - a
+// setting the PF's driver refuses, a num_vfs above sriov_totalvfs, VFs in
+// use by others. Reads only. "" when it would apply; the reason otherwise.
+std::string check_on_this_host(const sriovd::config::Config& cfg, const std::string& sysfs_root) {
+  using namespace sriovd;
+  if (cfg.host != config::HostMode::system || cfg.physical_functions.empty()) return "";
+  host::RealSysfs sysfs(sysfs_root);
+  host::NetlinkVfLink vf_link;
+  host::HostControl control(sysfs, vf_link);
+  for (const auto& pf : cfg.physical_functions) {
+    const auto addr = pf.ref.address ? pf.ref.address : control.resolve_netdev(pf.ref.netdev);
+    if (!addr || !control.exists(*addr)) {
+      std::printf("note: PF %s is not on this host: its driver's rules are not checked\n", pf.ref.to_string().c_str());
+      return "";
+    }
+  }
+  // Planned with the journal of the daemon that may be running (what it
+  // changed is its own, not someone else's); plan() only reads it.
+  std::unique_ptr<host::Reconciler> reconciler;
+  try {
+    reconciler = std::make_unique<host::Reconciler>(control, host::StateFile(cfg.state_dir + "/state.json"));
+  } catch (const std::exception& e) {
+    std::printf("note: cannot read the journal (%s): the host is not checked\n", e.what());
+    return "";
+  }
+  std::string problem;
+  try {
+    (void)reconciler->plan(cfg);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  return problem;
+}
 
 }  // namespace
 
@@ -68,6 +107,10 @@ int main(int argc, char** argv) {
   if (!check_path.empty()) {
     try {
       const auto cfg = sriovd::config::load(check_path);
+      if (const std::string problem = check_on_this_host(cfg, sysfs_root); !problem.empty()) {
+        std::fprintf(stderr, "%s: valid, but this host cannot apply it: %s\n", check_path.c_str(), problem.c_str());
+        return kExitConfig;
+      }
       std::printf("%s: OK (host %s, %zu PF(s), %zu virtio device(s))\n", check_path.c_str(),
                   sriovd::config::to_string(cfg.host), cfg.physical_functions.size(),
                   cfg.virtio_devices.size());

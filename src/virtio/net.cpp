@@ -519,6 +519,10 @@ void NetDevice::run_pair(Worker& w) {
           break;
         case kEvRoom:
         case kEvTap:
+          // A socket's pending error (AF_PACKET: ENETDOWN when its netdev
+          // goes down) is reported level-triggered until it is taken: left
+          // there, it would wake this worker without end.
+          if (events[i].events & EPOLLERR) (void)tap_->take_error(w.pair);
           if ((events[i].events & EPOLLOUT) && w.tx_blocked) {
             w.tx_blocked = false;
             watch_port(w);

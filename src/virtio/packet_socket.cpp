@@ -276,9 +276,50 @@ void PacketSocket::flush(unsigned qi) {
   Queue& q = queues_[qi];
   if (!q.tx_pending) return;
   q.tx_pending = false;
-  // Sends every SEND_REQUEST slot; frames the kernel refuses are skipped
-  // (PACKET_LOSS) and their slots come back.
-  (void)::send(q.side.get(), nullptr, 0, MSG_DONTWAIT);
+  // Sends every SEND_REQUEST slot from the kernel's position on; frames
+  // the kernel refuses one by one are skipped (PACKET_LOSS) and their slots
+  // come back. A netdev that is down (or gone) refuses the whole send
+  // before any slot: those frames are dropped here, as a NIC without link
+  // drops them - kept, they would fill the ring, and a full ring whose
+  // sends always fail stops the queue for good.
+  if (::send(q.side.get(), nullptr, 0, MSG_DONTWAIT) < 0 && (errno == ENETDOWN || errno == ENXIO || errno == ENODEV)) {
+    drop_pending(q);
+    return;
+  }
+  const bool v3 = ring_ == PacketRing::v3;
+  while (q.tx_head != q.tx_next) {
+    uint8_t* slot = q.tx + static_cast<size_t>(q.tx_head) * q.tx_frame;
+    const uint32_t& status =
+        v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
+    if (status_of(status) == TP_STATUS_SEND_REQUEST) {
+      q.tx_pending = true;  // the queue was busy: asked again at the next flush
+      break;
+    }
+    if (++q.tx_head == q.tx_count) q.tx_head = 0;
+  }
+}
+
+void PacketSocket::drop_pending(Queue& q) {
+  const bool v3 = ring_ == PacketRing::v3;
+  while (q.tx_next != q.tx_head) {
+    q.tx_next = q.tx_next == 0 ? q.tx_count - 1 : q.tx_next - 1;
+    uint8_t* slot = q.tx + static_cast<size_t>(q.tx_next) * q.tx_frame;
+    uint32_t& status = v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
+    give_back(status, TP_STATUS_AVAILABLE);
+    ++dropped_down_;
+  }
+}
+
+int PacketSocket::take_error(unsigned qi) {
+  Queue& q = queues_[qi];
+  int first = 0;
+  for (int fd : {q.fd.get(), q.side.get()}) {
+    if (fd < 0) continue;
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0 && first == 0) first = err;
+  }
+  return first;
 }
 
 ssize_t PacketSocket::recv(unsigned qi, uint8_t* buf, size_t size) {

@@ -19,6 +19,7 @@
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/packet_socket.hpp"
+#include "support/process.hpp"
 #include "virtio/wire_harness.hpp"
 
 namespace sriovd::virtio {
@@ -136,6 +137,54 @@ TEST_P(PacketSocketTest, DeviceToWireInOrderAcrossTheRing) {
     ::usleep(10000);
   }
   EXPECT_EQ(received, kFrames);
+}
+
+// Issue 25 item 10: a guest sending into a VF netdev that is down (before
+// it is brought up, or when its link goes) must neither fill the TX ring
+// for good (every flush refused: the queue stalled even after the netdev
+// came up) nor leave the socket's ENETDOWN pending (epoll reports it until
+// it is taken: the worker woke without end).
+TEST_P(PacketSocketTest, ANetdevThatIsDownDropsFramesAndNeverStallsTheQueue) {
+  auto ip = [](const char* updown) { return test::run({"/sbin/ip", "link", "set", "vf0", updown}).exit_code; };
+  ASSERT_EQ(ip("down"), 0);
+  // The pending error, reported as EPOLLERR whatever is asked for.
+  pollfd p{port->fd(0), 0, 0};
+  ASSERT_EQ(::poll(&p, 1, 0), 1);
+  EXPECT_TRUE(p.revents & POLLERR);
+  EXPECT_EQ(port->take_error(0), ENETDOWN);
+  p.revents = 0;
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "the error stays after it was taken";
+  uint8_t header[12] = {};
+  // Far more than the TX ring holds, flushed as the device does.
+  for (uint32_t i = 0; i < 3000; ++i) {
+    auto f = frame(i, 100);
+    iovec iov[2] = {{header, 12}, {f.data(), f.size()}};
+    const ssize_t n = port->send(0, iov, 2);
+    ASSERT_TRUE(n == static_cast<ssize_t>(f.size()) || (n < 0 && errno != EAGAIN))
+        << "frame " << i << ": the queue is full while its netdev is down: " << std::strerror(errno);
+    if (i % 32 == 31) port->flush(0);
+  }
+  port->flush(0);
+  ASSERT_EQ(ip("up"), 0);
+  (void)port->take_error(0);
+  // Up again: frames go out.
+  std::vector<uint8_t> buf(2048);
+  timeval tv{2, 0};
+  ::setsockopt(wire.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  bool seen = false;
+  for (uint32_t i = 100000; i < 100050 && !seen; ++i) {
+    auto f = frame(i, 100);
+    iovec iov[2] = {{header, 12}, {f.data(), f.size()}};
+    ASSERT_EQ(port->send(0, iov, 2), static_cast<ssize_t>(f.size())) << std::strerror(errno);
+    port->flush(0);
+    pollfd w{wire.get(), POLLIN, 0};
+    while (::poll(&w, 1, 50) == 1) {
+      const ssize_t n = ::recv(wire.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+      if (n > 0 && seq_of(buf.data()) >= 100000) seen = true;
+      if (n <= 0) break;
+    }
+  }
+  EXPECT_TRUE(seen) << "nothing reached the wire after the netdev came up";
 }
 
 // With rings, a frame larger than a TX slot (a TSO segment, or here a

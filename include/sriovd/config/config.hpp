@@ -120,6 +120,9 @@ struct VfAssign {
 struct VfConfig {
   uint16_t index = 0;
   std::optional<MacAddress> mac;
+  // The virtio device bridged to this VF whose `mac` this is ("" when the
+  // VF's own entry gives it); see Loader::link_bridged_macs.
+  std::string mac_from_device;
   std::optional<uint16_t> vlan;
   uint8_t qos = 0;
   std::optional<bool> trust;

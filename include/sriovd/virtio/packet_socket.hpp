@@ -49,6 +49,9 @@ class PacketSocket : public PacketPort {
   void set_offloads(unsigned) override {}
   // The netdev's IFF_RUNNING (carrier and up): a VF whose link goes down.
   [[nodiscard]] bool link_up() const override;
+  int take_error(unsigned q) override;
+  // Frames dropped because the netdev was down when they were flushed.
+  [[nodiscard]] uint64_t dropped_down() const { return dropped_down_; }
   [[nodiscard]] PacketRing ring() const { return ring_; }
 
  private:
@@ -72,8 +75,14 @@ class PacketSocket : public PacketPort {
     uint32_t tx_frame = 0;
     uint32_t tx_count = 0;
     uint32_t tx_next = 0;
+    // The slot the kernel sends next: it walks the ring from there while
+    // slots are SEND_REQUEST. [tx_head, tx_next) is handed over, not sent.
+    uint32_t tx_head = 0;
     bool tx_pending = false;
   };
+  // The handed-over slots back to AVAILABLE (their frames dropped), when
+  // the kernel refused the whole send (netdev down or gone).
+  void drop_pending(Queue& q);
   void setup_rings(Queue& q, unsigned mtu);
   ssize_t recv_v3(Queue& q, uint8_t* buf, size_t size);
   ssize_t recv_v2(Queue& q, uint8_t* buf, size_t size);
@@ -84,6 +93,7 @@ class PacketSocket : public PacketPort {
   std::string name_;
   PacketRing ring_;
   std::vector<Queue> queues_;
+  uint64_t dropped_down_ = 0;  // worker thread only
 };
 
 }  // namespace sriovd::virtio

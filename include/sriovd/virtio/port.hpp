@@ -45,6 +45,11 @@ class PacketPort {
   [[nodiscard]] virtual int room_fd(unsigned q) const { return fd(q); }
   // Carrier of what the port is attached to (control plane; an ioctl).
   [[nodiscard]] virtual bool link_up() const { return true; }
+  // Queue q's fd reported EPOLLERR (a socket's pending error: AF_PACKET
+  // sets ENETDOWN when its netdev goes down): takes the error, which
+  // epoll reports level-triggered until it is taken - a worker that left
+  // it would wake without end. Returns the error (0: none, or not a socket).
+  virtual int take_error(unsigned /*q*/) { return 0; }
 };
 
 }  // namespace sriovd::virtio
