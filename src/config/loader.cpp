@@ -317,7 +317,8 @@ void Loader::check_sockets() {
 // and two that differ are an error. Neither given: the device takes the VF
 // netdev's MAC when it starts.
 void Loader::link_bridged_macs() {
-  for (auto& dev : cfg_.virtio_devices) {
+  for (size_t i = 0; i < cfg_.virtio_devices.size(); ++i) {
+    VirtioDevice& dev = cfg_.virtio_devices[i];
     if (dev.backend_kind != BackendKind::vf) continue;
     PfConfig* pf = nullptr;
     for (auto& candidate : cfg_.physical_functions)
@@ -327,7 +328,7 @@ void Loader::link_bridged_macs() {
     for (auto& c : pf->vfs)
       if (c.index == dev.vf.vf) vf = &c;
     if (vf && vf->mac && dev.mac && *vf->mac != *dev.mac) {
-      ctx_.error(dev.where, "virtio_devices." + dev.name + ".mac",
+      ctx_.error(dev.where, "virtio_devices[" + std::to_string(i) + "].mac",
                  "virtio device '" + dev.name + "' has MAC " + dev.mac->to_string() + " but its backing VF " +
                      std::to_string(dev.vf.vf) + " of PF " + pf->ref.to_string() + " has " + vf->mac->to_string() +
                      " (" + line_ref(vf->where) +

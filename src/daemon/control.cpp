@@ -106,6 +106,7 @@ json Daemon::devices_json() const {
         if (macvtap) backend["macvtap"] = macvtap->name();
         if (const auto* xdp = dynamic_cast<const virtio::XdpSocket*>(&e.device->port())) {
           backend["xdp_mode"] = virtio::to_string(xdp->mode());
+          backend["xdp_attach"] = xdp->generic() ? "generic" : "native";
           backend["xdp_tx_budget"] = xdp->tx_budget();
           json per_queue = json::array();
           for (unsigned q = 0; q < xdp->sockets(); ++q) per_queue.push_back(xdp->received_on(q));

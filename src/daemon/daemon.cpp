@@ -550,6 +550,14 @@ std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice
   const std::string netdev = host_->vf_netdev(dev.vf.pf, dev.vf.vf);
   e.port_key = "vf:" + netdev;
   wait_for_previous();
+  // The VF's netdev carries the guest's frames: it must be up (sriovd's
+  // udev rule keeps network managers off it), and the guest speaks with its
+  // MAC unless the config gave one (which the host layer set on the VF).
+  virtio::netdev_set_up(netdev);
+  if (!nc.mac) {
+    MacAddress mac;
+    if (virtio::netdev_address(netdev, mac.octets) && !mac.is_zero() && !mac.is_multicast()) nc.mac = mac;
+  }
   if (dev.vf.via == config::VfAttach::macvtap) {
     // A macvtap is a tap: the kernel segments and checksums what the
     // driver cannot take (TUNSETOFFLOAD follows its features).

@@ -285,13 +285,23 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
   if (bpf_map_update_elem(owner_fd, &zero, owner, BPF_ANY) != 0) throw_errno("AF_XDP on " + ifname + ": writing the owner map");
   {
     Capture said;
-    // Native mode only: generic XDP would work everywhere and slowly; a
-    // driver without XDP is an error to fix, not something to hide.
-    const int err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd,
-                                   XDP_FLAGS_DRV_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
+    // Native mode where the driver has it; generic XDP (the kernel runs
+    // the program on the skb, after the driver) where it has none - igbvf,
+    // most VF drivers of older NICs: slower, but the device is served, and
+    // `sriovctl devices` says which (xdp_attach).
+    int err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd,
+                             XDP_FLAGS_DRV_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
+    if (err == -EOPNOTSUPP) {
+      err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd,
+                           XDP_FLAGS_SKB_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
+      if (err == 0) {
+        generic_ = true;
+        spdlog::warn("virtio {}: {}'s driver has no native XDP: AF_XDP runs on generic XDP (slower)", device, ifname);
+      }
+    }
     if (err != 0) {
       std::string why = errno_text(err);
-      if (err == -EOPNOTSUPP) why = "its driver has no native XDP";
+      if (err == -EOPNOTSUPP) why = "neither native nor generic XDP is possible on it";
       if (err == -EBUSY || err == -EEXIST) why = "another XDP program was attached meanwhile";
       throw std::runtime_error("AF_XDP: attaching the XDP program to " + ifname + " failed: " + why + said.said());
     }

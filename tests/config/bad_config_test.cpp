@@ -233,6 +233,8 @@ const BadCase kCases[] = {
    "virtio_devices[0].backend.ring: 'ring' is only used with 'type: vf'"},
   {"UnknownPacketRing", kSimulated + kPf + "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: 0000:3b:00.0, vf: 1, ring: v4}}\n",
    15, 123, "virtio_devices[0].backend.ring: expected one of v3, v2, off, got 'v4'"},
+  {"BridgedMacDiffersFromItsVfs", kSimulated + kPf + "        mac: 02:00:00:00:00:01\nvirtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, mac: 02:00:00:00:00:02, backend: {type: vf, pf: 0000:3b:00.0, vf: 0}}\n",
+   16, 5, "virtio_devices[0].mac: virtio device 'n0' has MAC 02:00:00:00:00:02 but its backing VF 0 of PF 0000:3b:00.0 has 02:00:00:00:00:01 (line 13): a bridged guest must use its VF's MAC (the VF receives only its own, and spoofchk drops others); leave one of the two out"},
   {"UnknownVfAttach", kSimulated + kPf + "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, backend: {type: vf, pf: 0000:3b:00.0, vf: 1, via: macvlan}}\n",
    15, 122, "virtio_devices[0].backend.via: expected one of af_packet, macvtap, af_xdp, got 'macvlan'"},
   {"AfXdpMtuAboveOneFrame", kSimulated + kPf + "virtio_devices:\n  - {name: n0, type: net, transport: vhost-user, socket: /run/n0.sock, mtu: 9000, backend: {type: vf, pf: 0000:3b:00.0, vf: 1, via: af_xdp}}\n",

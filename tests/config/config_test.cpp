@@ -23,7 +23,12 @@ TEST(ShippedConfig, DemoDescribesTheSimulatedHost) {
   const PfConfig& pf = cfg.physical_functions[0];
   EXPECT_EQ(pf.num_vfs, 5);
   EXPECT_EQ(pf.ref.netdev, "simpf0");  // resolved from the simulated PF
-  ASSERT_EQ(pf.vfs.size(), 4U);
+  // Four VFs configured, and VF 4 added for the device bridged to it: its
+  // MAC is the device's (a bridged guest speaks with its VF's MAC).
+  ASSERT_EQ(pf.vfs.size(), 5U);
+  EXPECT_EQ(pf.vfs[4].index, 4);
+  EXPECT_EQ(pf.vfs[4].mac, cfg.virtio_devices[1].mac);
+  EXPECT_EQ(pf.vfs[4].mac_from_device, "vnet-vf4");
   ASSERT_TRUE(pf.vfs[0].assign.has_value());
   EXPECT_EQ(pf.vfs[0].assign->export_kind, ExportKind::vfio_user);
   EXPECT_EQ(pf.vfs[0].assign->msix_policy, MsixPolicy::adaptive);
@@ -33,6 +38,7 @@ TEST(ShippedConfig, DemoDescribesTheSimulatedHost) {
   ASSERT_EQ(cfg.virtio_devices.size(), 3U);
   EXPECT_EQ(cfg.virtio_devices[0].backend_kind, BackendKind::vf);
   EXPECT_EQ(cfg.virtio_devices[0].vf.vf, 2);
+  EXPECT_EQ(cfg.virtio_devices[0].mac, pf.vfs[2].mac) << "the device takes its VF's MAC";
   EXPECT_EQ(cfg.virtio_devices[0].vf.via, VfAttach::af_packet);
   EXPECT_EQ(cfg.virtio_devices[0].transport, Transport::vfio_user);
   // Two queue pairs over vfio-user on a VF: through a macvtap.

@@ -74,6 +74,8 @@ class XdpSocket : public PacketPort {
   [[nodiscard]] bool link_up() const override;
 
   [[nodiscard]] XdpMode mode() const { return mode_; }
+  // The program runs as generic XDP (the driver has no native XDP).
+  [[nodiscard]] bool generic() const { return generic_; }
   [[nodiscard]] unsigned frame_size() const { return frame_; }
   // Copy mode: frames one sendto() makes the kernel transmit (32 unless the
   // kernel takes XDP_MAX_TX_SKB_BUDGET, then the TX ring's size); 0 with
@@ -103,6 +105,7 @@ class XdpSocket : public PacketPort {
   unsigned frame_ = 0;
   unsigned pairs_ = 0;
   XdpMode mode_ = XdpMode::copy;
+  bool generic_ = false;
   unsigned tx_budget_ = 0;
   std::unique_ptr<Program> prog_;
   std::vector<std::unique_ptr<Queue>> queues_;
