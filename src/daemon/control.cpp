@@ -103,6 +103,7 @@ json Daemon::devices_json() const {
       if (e.name == dev.name && e.device) {
         const auto* macvtap = dynamic_cast<const virtio::Macvtap*>(&e.device->port());
         backend["netdev"] = macvtap ? macvtap->lower() : e.device->port().name();
+        if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
         if (macvtap) backend["macvtap"] = macvtap->name();
         if (const auto* xdp = dynamic_cast<const virtio::XdpSocket*>(&e.device->port())) {
           backend["xdp_mode"] = virtio::to_string(xdp->mode());

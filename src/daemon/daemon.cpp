@@ -1,5 +1,7 @@
 #include "sriovd/daemon/daemon.hpp"
 
+#include <net/if.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,6 +137,7 @@ void Daemon::arm_housekeeping() {
     irq_->housekeeping();
     // The device plugin's health follows the host twice a second.
     if (config_.kubernetes.enabled && ++k8s_ticks_ % 10 == 0) update_k8s();
+    if (++housekeeping_ticks_ % 20 == 0) follow_vf_netdevs();
     // Link status follows the backend's carrier (a VF whose link drops).
     for (auto& e : virtio_) {
       if (!e.device || !e.device->poll_link()) continue;
@@ -144,6 +147,36 @@ void Daemon::arm_housekeeping() {
     }
     arm_housekeeping();
   });
+}
+
+void Daemon::follow_vf_netdevs() {
+  std::vector<std::string> restart;
+  for (const auto& e : virtio_) {
+    if (e.config.backend_kind != config::BackendKind::vf || e.waiting) continue;
+    std::string name;
+    unsigned ifindex = 0;
+    try {
+      name = host_->vf_netdev(e.config.vf.pf, e.config.vf.vf);
+      ifindex = ::if_nametoindex(name.c_str());
+    } catch (const std::exception&) {
+      // No netdev now (its driver unbound): the device stops, saying why.
+    }
+    // The same netdev as when the device (or its last try) opened it.
+    if (name == e.vf_netdev && ifindex == e.vf_ifindex) continue;
+    if (!e.device && ifindex == 0) continue;  // not served, and still nothing to serve on
+    spdlog::warn("virtio {}: its VF's netdev {} ({} {}): restarting the device on it", e.name,
+                 ifindex == 0 ? "is gone" : "was re-created",
+                 e.vf_netdev.empty() ? std::string("none") : e.vf_netdev + " #" + std::to_string(e.vf_ifindex),
+                 ifindex == 0 ? std::string("-> none") : "-> " + name + " #" + std::to_string(ifindex));
+    restart.push_back(e.name);
+  }
+  if (restart.empty()) return;
+  config::Config next = config_;
+  std::erase_if(next.virtio_devices, [&](const config::VirtioDevice& d) {
+    return std::find(restart.begin(), restart.end(), d.name) != restart.end();
+  });
+  drop_virtio(&next);
+  start_virtio();
 }
 
 void Daemon::shutdown(const char* why) {
@@ -553,6 +586,8 @@ std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice
   // The VF's netdev carries the guest's frames: it must be up (sriovd's
   // udev rule keeps network managers off it), and the guest speaks with its
   // MAC unless the config gave one (which the host layer set on the VF).
+  e.vf_netdev = netdev;
+  e.vf_ifindex = ::if_nametoindex(netdev.c_str());
   virtio::netdev_set_up(netdev);
   if (!nc.mac) {
     MacAddress mac;

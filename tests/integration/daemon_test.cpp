@@ -561,6 +561,67 @@ TEST_F(Daemon, ReleaseGivesOneVfBackToTheHost) {
   EXPECT_THAT(bad.output, HasSubstr("0000:3b:00.0 is not a VF"));
 }
 
+// Issue 25 item 5: a PF is named as an operator names it - by netdev or by
+// address, whichever way the config names it - and alone it releases every
+// VF the config assigns on it.
+TEST_F(Daemon, ReleaseByPfNetdevOrAddressAndAWholePf) {
+  // The PF named by netdev in the file.
+  std::string by_netdev = config_text(socket(), 3) + "      - index: 1\n        assign: {owner: vm2, socket: " +
+                          socket() + ".vf1}\n";
+  by_netdev.replace(by_netdev.find("  - address: \"0000:3b:00.0\"\n    num_vfs"), 27, "  - netdev: simpf0\n");
+  dir_.write("sriovd.yaml", by_netdev);
+  start();
+  auto by_address = ctl({"release", "0000:3b:00.0", "1"});
+  EXPECT_EQ(by_address.exit_code, 0) << by_address.output;
+  json devices = request({{"cmd", "devices"}})["result"];
+  EXPECT_EQ((*find_vf(devices, 1))["state"], "released");
+  ASSERT_EQ(ctl({"reload"}).exit_code, 0);
+  auto whole = ctl({"release", "simpf0"});
+  EXPECT_EQ(whole.exit_code, 0) << whole.output;
+  EXPECT_THAT(whole.output, HasSubstr("0000:3b:00.0 VF 0, 0000:3b:00.0 VF 1"));
+  devices = request({{"cmd", "devices"}})["result"];
+  EXPECT_EQ((*find_vf(devices, 0))["state"], "released");
+  EXPECT_EQ((*find_vf(devices, 1))["state"], "released");
+  EXPECT_EQ((*find_vf(devices, 0))["driver"], "iavf");
+  auto unknown = ctl({"release", "simpf9"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.output, HasSubstr("PF 'simpf9' is not configured"));
+}
+
+// Issue 25 item 11: the VF's driver rebound makes a new netdev (a new
+// ifindex) under a running bridged device: the device follows it.
+TEST_F(Daemon, ABridgedVfsNetdevMadeAnewIsFollowed) {
+  const std::string ns = "sriovd-fw" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  dir_.write("sriovd.yaml", config_text(socket(), 2) +
+                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " +
+                                dir_.file("run/vfb0.sock") + ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1}}\n");
+  auto device = [&] { return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]; };
+  start({}, netns.exec());
+  const json before = device();
+  ASSERT_NE(before.value("state", ""), "not served") << daemon_->log();
+  const unsigned old_index = before["backend"].value("ifindex", 0U);
+  ASSERT_NE(old_index, 0U) << before.dump();
+  // The VF's netdev goes, as when its driver is unbound; the simulated host
+  // makes a new one when the VF is asked for it again (a driver bound anew).
+  const std::string netdev = before["backend"].value("netdev", "");
+  ASSERT_EQ(test::run({"/sbin/ip", "-n", ns, "link", "del", netdev}).exit_code, 0);
+  json now;
+  for (int i = 0; i < 100; ++i) {
+    now = device();
+    if (now["backend"].value("ifindex", 0U) != 0 && now["backend"].value("ifindex", 0U) != old_index &&
+        now.value("state", "") != "not served")
+      break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_NE(now["backend"].value("ifindex", 0U), old_index) << now.dump() << daemon_->log();
+  EXPECT_NE(now.value("state", ""), "not served") << now.dump();
+  EXPECT_THAT(daemon_->log(), HasSubstr("restarting the device on it"));
+  daemon_->signal(SIGTERM);
+  ASSERT_TRUE(daemon_->wait_for(10s));
+}
+
 TEST_F(Daemon, AReloadThatFailsOnTheHostRollsBackAndKeepsTheOldConfig) {
   write_config(2);
   start();

@@ -116,8 +116,17 @@ class Daemon {
     // Not served while the port of the device it replaces is being closed
     // (port_key): started when that is done.
     bool waiting = false;
+    // backend: vf - the VF's netdev the port was opened on (name, ifindex;
+    // 0: none), to see it re-created under the port (follow_vf_netdevs).
+    std::string vf_netdev;
+    unsigned vf_ifindex = 0;
   };
   std::vector<VirtioExport> virtio_;
+  // A device bridged to a VF whose netdev was re-created (its driver
+  // rebound: a new ifindex), went or came is restarted on the netdev as it
+  // is now; one look per second from housekeeping.
+  void follow_vf_netdevs();
+  unsigned housekeeping_ticks_ = 0;
   // A changed device's tap, kept for the device that replaces it when the
   // tap's settings are the same (name, namespace, queues): the tap, its
   // addresses and its bridge stay; by device name, until start_virtio.
