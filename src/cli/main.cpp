@@ -150,6 +150,7 @@ struct Args {
   unsigned irq_vector = 0;
   std::string udev_action, udev_device, udev_pf;
   bool udev_env = false;
+  std::string link_pf, link_state;
 };
 
 void add_commands(CLI::App& app, Args& a) {
@@ -180,6 +181,9 @@ void add_commands(CLI::App& app, Args& a) {
   auto* irq = app.add_subcommand("simulate-interrupt", "simulated host only: an exported VF raises an MSI-X vector");
   irq->add_option("device", a.irq_device, "the VF's PCI address")->required();
   irq->add_option("vector", a.irq_vector, "the MSI-X vector")->required();
+  auto* link = app.add_subcommand("simulate-link", "simulated host only: a PF's link goes down or comes back");
+  link->add_option("pf", a.link_pf, "the PF's address")->required();
+  link->add_option("state", a.link_state, "up or down")->required()->check(CLI::IsMember({"up", "down"}));
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   udev->add_option("action", a.udev_action, "add, remove, change, bind or unbind")->required();
   udev->add_option("device", a.udev_device, "PCI address of the VF (udev's %k)")->required();
@@ -211,6 +215,10 @@ std::optional<json> request_for(const std::string& cmd, const Args& a) {
   if (cmd == "simulate-interrupt") {
     request["device"] = a.irq_device;
     request["vector"] = a.irq_vector;
+  }
+  if (cmd == "simulate-link") {
+    request["pf"] = a.link_pf;
+    request["up"] = a.link_state == "up";
   }
   if (cmd == "udev-event") {
     request["action"] = a.udev_action;

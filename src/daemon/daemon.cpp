@@ -298,6 +298,7 @@ void Daemon::register_commands() {
   };
   commands_["release"] = [this](const json& req, const PeerCredentials&) { return release(req); };
   commands_["simulate-fault"] = [this](const json& req, const PeerCredentials&) { return simulate_fault(req); };
+  commands_["simulate-link"] = [this](const json& req, const PeerCredentials&) { return simulate_link(req); };
   commands_["simulate-interrupt"] = [this](const json& req, const PeerCredentials&) { return simulate_interrupt(req); };
 }
 
@@ -686,6 +687,19 @@ json Daemon::release(const json& req) {
   std::string released;
   for (unsigned i : indices) released += (released.empty() ? "" : ", ") + pf_addr.to_string() + " VF " + std::to_string(i);
   return control::make_result({{"released", released}, {"changes", steps_json(steps)}});
+}
+
+// Simulated host only: a PF's link goes down or comes back (the carrier
+// its netdev reports), as a cable or a switch port would make it.
+json Daemon::simulate_link(const json& req) {
+  host::SimulatedKernel* sim = host_->simulated();
+  if (!sim) return control::make_error(control::errc::kBadRequest, "simulate-link: only with host: simulated");
+  const auto pf = req.contains("pf") && req["pf"].is_string() ? PciAddress::parse(req["pf"].get<std::string>()) : std::nullopt;
+  if (!pf || !req.contains("up") || !req["up"].is_boolean())
+    return control::make_error(control::errc::kBadRequest, "simulate-link: give {\"pf\": PF address, \"up\": true|false}");
+  sim->set_pf_link(*pf, req["up"].get<bool>());
+  update_k8s();
+  return control::make_result({{"pf", pf->to_string()}, {"link", req["up"].get<bool>() ? "up" : "down"}});
 }
 
 // Simulated host only: inject a fault into a sysfs write or VF setting.

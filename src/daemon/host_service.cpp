@@ -162,6 +162,9 @@ json HostService::devices_json(const config::Config& cfg) {
     pf["total_vfs"] = info->total_vfs;
     pf["active_vfs"] = control_->num_vfs(info->address);
     pf["state"] = "present";
+    // The PF's link (its netdev's carrier): a VF of a PF without link
+    // carries nothing, whatever it is bound to.
+    if (!info->netdevs.empty()) pf["link"] = control_->link_up(info->netdevs.front()) ? "up" : "down";
     json vfs = json::array();
     for (unsigned i = 0; i < std::max<unsigned>(pf_cfg.num_vfs, control_->num_vfs(info->address)); ++i) {
       const config::VfConfig* vf_cfg = nullptr;

@@ -1,7 +1,8 @@
 // The daemon's side of the kubelet device plugin: the pools the config asks
 // for, with each member's health as the host shows it now. A VF is healthy
-// while it exists, is bound to vfio-pci as configured (not released) and
-// its IOMMU group is viable; a virtio device while sriovd serves its socket.
+// while it exists, is bound to vfio-pci as configured (not released), its
+// IOMMU group is viable and its PF has link; a virtio device while sriovd
+// serves its socket.
 #include <spdlog/spdlog.h>
 
 #include "sriovd/daemon/daemon.hpp"
@@ -49,7 +50,10 @@ std::vector<k8s::Pool> Daemon::k8s_pools() const {
         d.numa_node = host_vf.value("numa_node", -1);
         const bool vfio = host_vf.value("driver", "") == "vfio-pci";
         d.iommu_group = vfio ? host_vf.value("iommu_group", -1) : -1;
-        d.healthy = vfio && host_vf.value("state", "") == "assigned" && host_vf.value("group_viable", false);
+        // A PF without link (its cable, its switch port) makes every VF on
+        // it useless to a pod: unhealthy until the link is back.
+        d.healthy = vfio && host_vf.value("state", "") == "assigned" && host_vf.value("group_viable", false) &&
+                    host_pf.value("link", "up") == "up";
         pool.devices.push_back(std::move(d));
       }
     }

@@ -887,7 +887,7 @@ TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
                                "; _sriovctl; echo \"${COMPREPLY[*]}\"";
     return test::run({"/bin/bash", "-c", script}).output;
   };
-  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault simulate-interrupt udev-event\n");
+  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault simulate-interrupt simulate-link udev-event\n");
   EXPECT_EQ(complete("de", 1), "devices\n");
   EXPECT_EQ(complete("devices --js", 2), "--json\n");
   EXPECT_EQ(complete("simulate-fault --ti", 2), "--times --timeout\n");

@@ -7,7 +7,7 @@ compiled with protoc) that serves Registration on kubelet.sock and drives
 each registered plugin as the kubelet does: GetDevicePluginOptions,
 ListAndWatch, GetPreferredAllocation, Allocate. Then the kubelet restarts
 (its socket deleted and made again, the plugins' sockets removed) and the
-plugins register again; a VF that leaves the simulated host is Unhealthy
+plugins register again; a VF that leaves the simulated host, or whose PF loses its link, is Unhealthy
 within 1 s and Healthy when it is back; a pooled virtio device's socket is
 mounted; a reload moves a VF between pools;
 malformed and unknown requests get gRPC errors naming what is wrong.
@@ -309,6 +309,17 @@ def main():
     got, ok = a.next_list(lambda l: l.get(va1, ("",))[0] == "Healthy", 1.0)
     took = time.monotonic() - t0
     check(f"the VF back is Healthy within 1 s ({took * 1000:.0f} ms after the udev event was sent)", ok, got)
+
+    # The PF's link goes down (its cable, its switch port): every VF on it
+    # is Unhealthy within 1 s; the link back, Healthy again (issue 25).
+    t0 = time.monotonic()
+    ctl("simulate-link", "0000:3b:00.0", "down")
+    got, ok = a.next_list(lambda l: l.get(va0, ("",))[0] == "Unhealthy" and l.get(va1, ("",))[0] == "Unhealthy", 1.0)
+    took = time.monotonic() - t0
+    check(f"the PF's link down makes its VFs Unhealthy within 1 s ({took * 1000:.0f} ms)", ok, got)
+    ctl("simulate-link", "0000:3b:00.0", "up")
+    got, ok = a.next_list(lambda l: l.get(va0, ("",))[0] == "Healthy" and l.get(va1, ("",))[0] == "Healthy", 1.0)
+    check("the link back makes them Healthy", ok, got)
 
     # The kubelet restarts: its socket goes and comes back, the plugins'
     # sockets are removed as a starting kubelet does; both register again.

@@ -85,6 +85,7 @@ class Daemon {
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
   control::json simulate_fault(const control::json& request);
+  control::json simulate_link(const control::json& request);
   control::json simulate_interrupt(const control::json& request);
 
   Options options_;
