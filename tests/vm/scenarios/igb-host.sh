@@ -140,3 +140,33 @@ for k in 2 5 9; do
   if [ "$NOW" = "$HAND" ]; then pass "restored-after-kill-at-$k"; else fail "restored-after-kill-at-$k"; echo "$NOW"; fi
 done
 grep -E 'error|warn' /tmp/sriovd.log | head -n 30
+
+# 6. --check-config on this host: a setting igb refuses is named before
+#    anything changes; the shipped example config applies as it is.
+cat >/tmp/refused.yaml <<CONF
+version: 1
+host: system
+state_dir: /var/lib/sriovd
+physical_functions:
+  - netdev: $PFN
+    num_vfs: 2
+    vfs:
+      - {index: 1, link_state: enable}
+CONF
+out=$(sriovd --check-config /tmp/refused.yaml 2>&1); rc=$?
+expect_eq "check-config-refused-exit" "$rc" 78
+case $out in *"VF 1: link_state enable: the igb driver takes no VF link state"*) pass "check-config-names-refused-setting";;
+  *) fail "check-config-names-refused-setting: $out";; esac
+expect_eq "check-config-changed-nothing" "$(state)" "$HAND"
+WIRE=0000:02:00.0
+sed -e "s/enp59s0f0/$PFN/; s/0000:5e:00.1/$WIRE/" /bin/sriovd.yaml >/tmp/example.yaml
+out=$(sriovd --check-config /tmp/example.yaml 2>&1); rc=$?
+if [ $rc -eq 0 ]; then pass "example-config-checks-on-igb"; else fail "example-config-checks-on-igb: $out"; fi
+cp /tmp/example.yaml "$CFG"
+if start_daemon; then pass "example-config-applies-on-igb"; else fail "example-config-applies-on-igb: $(tail -n 5 /tmp/sriovd.log)"; fi
+json=$(sriovctl --json devices)
+if echo "$json" | grep -q '"not served'; then fail "example-devices-served: $json"; else pass "example-devices-served"; fi
+stop_daemon
+NOW=$(state)
+if [ "$NOW" = "$HAND" ]; then pass "example-config-restored"; else fail "example-config-restored"; echo "$NOW"; fi
+echo 0 >/sys/bus/pci/devices/$WIRE/sriov_numvfs 2>/dev/null
