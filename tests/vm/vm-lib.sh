@@ -88,7 +88,7 @@ vm_kernel() {
 vm_add_binary() {
   local root=$1 bin=$2 dest=${3:-/bin/$(basename "$2")}
   install -D -m 0755 "$bin" "$root$dest"
-  ldd "$bin" | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}' | while read -r lib; do
+  ldd "$bin" 2>/dev/null | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}' | while read -r lib; do
     [[ -f $root$lib ]] || install -D -m 0755 "$lib" "$root$lib"
   done
 }
