@@ -6,11 +6,7 @@ CFG=/etc/sriovd/sriovd.yaml
 STATE=/var/lib/sriovd/state.json
 PID=
 
-pass() { echo "VMTEST PASS $*"; }
-fail() { echo "VMTEST FAIL $*"; }
-expect_eq() {  # name actual expected
-  if [ "$2" = "$3" ]; then pass "$1"; else fail "$1: got [$2] want [$3]"; fi
-}
+. /guest-lib.sh
 
 PF=$(for d in /sys/bus/pci/devices/*; do [ -e "$d/sriov_totalvfs" ] && basename "$d"; done | head -n 1)
 SYS=/sys/bus/pci/devices/$PF
@@ -42,22 +38,6 @@ physical_functions:
         assign: {owner: vm-b, export: none}
 CONF
 
-start_daemon() {
-  sriovd --config "$CFG" --foreground "$@" >>/tmp/sriovd.log 2>&1 &
-  PID=$!
-  i=0
-  while [ $i -lt 300 ]; do
-    sriovctl version >/dev/null 2>&1 && return 0
-    kill -0 "$PID" 2>/dev/null || return 1
-    sleep 0.1
-    i=$((i + 1))
-  done
-  return 1
-}
-stop_daemon() {
-  kill -TERM "$PID"
-  wait "$PID"
-}
 
 ORIG=$(state)
 echo "original: $ORIG"

@@ -7,27 +7,12 @@ set -u
 CFG=/etc/sriovd/sriovd.yaml
 PID=
 GPID=
-pass() { echo "VMTEST PASS $*"; }
-fail() { echo "VMTEST FAIL $*"; }
-expect_eq() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1: got [$2] want [$3]"; fi; }
+. /guest-lib.sh
 PF=0000:01:00.0
 SYS=/sys/bus/pci/devices/$PF
 PFN=$(ls "$SYS/net")
 WIRE=$(ls /sys/bus/pci/devices/0000:02:00.0/net)
 vfaddr() { basename "$(readlink "$SYS/virtfn$1")"; }
-start_daemon() {
-  sriovd --config "$CFG" --foreground >>/tmp/sriovd.log 2>&1 &
-  PID=$!
-  i=0
-  while [ $i -lt 600 ]; do
-    sriovctl version >/dev/null 2>&1 && return 0
-    kill -0 "$PID" 2>/dev/null || return 1
-    sleep 0.1; i=$((i + 1))
-  done
-  return 1
-}
-# until CMD succeeds, at most N tenths of a second
-wait_for() { n=$1; shift; i=0; while [ $i -lt "$n" ]; do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; i=$((i + 1)); done; return 1; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 vfip link set "$PFN" up

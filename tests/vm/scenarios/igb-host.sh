@@ -6,9 +6,7 @@ set -u
 CFG=/etc/sriovd/sriovd.yaml
 STATE=/var/lib/sriovd/state.json
 PID=
-pass() { echo "VMTEST PASS $*"; }
-fail() { echo "VMTEST FAIL $*"; }
-expect_eq() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1: got [$2] want [$3]"; fi; }
+. /guest-lib.sh
 
 PF=0000:01:00.0
 SYS=/sys/bus/pci/devices/$PF
@@ -32,19 +30,6 @@ state() {
 }
 vfline() { vfip link show "$PFN" | grep "^ *vf $1 "; }
 
-start_daemon() {
-  sriovd --config "$CFG" --foreground "$@" >>/tmp/sriovd.log 2>&1 &
-  PID=$!
-  i=0
-  while [ $i -lt 600 ]; do
-    sriovctl version >/dev/null 2>&1 && return 0
-    kill -0 "$PID" 2>/dev/null || return 1
-    sleep 0.1
-    i=$((i + 1))
-  done
-  return 1
-}
-stop_daemon() { kill -TERM "$PID"; wait "$PID"; }
 
 # 0. VFs made by hand: 2, with igbvf, their own MAC, VLAN, trust and rate.
 echo 2 >"$SYS/sriov_numvfs"
