@@ -629,7 +629,6 @@ void Daemon::update_access(VirtioExport& e, const config::SocketAccess& access) 
   }
 }
 
-// Gives one VF back to the host: {"pf": PF, "vf": N} or {"device": VF address}.
 // Gives VFs back to the host until the next reload: one VF (by its own
 // address, or PF and index), or every VF of a PF the config assigns (PF
 // alone). A PF is named as the config names it, by address or by netdev,

@@ -163,11 +163,6 @@ void HostControl::wait_until_released(const PciAddress& dev) {
   }
 }
 
-// Only what differs from what the driver holds is sent: a driver refuses
-// some settings outright (igb: every link state) even when asked for the
-// value it already has, and a restore or rollback must not fail on a field
-// it does not change. The two rates travel together, so one that differs
-// takes the other's current value along.
 // A VF driver reads its MAC from the PF when it probes (igbvf; igb says
 // "Reload the VF driver to make this change effective"): after a new MAC,
 // a VF bound to its own driver is unbound and probed again, so that its
@@ -187,6 +182,11 @@ void HostControl::reload_vf_driver(const PciAddress& vf) {
                              (driver(vf).empty() ? std::string("bound to no driver") : "bound to " + driver(vf)));
 }
 
+// Only what differs from what the driver holds is sent: a driver refuses
+// some settings outright (igb: every link state) even when asked for the
+// value it already has, and a restore or rollback must not fail on a field
+// it does not change. The two rates travel together, so one that differs
+// takes the other's current value along.
 // True when a non-zero MAC was set (the VF's driver must read it again).
 bool HostControl::set_vf_settings(const PciAddress& pf, unsigned vf, const VfSettings& want) {
   const std::string netdev = pf_netdev(pf);
@@ -271,6 +271,45 @@ std::string HostControl::own_driver(const PciAddress& dev) {
                                           : " (modules.alias names " + names + ": load it with modprobe)"));
 }
 
+// Binds `dev` to its own driver. Named by modalias where modules.alias can
+// be read; where it cannot (the shipped unit's ProtectKernelModules hides
+// /lib/modules), the kernel picks as it does for a new VF: the VF's PF gets
+// sriov_drivers_autoprobe on for the one drivers_probe, and its old value
+// back at once (a crash in between leaves it on: the journal's next start
+// converges it).
+void HostControl::probe_own_driver(const PciAddress& dev) {
+  const std::string addr = dev.to_string();
+  std::string own, why;
+  try {
+    own = own_driver(dev);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!own.empty()) {
+    sysfs_.write(dev_path(dev, "driver_override"), own + "\n");
+    sysfs_.write("bus/pci/drivers_probe", addr);
+    sysfs_.write(dev_path(dev, "driver_override"), "\n");
+  } else {
+    const auto pf = sysfs_.link_name(dev_path(dev, "physfn"));
+    const std::string autoprobe = pf ? "bus/pci/devices/" + *pf + "/sriov_drivers_autoprobe" : "";
+    const bool toggle = pf && sysfs_.read(autoprobe).value_or("1") == "0";
+    if (toggle) sysfs_.write(autoprobe, "1");
+    try {
+      sysfs_.write("bus/pci/drivers_probe", addr);
+    } catch (...) {
+      if (toggle) sysfs_.write(autoprobe, "0");
+      throw;
+    }
+    if (toggle) sysfs_.write(autoprobe, "0");
+  }
+  const std::string bound = driver(dev);
+  if (bound.empty() || bound == kVfio || (!own.empty() && bound != own))
+    throw std::runtime_error("binding " + addr + " to its own driver" + (own.empty() ? "" : " " + own) +
+                             ": drivers_probe succeeded but the device is " +
+                             (bound.empty() ? std::string("bound to no driver") : "bound to " + bound) +
+                             (why.empty() ? "" : " (" + why + ")"));
+}
+
 json HostControl::get_binding(const PciAddress& dev) {
   return {{"driver", driver(dev)}, {"override", override_text(sysfs_.read(dev_path(dev, "driver_override")))}};
 }
@@ -292,14 +331,7 @@ void HostControl::set_binding(const PciAddress& dev, const json& value) {
       have.clear();
     }
     if (have.empty()) {
-      const std::string own = own_driver(dev);
-      sysfs_.write(dev_path(dev, "driver_override"), own + "\n");
-      sysfs_.write("bus/pci/drivers_probe", addr);
-      sysfs_.write(dev_path(dev, "driver_override"), "\n");
-      const std::string bound = driver(dev);
-      if (bound != own)
-        throw std::runtime_error("binding " + addr + " to its own driver " + own + ": drivers_probe succeeded but the device is " +
-                                 (bound.empty() ? std::string("bound to no driver") : "bound to " + bound));
+      probe_own_driver(dev);
     } else if (!have_override.empty()) {
       sysfs_.write(dev_path(dev, "driver_override"), "\n");
     }

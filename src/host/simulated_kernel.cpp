@@ -429,6 +429,7 @@ std::string SimulatedKernel::modalias(const Device& d) {
 std::vector<std::string> SimulatedKernel::modules_for(const std::string& alias) {
   std::lock_guard lock(mutex_);
   std::vector<std::string> out;
+  if (aliases_hidden_) return out;
   for (const auto& [addr, d] : devices_) {
     const std::string mine = modalias(d);
     if (!d.native_driver.empty() && alias.compare(0, 22, mine, 0, 22) == 0 &&

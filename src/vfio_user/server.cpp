@@ -48,39 +48,6 @@ void append(std::vector<uint8_t>& out, const T& v) {
   out.insert(out.end(), b, b + sizeof v);
 }
 
-// The one table of message shapes: exact payload size (or the minimum, for
-// variable ones) and how many fds a command may carry.
-struct Shape {
-  uint32_t payload;
-  bool exact;
-  uint32_t max_fds;
-};
-
-// The queries with an argsz (DEVICE_GET_INFO, GET_REGION_INFO, GET_IRQ_INFO,
-// GET_REGION_IO_FDS) are the fixed struct plus whatever the client's buffer
-// holds: a client may send its whole reply buffer (one sends 4064 bytes of
-// GET_REGION_INFO), so any payload of at least the fixed size is taken, and
-// the reply fits the argsz asked for. DMA_UNMAP may carry the window's fd
-// (a client that sends it back): accepted and closed.
-bool shape_of(uint16_t command, Shape& s) {
-  switch (command) {
-    case kVersion: s = {4, false, 0}; return true;
-    case kDmaMap: s = {sizeof(DmaMap), true, 1}; return true;
-    case kDmaUnmap: s = {sizeof(DmaUnmap), false, 1}; return true;
-    case kDeviceGetInfo: s = {sizeof(DeviceInfo), false, 0}; return true;
-    case kDeviceGetRegionInfo: s = {sizeof(RegionInfo), false, 0}; return true;
-    case kDeviceGetRegionIoFds: s = {sizeof(RegionIoFds), false, 0}; return true;
-    case kDeviceGetIrqInfo: s = {sizeof(IrqInfo), false, 0}; return true;
-    case kDeviceSetIrqs: s = {sizeof(IrqSet), false, kMaxMsgFds}; return true;
-    case kRegionRead: s = {sizeof(RegionAccess), true, 0}; return true;
-    case kRegionWrite: s = {sizeof(RegionAccess), false, 0}; return true;
-    case kDeviceReset: s = {0, true, 0}; return true;
-    case kRegionWriteMulti: s = {sizeof(uint64_t), false, 0}; return true;
-    default: return false;
-  }
-}
-
-
 }  // namespace
 
 Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids)
@@ -205,15 +172,15 @@ void Server::dispatch(Message& m) {
   r.payload.clear();
   r.fds.clear();
   try {
-    Shape shape{};
-    if (!shape_of(m.hdr.command, shape)) throw Error(ENOSYS, what() + " is not served");
-    if (shape.exact ? m.payload.size() != shape.payload : m.payload.size() < shape.payload)
+    const Command* c = command_of(m.hdr.command);
+    if (!c) throw Error(ENOSYS, what() + " is not served");
+    if (c->exact ? m.payload.size() != c->payload : m.payload.size() < c->payload)
       throw Error(EINVAL, what() + " with a payload of " + std::to_string(m.payload.size()) + " bytes, " +
-                              (shape.exact ? "" : "at least ") + std::to_string(shape.payload) + " expected");
-    if (m.fds.size() > shape.max_fds)
+                              (c->exact ? "" : "at least ") + std::to_string(c->payload) + " expected");
+    if (m.fds.size() > c->max_fds)
       throw Error(EINVAL, what() + " with " + std::to_string(m.fds.size()) + " fds, at most " +
-                              std::to_string(shape.max_fds) + " expected");
-    handle(m, r);
+                              std::to_string(c->max_fds) + " expected");
+    (this->*(c->handler))(m, r);
   } catch (const Error& e) {
     ++stats_.error_replies;
     stats_.last_error = e.what();
@@ -266,64 +233,72 @@ void Server::log_refusal(uint16_t command, const char* why) {
                  command_name(command), command, why, std::exchange(refusals_unlogged_, 0));
 }
 
-void Server::handle(Message& m, Reply& r) {
-  switch (m.hdr.command) {
-    case kVersion: version(m, r);
-      return;
-    case kDmaMap: dma_map(m, r);
-      return;
-    case kDmaUnmap: dma_unmap(m, r);
-      return;
-    case kDeviceGetInfo: {
-      DeviceInfo info{sizeof(DeviceInfo),
-                      static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | (device_.can_reset() ? VFIO_DEVICE_FLAGS_RESET : 0)),
-                      device_.num_regions(), device_.num_irqs()};
-      append(r.payload, info);
-      return;
-    }
-    case kDeviceGetRegionInfo: region_info(m, r);
-      return;
-    case kDeviceGetRegionIoFds: region_io_fds(m, r);
-      return;
-    case kDeviceGetIrqInfo: {
-      auto q = load<IrqInfo>(m.payload);
-      if (q.index >= device_.num_irqs()) throw Error(EINVAL, "no IRQ index " + std::to_string(q.index));
-      const vfio::IrqInfo info = device_.irq(q.index);
-      IrqInfo out{sizeof(IrqInfo), info.flags, q.index, info.count};
-      append(r.payload, out);
-      return;
-    }
-    case kDeviceSetIrqs: set_irqs(m, r);
-      return;
-    case kRegionRead:
-    case kRegionWrite: {
-      const auto a = load<RegionAccess>(m.payload);
-      const bool write = m.hdr.command == kRegionWrite;
-      check_access(a.region, a.offset, a.count, write);
-      if (write && m.payload.size() != sizeof a + a.count)
-        throw Error(EINVAL, "write of " + std::to_string(a.count) + " bytes carrying " +
-                                std::to_string(m.payload.size() - sizeof a));
-      append(r.payload, a);
-      if (write) {
-        device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
-      } else {
-        r.payload.resize(sizeof a + a.count);
-        device_.read(a.region, a.offset, std::span<uint8_t>(r.payload).subspan(sizeof a));
-      }
-      return;
-    }
-    case kRegionWriteMulti: region_write_multi(m, r);
-      return;
-    case kDeviceReset:
-      if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
-      device_.reset();
-      return;
-    default:
-      throw Error(ENOSYS, "not served");
+// The one table of commands: the payload each must carry (its exact size,
+// or the fixed part of a variable one), how many fds it may, and the method
+// that serves it. Shapes are checked here, once, before any handler runs.
+// The queries with an argsz (DEVICE_GET_INFO, GET_REGION_INFO, GET_IRQ_INFO,
+// GET_REGION_IO_FDS) are the fixed struct plus whatever the client's buffer
+// holds: a client may send its whole reply buffer (one sends 4064 bytes of
+// GET_REGION_INFO), so any payload of at least the fixed size is taken, and
+// the reply fits the argsz asked for. DMA_UNMAP may carry the window's fd
+// (a client that sends it back): accepted and closed.
+const Server::Command* Server::command_of(uint16_t command) {
+  static const Command table[] = {
+      {kVersion, 4, false, 0, &Server::version},
+      {kDmaMap, sizeof(DmaMap), true, 1, &Server::dma_map},
+      {kDmaUnmap, sizeof(DmaUnmap), false, 1, &Server::dma_unmap},
+      {kDeviceGetInfo, sizeof(DeviceInfo), false, 0, &Server::device_info},
+      {kDeviceGetRegionInfo, sizeof(RegionInfo), false, 0, &Server::region_info},
+      {kDeviceGetRegionIoFds, sizeof(RegionIoFds), false, 0, &Server::region_io_fds},
+      {kDeviceGetIrqInfo, sizeof(IrqInfo), false, 0, &Server::irq_info},
+      {kDeviceSetIrqs, sizeof(IrqSet), false, kMaxMsgFds, &Server::set_irqs},
+      {kRegionRead, sizeof(RegionAccess), true, 0, &Server::region_access},
+      {kRegionWrite, sizeof(RegionAccess), false, 0, &Server::region_access},
+      {kDeviceReset, 0, true, 0, &Server::device_reset},
+      {kRegionWriteMulti, sizeof(uint64_t), false, 0, &Server::region_write_multi},
+  };
+  for (const Command& c : table)
+    if (c.command == command) return &c;
+  return nullptr;
+}
+
+void Server::device_info(Message& /*m*/, Reply& r) {
+  DeviceInfo info{sizeof(DeviceInfo),
+                  static_cast<uint32_t>(VFIO_DEVICE_FLAGS_PCI | (device_.can_reset() ? VFIO_DEVICE_FLAGS_RESET : 0)),
+                  device_.num_regions(), device_.num_irqs()};
+  append(r.payload, info);
+}
+
+void Server::irq_info(Message& m, Reply& r) {
+  auto q = load<IrqInfo>(m.payload);
+  if (q.index >= device_.num_irqs()) throw Error(EINVAL, "no IRQ index " + std::to_string(q.index));
+  const vfio::IrqInfo info = device_.irq(q.index);
+  IrqInfo out{sizeof(IrqInfo), info.flags, q.index, info.count};
+  append(r.payload, out);
+}
+
+void Server::region_access(Message& m, Reply& r) {
+  const auto a = load<RegionAccess>(m.payload);
+  const bool write = m.hdr.command == kRegionWrite;
+  check_access(a.region, a.offset, a.count, write);
+  if (write && m.payload.size() != sizeof a + a.count)
+    throw Error(EINVAL, "write of " + std::to_string(a.count) + " bytes carrying " +
+                            std::to_string(m.payload.size() - sizeof a));
+  append(r.payload, a);
+  if (write) {
+    device_.write(a.region, a.offset, std::span<const uint8_t>(m.payload).subspan(sizeof a));
+  } else {
+    r.payload.resize(sizeof a + a.count);
+    device_.read(a.region, a.offset, std::span<uint8_t>(r.payload).subspan(sizeof a));
   }
 }
 
-void Server::version(const Message& m, Reply& r) {
+void Server::device_reset(Message& /*m*/, Reply& /*r*/) {
+  if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
+  device_.reset();
+}
+
+void Server::version(Message& m, Reply& r) {
   const auto major = load<uint16_t>(m.payload, 0);
   const auto minor = load<uint16_t>(m.payload, 2);
   if (major != kMajor) throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) +
@@ -418,7 +393,7 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
   return;
 }
 
-void Server::dma_unmap(const Message& m, Reply& r) {
+void Server::dma_unmap(Message& m, Reply& r) {
   const auto d = load<DmaUnmap>(m.payload);
   if (d.flags & ~kDmaUnmapAll) throw Error(EINVAL, "DMA_UNMAP with unknown flags " + hex(d.flags));
   append(r.payload, d);
@@ -472,7 +447,7 @@ void Server::check_access(uint32_t region, uint64_t offset, uint32_t count, bool
 
 // REGION_WRITE_MULTI: every write is checked before the first is done, so
 // a batch with one bad entry changes nothing; then they are done in order.
-void Server::region_write_multi(const Message& m, Reply& r) {
+void Server::region_write_multi(Message& m, Reply& r) {
   const auto count = load<uint64_t>(m.payload);
   if (count == 0 || count > kMaxWriteMulti)
     throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes (1.." + std::to_string(kMaxWriteMulti) + ")");
@@ -493,7 +468,7 @@ void Server::region_write_multi(const Message& m, Reply& r) {
   append(r.payload, count);
 }
 
-void Server::region_info(const Message& m, Reply& r) {
+void Server::region_info(Message& m, Reply& r) {
   const auto q = load<RegionInfo>(m.payload);
   if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
   const RegionDescription d = device_.region(q.index);
@@ -522,7 +497,7 @@ void Server::region_info(const Message& m, Reply& r) {
   return;
 }
 
-void Server::region_io_fds(const Message& m, Reply& r) {
+void Server::region_io_fds(Message& m, Reply& r) {
   const auto q = load<RegionIoFds>(m.payload);
   if (q.index >= device_.num_regions()) throw Error(EINVAL, "no region " + std::to_string(q.index));
   if (q.flags != 0 || q.count != 0) throw Error(EINVAL, "GET_REGION_IO_FDS with flags or count set");

@@ -64,6 +64,23 @@ TEST(DriverBinding, VfsNotForAGuestGetTheirOwnDriverFoundByModalias) {
   EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:02.0/driver_override"), "(null)");
 }
 
+// The shipped unit hides /lib/modules (ProtectKernelModules): the kernel
+// picks the VF's driver as for a new VF, autoprobe on for that one probe.
+TEST(DriverBinding, WithoutModulesAliasTheKernelPicksAsForANewVf) {
+  SimHost h;
+  h.kernel.behave_like_igb(kPf);
+  h.kernel.hide_module_aliases(true);
+  auto r = h.reconciler();
+  r->converge(SimHost::config(kIgb));
+  EXPECT_EQ(h.control.driver(kVf0), "vfio-pci");
+  EXPECT_EQ(h.control.driver(kVf1), "igbvf");
+  EXPECT_EQ(h.control.driver(kVf2), "igbvf");
+  EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe"), "0");
+  r->converge(SimHost::config(kIgb), {{kPf, 0U}});
+  EXPECT_EQ(h.control.driver(kVf0), "igbvf");
+  EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe"), "0");
+}
+
 TEST(DriverBinding, NoLoadedDriverForTheVfIsNamedInTheError) {
   SimHost h;
   h.kernel.set_driver_loaded("iavf", false);

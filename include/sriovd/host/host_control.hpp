@@ -70,6 +70,7 @@ class HostControl {
   void set_binding(const PciAddress& dev, const json& value);
   bool set_vf_settings(const PciAddress& pf, unsigned vf, const VfSettings& want);
   void reload_vf_driver(const PciAddress& vf);
+  void probe_own_driver(const PciAddress& dev);
   json get_numvfs(const PciAddress& pf);
   void set_numvfs(const PciAddress& pf, const json& value);
   void wait_for_vfs(const PciAddress& pf, unsigned n);

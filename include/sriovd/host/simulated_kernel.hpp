@@ -6,6 +6,7 @@
 // driver_override + drivers_probe binds, unbind releases, busy devices
 // refuse. Faults can be injected into any write.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -78,6 +79,9 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   // even "auto"), no minimum rate (EINVAL), and rates (EINVAL) neither while
   // the PF has no link nor within `settle` of a sriov_numvfs change.
   void behave_like_igb(const PciAddress& pf, std::chrono::milliseconds settle = std::chrono::milliseconds(200));
+  // modules.alias cannot be read (the shipped unit's ProtectKernelModules):
+  // modules_for() finds nothing.
+  void hide_module_aliases(bool hidden) { aliases_hidden_ = hidden; }
   // The PF netdev's carrier (class/net/<pf>/carrier).
   void set_pf_link(const PciAddress& pf, bool up);
 
@@ -147,6 +151,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   std::vector<std::string> veths_;
   std::optional<std::pair<unsigned, int>> nth_fault_;
   unsigned operations_ = 0;
+  std::atomic<bool> aliases_hidden_{false};
   int next_group_ = 0;
   std::chrono::milliseconds vf_delay_{0};
   std::optional<std::chrono::steady_clock::time_point> materialize_at_;

@@ -90,19 +90,33 @@ class Server {
   void on_end(const std::string& why, bool framing);
   void take(FramedReader& reader, Message& m);
   void dispatch(Message& m);
-  void handle(Message& m, Reply& r);
+  // One entry per served command: what it must carry and the method that
+  // serves it (server.cpp, command_of). Names are the protocol's
+  // (command_name), shared with the client.
+  struct Command {
+    uint16_t command;
+    uint32_t payload;  // exact size, or the minimum when !exact
+    bool exact;
+    uint32_t max_fds;
+    void (Server::*handler)(Message& m, Reply& r);
+  };
+  static const Command* command_of(uint16_t command);
   void send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds);
   void disconnect(const std::string& why);
   uint64_t dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t> in_out);
   const DmaWindow& window_for(uint64_t iova, uint64_t size, bool write) const;
 
-  void version(const Message& m, Reply& r);
+  void version(Message& m, Reply& r);
   void dma_map(Message& m, Reply& r);
-  void dma_unmap(const Message& m, Reply& r);
-  void region_info(const Message& m, Reply& r);
-  void region_io_fds(const Message& m, Reply& r);
+  void dma_unmap(Message& m, Reply& r);
+  void device_info(Message& m, Reply& r);
+  void region_info(Message& m, Reply& r);
+  void region_io_fds(Message& m, Reply& r);
+  void irq_info(Message& m, Reply& r);
   void set_irqs(Message& m, Reply& r);
-  void region_write_multi(const Message& m, Reply& r);
+  void region_access(Message& m, Reply& r);
+  void region_write_multi(Message& m, Reply& r);
+  void device_reset(Message& m, Reply& r);
   void check_access(uint32_t region, uint64_t offset, uint32_t count, bool write) const;
   void unmap_all();
 
