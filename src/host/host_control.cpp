@@ -51,7 +51,9 @@ std::optional<PciAddress> HostControl::vf_address(const PciAddress& pf, unsigned
   return name ? PciAddress::parse(*name) : std::nullopt;
 }
 
-std::string HostControl::driver(const PciAddress& dev) { return sysfs_.link_name(dev_path(dev, "driver")).value_or(""); }
+std::string HostControl::driver(const PciAddress& dev) {
+  return sysfs_.link_name(dev_path(dev, "driver")).value_or("");
+}
 
 std::string HostControl::pf_netdev(const PciAddress& pf) {
   auto names = sysfs_.list(dev_path(pf, "net"));
@@ -67,8 +69,8 @@ PciAddress HostControl::target(const Key& key) {
   if (key.vf < 0) return key.device;
   auto vf = vf_address(key.device, static_cast<unsigned>(key.vf));
   if (!vf)
-    throw std::runtime_error("PF " + key.device.to_string() + " has no VF " + std::to_string(key.vf) +
-                             " (no virtfn" + std::to_string(key.vf) + " link)");
+    throw std::runtime_error("PF " + key.device.to_string() + " has no VF " + std::to_string(key.vf) + " (no virtfn" +
+                             std::to_string(key.vf) + " link)");
   return *vf;
 }
 
@@ -101,18 +103,15 @@ json HostControl::get(const Key& key) {
       if (!text) throw std::runtime_error("PF " + key.device.to_string() + " has no sriov_drivers_autoprobe");
       return *text == "1";
     }
-    case KeyKind::numvfs:
-      return get_numvfs(key.device);
+    case KeyKind::numvfs: return get_numvfs(key.device);
     case KeyKind::vf_settings: {
       const std::string netdev = pf_netdev(key.device);
       if (netdev.empty())
         throw std::runtime_error("PF " + key.device.to_string() + " has no netdev to read VF settings through");
       return vf_link_.get(netdev, static_cast<unsigned>(key.vf)).to_json();
     }
-    case KeyKind::binding:
-      return get_binding(target(key));
-    case KeyKind::group_check:
-      return iommu_group(target(key)).viable();
+    case KeyKind::binding: return get_binding(target(key));
+    case KeyKind::group_check: return iommu_group(target(key)).viable();
   }
   return nullptr;
 }
@@ -122,16 +121,12 @@ void HostControl::set(const Key& key, const json& value) {
     case KeyKind::autoprobe:
       sysfs_.write(dev_path(key.device, "sriov_drivers_autoprobe"), value.get<bool>() ? "1" : "0");
       return;
-    case KeyKind::numvfs:
-      set_numvfs(key.device, value);
-      return;
+    case KeyKind::numvfs: set_numvfs(key.device, value); return;
     case KeyKind::vf_settings:
       if (set_vf_settings(key.device, static_cast<unsigned>(key.vf), VfSettings::from_json(value)))
         reload_vf_driver(target(key));
       return;
-    case KeyKind::binding:
-      set_binding(target(key), value);
-      return;
+    case KeyKind::binding: set_binding(target(key), value); return;
     case KeyKind::group_check: {
       const PciAddress dev = target(key);
       const GroupReport report = iommu_group(dev);
@@ -330,11 +325,8 @@ void HostControl::set_binding(const PciAddress& dev, const json& value) {
       sysfs_.write("bus/pci/drivers/" + have + "/unbind", addr);
       have.clear();
     }
-    if (have.empty()) {
-      probe_own_driver(dev);
-    } else if (!have_override.empty()) {
-      sysfs_.write(dev_path(dev, "driver_override"), "\n");
-    }
+    if (!have_override.empty()) sysfs_.write(dev_path(dev, "driver_override"), "\n");
+    if (have.empty()) probe_own_driver(dev);
     return;
   }
   if (have == want && have_override == want_override) return;

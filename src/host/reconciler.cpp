@@ -80,7 +80,8 @@ bool Reconciler::check_pf(const config::PfConfig& pf_cfg, PciAddress pf) {
   const std::string name = pf_cfg.ref.to_string();
   if (!host_.exists(pf)) throw std::runtime_error("PF " + name + ": no PCI device " + pf.to_string());
   const auto total = host_.total_vfs(pf);
-  if (!total) throw std::runtime_error("PF " + name + " (" + pf.to_string() + ") does not support SR-IOV (no sriov_totalvfs)");
+  if (!total)
+    throw std::runtime_error("PF " + name + " (" + pf.to_string() + ") does not support SR-IOV (no sriov_totalvfs)");
   if (pf_cfg.num_vfs > *total)
     throw std::runtime_error("PF " + name + ": num_vfs " + std::to_string(pf_cfg.num_vfs) + " exceeds sriov_totalvfs " +
                              std::to_string(*total));
@@ -100,10 +101,24 @@ bool Reconciler::check_pf(const config::PfConfig& pf_cfg, PciAddress pf) {
 
 // What the config asks of one PF and its VFs, key by key.
 void Reconciler::desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released,
-                           std::map<Key, json>& desired) {
+                           bool makes_vfs, std::map<Key, json>& desired) {
   bool any_assigned = false;
   for (const auto& vf : pf_cfg.vfs)
     if (vf.assign && !released.count({pf, vf.index})) any_assigned = true;
+  // VFs sriovd makes (or made) on a PF that probes its VFs by itself get
+  // their own driver as the kernel would have given them, whatever their
+  // neighbours are for: their "original" is a VF the kernel had just made
+  // and autoprobe, off for the assigned ones, had not probed yet.
+  bool autoprobes = true;
+  if (const json* was = journal_.ledger.find(Key{KeyKind::autoprobe, pf})) {
+    autoprobes = was->get<bool>();
+  } else {
+    try {
+      autoprobes = host_.get(Key{KeyKind::autoprobe, pf}).get<bool>();
+    } catch (const std::exception&) {
+    }
+  }
+  makes_vfs = makes_vfs || journal_.ledger.find(Key{KeyKind::numvfs, pf}) != nullptr;
   // Native VF drivers must not grab VFs that go to vfio-pci; the others
   // are probed explicitly below.
   if (any_assigned) desired[Key{KeyKind::autoprobe, pf}] = false;
@@ -120,7 +135,7 @@ void Reconciler::desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const 
     if (vf && vf->assign && !released.count({pf, i})) {
       desired[Key{KeyKind::binding, pf, idx}] = vfio_binding();
       desired[Key{KeyKind::group_check, pf, idx}] = true;
-    } else if (any_assigned || released.count({pf, i})) {
+    } else if (any_assigned || released.count({pf, i}) || (makes_vfs && autoprobes)) {
       // Not for a guest: the VF's own driver, as the kernel would probe it.
       desired[Key{KeyKind::binding, pf, idx}] = json{{"driver", "*"}, {"override", ""}};
     }
@@ -192,8 +207,7 @@ std::vector<Step> Reconciler::needed(const std::vector<Step>& restore, const std
   for (const auto& s : apply) keep_if_needed(s, s.key.vf >= 0 && numvfs_changes.count(s.key.device));
   std::vector<Step> out;
   for (auto& s : steps) {
-    if (s.key.kind == KeyKind::group_check &&
-        std::none_of(steps.begin(), steps.end(), [&](const Step& o) {
+    if (s.key.kind == KeyKind::group_check && std::none_of(steps.begin(), steps.end(), [&](const Step& o) {
           return o.key.kind == KeyKind::binding && o.key.device == s.key.device && o.key.vf == s.key.vf;
         }))
       continue;
@@ -208,10 +222,11 @@ std::vector<Step> Reconciler::plan(const config::Config& cfg, const std::set<VfR
   for (const auto& pf_cfg : cfg.physical_functions) {
     const PciAddress pf = resolve(pf_cfg.ref);
     if (check_pf(pf_cfg, pf)) numvfs_changes.insert(pf);
-    desire_pf(pf_cfg, pf, released, desired);
+    desire_pf(pf_cfg, pf, released, numvfs_changes.count(pf) != 0, desired);
   }
   const std::vector<Step> restore = restores(desired, numvfs_changes);
-  auto steps = needed(restore, applies(desired), numvfs_changes);  // `before` is what the plan saw; apply() reads it again
+  auto steps =
+      needed(restore, applies(desired), numvfs_changes);  // `before` is what the plan saw; apply() reads it again
   check_driver_rules(steps);
   return steps;
 }
@@ -299,8 +314,8 @@ void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {
       journal_.ledger = journal_.txn->ledger_before;
       journal_.txn.reset();
       state_.save(journal_);
-      std::string msg = kind + " failed at step " + std::to_string(i + 1) + " of " +
-                        std::to_string(journaled.size()) + " (" + failed + "): " + e.what() + "; rolled back";
+      std::string msg = kind + " failed at step " + std::to_string(i + 1) + " of " + std::to_string(journaled.size()) +
+                        " (" + failed + "): " + e.what() + "; rolled back";
       for (const auto& p : problems) msg += "; rollback problem: " + p;
       throw ApplyError(msg);
     }

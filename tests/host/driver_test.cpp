@@ -58,9 +58,12 @@ TEST(DriverBinding, VfsNotForAGuestGetTheirOwnDriverFoundByModalias) {
   EXPECT_EQ(h.control.driver(kVf1), "igbvf");
   EXPECT_EQ(h.control.driver(kVf2), "igbvf");
   EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:02.1/driver_override"), "(null)");
-  // Released: the VF goes back to igbvf, not to no driver.
+  // Released: the VF goes back to igbvf, not to no driver, and the VFs
+  // sriovd made for the host keep theirs.
   r->converge(SimHost::config(kIgb), {{kPf, 0U}});
   EXPECT_EQ(h.control.driver(kVf0), "igbvf");
+  EXPECT_EQ(h.control.driver(kVf1), "igbvf");
+  EXPECT_EQ(h.control.driver(kVf2), "igbvf");
   EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:02.0/driver_override"), "(null)");
 }
 
@@ -76,9 +79,13 @@ TEST(DriverBinding, WithoutModulesAliasTheKernelPicksAsForANewVf) {
   EXPECT_EQ(h.control.driver(kVf1), "igbvf");
   EXPECT_EQ(h.control.driver(kVf2), "igbvf");
   EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe"), "0");
+  // VF 0 released: nothing is assigned, autoprobe is back on, and every VF
+  // has its own driver - the two that had it keep it.
   r->converge(SimHost::config(kIgb), {{kPf, 0U}});
   EXPECT_EQ(h.control.driver(kVf0), "igbvf");
-  EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe"), "0");
+  EXPECT_EQ(h.control.driver(kVf1), "igbvf");
+  EXPECT_EQ(h.control.driver(kVf2), "igbvf");
+  EXPECT_EQ(h.kernel.read("bus/pci/devices/0000:3b:00.0/sriov_drivers_autoprobe"), "1");
 }
 
 TEST(DriverBinding, NoLoadedDriverForTheVfIsNamedInTheError) {

@@ -68,7 +68,7 @@ class Reconciler {
   PciAddress resolve(const config::PfRef& ref);
   // plan()'s parts (reconciler.cpp says what each does).
   bool check_pf(const config::PfConfig& pf_cfg, PciAddress pf);
-  void desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released,
+  void desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const std::set<VfRef>& released, bool makes_vfs,
                  std::map<Key, json>& desired);
   std::vector<Step> restores(std::map<Key, json>& desired, const std::set<PciAddress>& numvfs_changes) const;
   void check_driver_rules(const std::vector<Step>& steps);

@@ -98,6 +98,9 @@ case $plan in *"no change"*|*"nothing"*) pass "plan-empty-after-reload";; *) fai
 out=$(sriovctl release "$PF" 2>&1); rc=$?; echo "$out"
 expect_eq "release-by-pf-address" "$rc" 0
 expect_eq "released-vf0-own-driver" "$(drv "$(vfaddr 0)")" igbvf
+# Nothing assigned now: the VFs sriovd made for the host keep their driver.
+expect_eq "released-pf-vf2-keeps-igbvf" "$(drv "$(vfaddr 2)")" igbvf
+expect_eq "released-pf-vf3-keeps-igbvf" "$(drv "$(vfaddr 3)")" igbvf
 sriovctl reload >/dev/null 2>&1
 expect_eq "reload-takes-back-vf0" "$(drv "$(vfaddr 0)")" vfio-pci
 out=$(sriovctl release "$PFN" 2>&1); rc=$?; echo "$out"
