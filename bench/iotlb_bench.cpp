@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kBase = 0x100000;       // guest physical / IOVA of RAM
+constexpr uint64_t kBase = 0x100000;        // guest physical / IOVA of RAM
 constexpr uint64_t kUser = 0x7f0000000000;  // the front-end's address of RAM
 constexpr uint64_t kMem = 1U << 20U;
 constexpr uint16_t kQueue = 256;
@@ -43,7 +43,8 @@ double run_once(Mode mode, double seconds) {
   Iotlb iotlb;
   if (mode == Mode::one_entry) iotlb.update({kBase, kMem, kUser, kIotlbRead | kIotlbWrite});
   if (mode == Mode::page_entries)
-    for (uint64_t off = 0; off < kMem; off += 4096) iotlb.update({kBase + off, 4096, kUser + off, kIotlbRead | kIotlbWrite});
+    for (uint64_t off = 0; off < kMem; off += 4096)
+      iotlb.update({kBase + off, 4096, kUser + off, kIotlbRead | kIotlbWrite});
   iotlb.publish();
   if (mode != Mode::off) mem.set_iotlb(&iotlb);
   SplitDriver driver(host, kBase, kQueue);

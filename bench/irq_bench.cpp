@@ -127,7 +127,8 @@ double routes_16k_update_ns() {
     engine.unmask(id);
     engine.mask(id);
   }
-  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / (2.0 * static_cast<double>(order.size()));
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
+         (2.0 * static_cast<double>(order.size()));
 }
 
 }  // namespace

@@ -90,13 +90,20 @@ int main(int argc, char** argv) {
   bool busy_poll = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--device" && i + 1 < argc) device = argv[++i];
-    else if (a == "--simulated") simulated = true;
-    else if (a == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
-    else if (a == "--vector" && i + 1 < argc) vector = static_cast<unsigned>(std::stoul(argv[++i]));
-    else if (a == "--busy-poll") busy_poll = true;
+    if (a == "--device" && i + 1 < argc)
+      device = argv[++i];
+    else if (a == "--simulated")
+      simulated = true;
+    else if (a == "--seconds" && i + 1 < argc)
+      seconds = std::stod(argv[++i]);
+    else if (a == "--vector" && i + 1 < argc)
+      vector = static_cast<unsigned>(std::stoul(argv[++i]));
+    else if (a == "--busy-poll")
+      busy_poll = true;
     else {
-      std::fprintf(stderr, "usage: sriovd-bench-mask-storm (--device PCI-ADDRESS | --simulated) [--seconds S] [--vector V] [--busy-poll]\n");
+      std::fprintf(stderr,
+                   "usage: sriovd-bench-mask-storm (--device PCI-ADDRESS | --simulated) [--seconds S] [--vector V] "
+                   "[--busy-poll]\n");
       return 64;
     }
   }
@@ -115,8 +122,11 @@ int main(int argc, char** argv) {
     }
     utsname u{};
     ::uname(&u);
-    nlohmann::json j = {{"device", simulated ? "simulated" : device}, {"kernel", simulated ? "simulated" : u.release},
-                        {"seconds", seconds}, {"vector", vector}, {"relay_busy_poll", busy_poll}};
+    nlohmann::json j = {{"device", simulated ? "simulated" : device},
+                        {"kernel", simulated ? "simulated" : u.release},
+                        {"seconds", seconds},
+                        {"vector", vector},
+                        {"relay_busy_poll", busy_poll}};
     for (auto [name, policy] : {std::pair{"naive", irq::Policy::direct}, std::pair{"lazy", irq::Policy::relay},
                                 std::pair{"adaptive", irq::Policy::adaptive}}) {
       std::fprintf(stderr, "mask-storm: %s...\n", name);

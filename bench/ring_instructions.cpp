@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
   const bool per_burst = std::strcmp(argv[2], "burst") == 0;
   const uint64_t chains = packed ? run<PackedDriver>(true, per_burst) : run<SplitDriver>(false, per_burst);
   if (chains != static_cast<uint64_t>(kBurst) * kBursts) {
-    std::fprintf(stderr, "ring-instructions: %llu chains served, %d expected\n", static_cast<unsigned long long>(chains),
-                 kBurst * kBursts);
+    std::fprintf(stderr, "ring-instructions: %llu chains served, %d expected\n",
+                 static_cast<unsigned long long>(chains), kBurst * kBursts);
     return 1;
   }
   std::printf("%llu\n", static_cast<unsigned long long>(chains));

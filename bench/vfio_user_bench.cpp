@@ -207,20 +207,13 @@ int main() {
   server.reset();
   const double e = median(echo), m = median(mask), p = median(posted), a = median(asleep);
   const double pp = median(posted_polling), mp = median(mask_polling);
-  const nlohmann::json j = {{"bench", "vfio-user"},
-                            {"echo_roundtrips_per_sec", e},
-                            {"mask_writes_per_sec", m},
-                            {"ratio", m / e},
-                            {"posted_write_us", p},
-                            {"send_asleep_us", a},
-                            {"posted_ratio", p / a},
-                            {"posted_polling_us", pp},
-                            {"polling_ratio", pp / p},
-                            {"mask_polling_per_sec", mp},
-                            {"mask_polling_ratio", mp / m},
-                            {"polls", polls.polls},
-                            {"poll_hits", polls.hits},
-                            {"runs", kRuns},
+  const nlohmann::json j = {{"bench", "vfio-user"},         {"echo_roundtrips_per_sec", e},
+                            {"mask_writes_per_sec", m},     {"ratio", m / e},
+                            {"posted_write_us", p},         {"send_asleep_us", a},
+                            {"posted_ratio", p / a},        {"posted_polling_us", pp},
+                            {"polling_ratio", pp / p},      {"mask_polling_per_sec", mp},
+                            {"mask_polling_ratio", mp / m}, {"polls", polls.polls},
+                            {"poll_hits", polls.hits},      {"runs", kRuns},
                             {"roundtrips_per_run", kTrips}};
   std::printf("%s\n", j.dump(2).c_str());
   return 0;

@@ -12,10 +12,10 @@
 
 namespace {
 
-using sriovd::control::json;
 using sriovd::cli::Table;
+using sriovd::control::json;
 
-constexpr int kExitFailed = 1;      // the daemon answered with an error
+constexpr int kExitFailed = 1;        // the daemon answered with an error
 constexpr int kExitUnreachable = 69;  // EX_UNAVAILABLE: no daemon to ask
 constexpr int kExitUsage = 64;
 
@@ -26,9 +26,7 @@ std::string text(const json& j) {
   return j.dump();
 }
 
-std::string field(const json& obj, const char* key) {
-  return obj.contains(key) ? text(obj[key]) : "-";
-}
+std::string field(const json& obj, const char* key) { return obj.contains(key) ? text(obj[key]) : "-"; }
 
 void print_status(const json& r) {
   std::printf("sriovd %s, pid %s, %s\n", field(r, "version").c_str(), field(r, "pid").c_str(),
@@ -40,21 +38,19 @@ void print_status(const json& r) {
   std::printf("  control socket:  %s\n", field(r, "control_socket").c_str());
   std::printf("  log level:       %s\n", field(r, "log_level").c_str());
   std::printf("  uptime:          %s s\n", field(r, "uptime_s").c_str());
-  std::printf("  devices:         %s PF(s), %s VF(s), %s virtio device(s)\n",
-              field(r, "physical_functions").c_str(), field(r, "vfs").c_str(),
-              field(r, "virtio_devices").c_str());
+  std::printf("  devices:         %s PF(s), %s VF(s), %s virtio device(s)\n", field(r, "physical_functions").c_str(),
+              field(r, "vfs").c_str(), field(r, "virtio_devices").c_str());
   if (r.contains("control_loop")) {
     const json& loop = r["control_loop"];
     if (loop.value("poll_us", 0) == 0)
       std::printf("  control loop:    sleeps when idle (control.poll_us: 0)\n");
     else
-      std::printf("  control loop:    polls up to %s us (%s now): %s polls, %s found work\n", field(loop, "poll_us").c_str(),
-                  loop.value("polling", false) ? "polling" : "not polling", field(loop, "polls").c_str(),
-                  field(loop, "hits").c_str());
+      std::printf("  control loop:    polls up to %s us (%s now): %s polls, %s found work\n",
+                  field(loop, "poll_us").c_str(), loop.value("polling", false) ? "polling" : "not polling",
+                  field(loop, "polls").c_str(), field(loop, "hits").c_str());
   }
   const json& reloads = r["reloads"];
-  std::printf("  reloads:         %s ok, %s refused\n", field(reloads, "ok").c_str(),
-              field(reloads, "failed").c_str());
+  std::printf("  reloads:         %s ok, %s refused\n", field(reloads, "ok").c_str(), field(reloads, "failed").c_str());
   if (!reloads.value("last_error", "").empty())
     std::printf("  last refusal:    %s\n", reloads["last_error"].get<std::string>().c_str());
 }
@@ -67,17 +63,17 @@ void print_devices(const json& r) {
       continue;
     }
     for (const auto& vf : pf["vfs"])
-      vfs.add({field(pf, "pf"), field(vf, "index"), field(vf, "address"), field(vf, "driver").empty() ? "-" : field(vf, "driver"),
-               field(vf, "iommu_group"), field(vf, "mac"), field(vf, "vlan"), field(vf, "owner"), field(vf, "export"),
-               field(vf, "state")});
+      vfs.add({field(pf, "pf"), field(vf, "index"), field(vf, "address"),
+               field(vf, "driver").empty() ? "-" : field(vf, "driver"), field(vf, "iommu_group"), field(vf, "mac"),
+               field(vf, "vlan"), field(vf, "owner"), field(vf, "export"), field(vf, "state")});
   }
   std::fputs(vfs.render().c_str(), stdout);
   if (!r["virtio_devices"].empty()) {
     Table virtio({"VIRTIO", "TRANSPORT", "SOCKET", "QUEUES", "BACKEND", "STATE"});
     for (const auto& d : r["virtio_devices"]) {
       const json& b = d["backend"];
-      std::string backend = b.value("type", "") == "tap" ? "tap " + field(b, "name")
-                                                          : "vf " + field(b, "pf") + "/" + field(b, "vf");
+      std::string backend =
+          b.value("type", "") == "tap" ? "tap " + field(b, "name") : "vf " + field(b, "pf") + "/" + field(b, "vf");
       // How a VF's netdev is reached, and for AF_XDP whether the driver
       // gave zero-copy or the kernel copies.
       if (b.contains("via")) backend += " " + field(b, "via");
@@ -119,8 +115,8 @@ void print_routes(const json& r) {
   Table t({"ROUTE", "DEVICE", "VECTOR", "MODE", "MASKED", "FIRED", "DELIVERED", "PENDING", "REPLAYED", "SWITCHES"});
   for (const auto& route : r["routes"])
     t.add({field(route, "id"), field(route, "device"), field(route, "vector"), field(route, "mode"),
-           field(route, "masked"), field(route, "fired"), field(route, "delivered"),
-           field(route, "masked_pending"), field(route, "replayed"), field(route, "mode_switches")});
+           field(route, "masked"), field(route, "fired"), field(route, "delivered"), field(route, "masked_pending"),
+           field(route, "replayed"), field(route, "mode_switches")});
   std::fputs(t.render().c_str(), stdout);
   if (r["routes"].empty()) std::fputs("(no interrupt routes)\n", stdout);
 }
@@ -135,7 +131,6 @@ void print_flat(const json& j, const std::string& prefix = "") {
       std::printf("%-32s %s\n", key.c_str(), text(*it).c_str());
   }
 }
-
 
 // What the command line asked for, beyond the subcommand's name.
 struct Args {
@@ -168,8 +163,8 @@ void add_commands(CLI::App& app, Args& a) {
       {"plan", "show what a reload of the file on disk would change on the host, without acting"},
       {"version", "daemon and client versions"}};
   for (const auto& [name, help] : plain) app.add_subcommand(name, help);
-  auto* release =
-      app.add_subcommand("release", "give a VF, or every assigned VF of a PF, back to the host (until the next reload)");
+  auto* release = app.add_subcommand(
+      "release", "give a VF, or every assigned VF of a PF, back to the host (until the next reload)");
   release->add_option("pf", a.release_pf, "PF address or netdev");
   release->add_option("vf", a.release_vf, "VF index (left out: every VF of the PF the config assigns)");
   release->add_option("--device", a.release_device, "the VF's own PCI address instead of PF and index");

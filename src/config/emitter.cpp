@@ -45,7 +45,8 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
     out << YAML::Key << "export" << YAML::Value << to_string(a.export_kind);
     if (!a.socket.empty()) out << YAML::Key << "socket" << YAML::Value << a.socket;
     out << YAML::Key << "msix_policy" << YAML::Value << to_string(a.msix_policy);
-    if (a.export_kind == ExportKind::vfio_user) out << YAML::Key << "bar_access" << YAML::Value << to_string(a.bar_access);
+    if (a.export_kind == ExportKind::vfio_user)
+      out << YAML::Key << "bar_access" << YAML::Value << to_string(a.bar_access);
     out << YAML::Key << "max_vectors" << YAML::Value << a.max_vectors;
     if (a.export_kind == ExportKind::vfio_user) out << YAML::Key << "max_dma_mib" << YAML::Value << a.max_dma_mib;
     emit_access(out, a.access);
@@ -127,8 +128,7 @@ std::string to_yaml(const Config& cfg) {
   out << YAML::EndMap;
   out << YAML::Key << "interrupts" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "relay_threads" << YAML::Value << cfg.interrupts.relay_threads;
-  if (!cfg.interrupts.cpus.empty())
-    out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
+  if (!cfg.interrupts.cpus.empty()) out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
   out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
   out << YAML::EndMap;
   if (cfg.kubernetes.enabled) {

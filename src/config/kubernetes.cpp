@@ -13,7 +13,8 @@ namespace {
 // "vendor.domain/name": a DNS subdomain, a slash, a name of at most 63
 // characters (as an extended resource name and a CDI kind both need).
 bool valid_resource_name(const std::string& s) {
-  static const std::regex re(R"(^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$)");
+  static const std::regex re(
+      R"(^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$)");
   return s.size() <= 253 + 64 && std::regex_match(s, re);
 }
 
@@ -45,13 +46,15 @@ void Loader::read_pool(const YAML::Node& node, const std::string& path) {
   if (!name) return;
   if (!valid_resource_name(*name)) {
     ctx_.error(m.where("name"), m.path_of("name"),
-               "'" + *name + "' is not a resource name 'vendor.domain/name' (a DNS subdomain, '/', up to 63 letters, "
-               "digits, '-', '_', '.')");
+               "'" + *name +
+                   "' is not a resource name 'vendor.domain/name' (a DNS subdomain, '/', up to 63 letters, "
+                   "digits, '-', '_', '.')");
     return;
   }
   for (const auto& other : cfg_.kubernetes.pools)
     if (other.name == *name) {
-      ctx_.error(m.where("name"), m.path_of("name"), "pool '" + *name + "' is already defined at " + line_ref(other.where));
+      ctx_.error(m.where("name"), m.path_of("name"),
+                 "pool '" + *name + "' is already defined at " + line_ref(other.where));
       return;
     }
   pool.name = *name;
@@ -70,13 +73,15 @@ void Loader::read_pool(const YAML::Node& node, const std::string& path) {
       for (const auto& c : pf->vfs)
         if (c.index == *idx) vf = &c;
       if (!vf || !vf->assign) {
-        ctx_.error(i, ip, "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() +
-                              " is not assigned (a pool's VFs are bound to vfio-pci: vfs[].assign with 'export: none')");
+        ctx_.error(i, ip,
+                   "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() +
+                       " is not assigned (a pool's VFs are bound to vfio-pci: vfs[].assign with 'export: none')");
         return;
       }
       if (vf->assign->export_kind != ExportKind::none) {
-        ctx_.error(i, ip, "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() + " is exported over vfio-user to '" +
-                              vf->assign->owner + "'; a pool's VFs go to pods whole ('export: none')");
+        ctx_.error(i, ip,
+                   "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() + " is exported over vfio-user to '" +
+                       vf->assign->owner + "'; a pool's VFs go to pods whole ('export: none')");
         return;
       }
       vfs.indexes.push_back(static_cast<uint16_t>(*idx));

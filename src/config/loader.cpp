@@ -82,16 +82,14 @@ ConfigError::ConfigError(std::vector<Diagnostic> diagnostics)
 
 Config Loader::run(const YAML::Node& root) {
   Mapping top(ctx_, root, "",
-              {"version", "host", "log_level", "state_dir", "simulated", "control",
-               "physical_functions", "virtio_devices", "interrupts", "metrics", "kubernetes"});
+              {"version", "host", "log_level", "state_dir", "simulated", "control", "physical_functions",
+               "virtio_devices", "interrupts", "metrics", "kubernetes"});
   if (!top.valid()) throw ConfigError(ctx_.take());
 
   if (auto v = top.unsigned_in("version", 0, UINT32_MAX, true); v && *v != 1)
     ctx_.error(top.where("version"), "version",
-               "unsupported schema version " + std::to_string(*v) +
-                   " (this sriovd reads version 1)");
-  if (auto h = top.choice<HostMode>(
-          "host", {{"system", HostMode::system}, {"simulated", HostMode::simulated}}, true))
+               "unsupported schema version " + std::to_string(*v) + " (this sriovd reads version 1)");
+  if (auto h = top.choice<HostMode>("host", {{"system", HostMode::system}, {"simulated", HostMode::simulated}}, true))
     cfg_.host = *h;
   if (auto l = top.choice<std::string>("log_level", {{"trace", "trace"},
                                                      {"debug", "debug"},
@@ -110,8 +108,7 @@ Config Loader::run(const YAML::Node& root) {
 
   if (top.has("simulated")) {
     if (cfg_.host != HostMode::simulated && top.has("host"))
-      ctx_.error(top.where("simulated"), "simulated",
-                 "only allowed with 'host: simulated' (host is system)");
+      ctx_.error(top.where("simulated"), "simulated", "only allowed with 'host: simulated' (host is system)");
     read_simulated(top.get("simulated", false));
   } else if (cfg_.host == HostMode::simulated) {
     ctx_.error(top.where(), "document", "'host: simulated' needs a 'simulated' section");
@@ -119,10 +116,8 @@ Config Loader::run(const YAML::Node& root) {
   if (top.has("control")) read_control(top.get("control", false));
   if (top.has("interrupts")) read_interrupts(top.get("interrupts", false));
   if (top.has("metrics")) read_metrics(top.get("metrics", false));
-  for_each_item(ctx_, top, "physical_functions",
-                [&](const YAML::Node& n, const std::string& p) { read_pf(n, p); });
-  for_each_item(ctx_, top, "virtio_devices",
-                [&](const YAML::Node& n, const std::string& p) { read_virtio(n, p); });
+  for_each_item(ctx_, top, "physical_functions", [&](const YAML::Node& n, const std::string& p) { read_pf(n, p); });
+  for_each_item(ctx_, top, "virtio_devices", [&](const YAML::Node& n, const std::string& p) { read_virtio(n, p); });
   if (top.has("kubernetes")) read_kubernetes(top.get("kubernetes", false));
   check_sockets();
   link_bridged_macs();
@@ -149,8 +144,7 @@ void Loader::read_simulated(const YAML::Node& node) {
     if (auto v = pf.unsigned_in("vendor_id", 1, 0xfffe)) sim.vendor_id = static_cast<uint16_t>(*v);
     if (auto v = pf.unsigned_in("device_id", 0, 0xffff)) sim.device_id = static_cast<uint16_t>(*v);
     if (auto v = pf.unsigned_in("total_vfs", 1, 256)) sim.total_vfs = static_cast<uint16_t>(*v);
-    if (auto v = pf.unsigned_in("msix_vectors_per_vf", 1, 2048))
-      sim.msix_vectors_per_vf = static_cast<uint16_t>(*v);
+    if (auto v = pf.unsigned_in("msix_vectors_per_vf", 1, 2048)) sim.msix_vectors_per_vf = static_cast<uint16_t>(*v);
     if (auto v = pf.unsigned_in("set_irqs_cost_us", 0, 100000)) sim.set_irqs_cost_us = static_cast<uint32_t>(*v);
     auto netdev = pf.string("netdev", true);
     if (netdev && !valid_ifname(*netdev)) {
@@ -164,8 +158,7 @@ void Loader::read_simulated(const YAML::Node& node) {
     for (const auto& other : cfg_.simulated_pfs) {
       if (other.address == sim.address)
         ctx_.error(pf.where("address"), pf.path_of("address"),
-                   "PCI address " + sim.address.to_string() + " is already simulated at " +
-                       line_ref(other.where));
+                   "PCI address " + sim.address.to_string() + " is already simulated at " + line_ref(other.where));
       if (other.netdev == sim.netdev)
         ctx_.error(pf.where("netdev"), pf.path_of("netdev"),
                    "netdev '" + sim.netdev + "' is already used at " + line_ref(other.where));
@@ -173,8 +166,7 @@ void Loader::read_simulated(const YAML::Node& node) {
     cfg_.simulated_pfs.push_back(sim);
   });
   if (cfg_.simulated_pfs.empty() && !ctx_.failed())
-    ctx_.error(m.where("physical_functions"), "simulated.physical_functions",
-               "a simulated host needs at least one PF");
+    ctx_.error(m.where("physical_functions"), "simulated.physical_functions", "a simulated host needs at least one PF");
 }
 
 void Loader::read_control(const YAML::Node& node) {
@@ -212,7 +204,8 @@ void Loader::read_metrics(const YAML::Node& node) {
   in_addr a4{};
   const bool v6 = bracketed && ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
   const bool v4 = !bracketed && ::inet_pton(AF_INET, host.c_str(), &a4) == 1;
-  const auto port_number = port.find_first_not_of("0123456789") == std::string::npos ? parse_unsigned(port) : std::nullopt;
+  const auto port_number =
+      port.find_first_not_of("0123456789") == std::string::npos ? parse_unsigned(port) : std::nullopt;
   if ((!v4 && !v6) || !port_number || *port_number > 65535) {
     ctx_.error(m.where("listen"), "metrics.listen",
                "'" + *listen + "' is not an address and port (e.g. \"127.0.0.1:9808\")");
@@ -221,15 +214,17 @@ void Loader::read_metrics(const YAML::Node& node) {
   if (v6) {
     // The endpoint (daemon/metrics.cpp) binds an IPv4 address.
     ctx_.error(m.where("listen"), "metrics.listen",
-               "'" + *listen + "': IPv6 is not served (the metrics endpoint listens on an IPv4 address); "
-               "use an IPv4 address such as \"127.0.0.1:9808\"");
+               "'" + *listen +
+                   "': IPv6 is not served (the metrics endpoint listens on an IPv4 address); "
+                   "use an IPv4 address such as \"127.0.0.1:9808\"");
     return;
   }
   const bool loopback = (ntohl(a4.s_addr) >> 24U) == 127;
   if (!loopback && !remote) {
     ctx_.error(m.where("listen"), "metrics.listen",
-               "'" + *listen + "' is not a loopback address; the metrics name every VF, owner and socket of this "
-               "host, so serving them beyond it needs 'allow_remote: true'");
+               "'" + *listen +
+                   "' is not a loopback address; the metrics name every VF, owner and socket of this "
+                   "host, so serving them beyond it needs 'allow_remote: true'");
     return;
   }
   cfg_.metrics.listen = *listen;
@@ -239,8 +234,7 @@ void Loader::read_metrics(const YAML::Node& node) {
 void Loader::read_interrupts(const YAML::Node& node) {
   Mapping m(ctx_, node, "interrupts", {"relay_threads", "cpus", "busy_poll"});
   if (!m.valid()) return;
-  if (auto v = m.unsigned_in("relay_threads", 1, 64))
-    cfg_.interrupts.relay_threads = static_cast<uint16_t>(*v);
+  if (auto v = m.unsigned_in("relay_threads", 1, 64)) cfg_.interrupts.relay_threads = static_cast<uint16_t>(*v);
   if (auto b = m.boolean("busy_poll")) cfg_.interrupts.busy_poll = *b;
   for_each_item(ctx_, m, "cpus", [&](const YAML::Node& n, const std::string& p) {
     auto cpu = Mapping::unsigned_value(ctx_, n, p, 0, CPU_SETSIZE - 1);
@@ -275,12 +269,14 @@ SocketAccess Loader::read_access(const YAML::Node& node, const std::string& path
     const unsigned long v = digits ? std::stoul(*mode, nullptr, 8) : 0;
     if (!digits || v > 0777 || (v & 0600) != 0600 || (v & 0111) != 0)
       ctx_.error(m.where("mode"), m.path_of("mode"),
-                 "mode '" + *mode + "': octal file mode with read and write for the owner and no execute bits (e.g. \"0660\")");
+                 "mode '" + *mode +
+                     "': octal file mode with read and write for the owner and no execute bits (e.g. \"0660\")");
     else
       a.mode = static_cast<uint32_t>(v);
   }
   for_each_item(ctx_, m, "allowed_uids", [&](const YAML::Node& n, const std::string& p) {
-    if (auto uid = Mapping::unsigned_value(ctx_, n, p, 0, UINT32_MAX - 1)) a.allowed_uids.push_back(static_cast<uid_t>(*uid));
+    if (auto uid = Mapping::unsigned_value(ctx_, n, p, 0, UINT32_MAX - 1))
+      a.allowed_uids.push_back(static_cast<uid_t>(*uid));
   });
   return a;
 }
@@ -305,8 +301,7 @@ void Loader::check_sockets() {
         claim(vf.assign->socket,
               "VF " + std::to_string(vf.index) + " of PF " + cfg_.physical_functions[p].ref.to_string(),
               vf.assign->socket_where);
-  for (const auto& dev : cfg_.virtio_devices)
-    claim(dev.socket, "virtio device '" + dev.name + "'", dev.socket_where);
+  for (const auto& dev : cfg_.virtio_devices) claim(dev.socket, "virtio device '" + dev.name + "'", dev.socket_where);
 }
 
 // A guest bridged to a VF speaks with the VF's MAC: a NIC's VF receives
@@ -356,8 +351,7 @@ void Loader::check_macs() {
   std::map<MacAddress, std::string> used;
   auto claim = [&](const MacAddress& mac, const std::string& what, SourceLocation where) {
     auto [it, inserted] = used.emplace(mac, what);
-    if (!inserted)
-      ctx_.error(where, what, "MAC " + mac.to_string() + " is already used by " + it->second);
+    if (!inserted) ctx_.error(where, what, "MAC " + mac.to_string() + " is already used by " + it->second);
   };
   for (const auto& pf : cfg_.physical_functions)
     for (const auto& vf : pf.vfs)

@@ -6,8 +6,7 @@ namespace sriovd::config {
 
 const SimulatedPf* Loader::find_simulated(const PfRef& ref) const {
   for (const auto& sim : cfg_.simulated_pfs)
-    if ((ref.address && *ref.address == sim.address) || (!ref.address && ref.netdev == sim.netdev))
-      return &sim;
+    if ((ref.address && *ref.address == sim.address) || (!ref.address && ref.netdev == sim.netdev)) return &sim;
   return nullptr;
 }
 
@@ -56,22 +55,19 @@ void Loader::read_pf(const YAML::Node& node, const std::string& path) {
   if (!num_vfs) return;
   if (*num_vfs > max_vfs) {
     ctx_.error(m.where("num_vfs"), m.path_of("num_vfs"),
-               "num_vfs " + std::to_string(*num_vfs) + " exceeds total_vfs " +
-                   std::to_string(max_vfs) + " of simulated PF " + pf.ref.to_string());
+               "num_vfs " + std::to_string(*num_vfs) + " exceeds total_vfs " + std::to_string(max_vfs) +
+                   " of simulated PF " + pf.ref.to_string());
     return;
   }
   pf.num_vfs = static_cast<uint16_t>(*num_vfs);
   const SimulatedPf* sim = cfg_.host == HostMode::simulated ? find_simulated(pf.ref) : nullptr;
-  for_each_item(ctx_, m, "vfs", [&](const YAML::Node& n, const std::string& p) {
-    read_vf(n, p, pf, sim);
-  });
+  for_each_item(ctx_, m, "vfs", [&](const YAML::Node& n, const std::string& p) { read_vf(n, p, pf, sim); });
   cfg_.physical_functions.push_back(std::move(pf));
 }
 
 void Loader::read_vf(const YAML::Node& node, const std::string& path, PfConfig& pf, const SimulatedPf* sim) {
   Mapping m(ctx_, node, path,
-            {"index", "mac", "vlan", "qos", "trust", "spoofchk", "link_state", "max_tx_rate",
-             "min_tx_rate", "assign"});
+            {"index", "mac", "vlan", "qos", "trust", "spoofchk", "link_state", "max_tx_rate", "min_tx_rate", "assign"});
   if (!m.valid()) return;
   VfConfig vf;
   vf.where = m.where();
@@ -80,44 +76,42 @@ void Loader::read_vf(const YAML::Node& node, const std::string& path, PfConfig& 
   int index = static_cast<int>(m.unsigned_in("index", 0, 255, true).value_or(-1));
   if (index >= pf.num_vfs) {
     ctx_.error(m.where("index"), m.path_of("index"),
-               "VF index " + std::to_string(index) + " is not below num_vfs " +
-                   std::to_string(pf.num_vfs) + " of PF " + pf.ref.to_string());
+               "VF index " + std::to_string(index) + " is not below num_vfs " + std::to_string(pf.num_vfs) + " of PF " +
+                   pf.ref.to_string());
     index = -1;
   }
   for (const auto& other : pf.vfs)
     if (index >= 0 && other.index == index) {
       ctx_.error(m.where("index"), m.path_of("index"),
-                 "VF " + std::to_string(index) + " of PF " + pf.ref.to_string() +
-                     " is already configured at " + line_ref(other.where));
+                 "VF " + std::to_string(index) + " of PF " + pf.ref.to_string() + " is already configured at " +
+                     line_ref(other.where));
       index = -1;
     }
   vf.mac = mac_value(ctx_, m, "mac");
   if (auto v = m.unsigned_in("vlan", 0, 4095)) vf.vlan = static_cast<uint16_t>(*v);
   if (auto q = m.unsigned_in("qos", 0, 7)) {
     vf.qos = static_cast<uint8_t>(*q);
-    if (*q != 0 && !m.has("vlan"))
-      ctx_.error(m.where("qos"), m.path_of("qos"), "qos needs a vlan to tag with");
+    if (*q != 0 && !m.has("vlan")) ctx_.error(m.where("qos"), m.path_of("qos"), "qos needs a vlan to tag with");
   }
   vf.trust = m.boolean("trust");
   vf.spoofchk = m.boolean("spoofchk");
-  vf.link_state = m.choice<LinkState>("link_state", {{"auto", LinkState::automatic},
-                                                      {"enable", LinkState::enable},
-                                                      {"disable", LinkState::disable}});
+  vf.link_state = m.choice<LinkState>(
+      "link_state", {{"auto", LinkState::automatic}, {"enable", LinkState::enable}, {"disable", LinkState::disable}});
   if (auto v = m.unsigned_in("max_tx_rate", 0, UINT32_MAX)) vf.max_tx_rate = static_cast<uint32_t>(*v);
   if (auto v = m.unsigned_in("min_tx_rate", 0, UINT32_MAX)) vf.min_tx_rate = static_cast<uint32_t>(*v);
   if (vf.min_tx_rate && vf.max_tx_rate && *vf.max_tx_rate != 0 && *vf.min_tx_rate > *vf.max_tx_rate)
-    ctx_.error(m.where("min_tx_rate"), m.path_of("min_tx_rate"),
-               "min_tx_rate " + std::to_string(*vf.min_tx_rate) + " exceeds max_tx_rate " +
-                   std::to_string(*vf.max_tx_rate));
+    ctx_.error(
+        m.where("min_tx_rate"), m.path_of("min_tx_rate"),
+        "min_tx_rate " + std::to_string(*vf.min_tx_rate) + " exceeds max_tx_rate " + std::to_string(*vf.max_tx_rate));
   if (m.has("assign")) vf.assign = read_assign(m.get("assign", false), m.path_of("assign"), sim);
   if (index < 0) return;
   vf.index = static_cast<uint16_t>(index);
   pf.vfs.push_back(std::move(vf));
 }
 
-std::optional<VfAssign> Loader::read_assign(const YAML::Node& node, const std::string& path,
-                                          const SimulatedPf* sim) {
-  Mapping m(ctx_, node, path, {"owner", "export", "socket", "msix_policy", "bar_access", "max_vectors", "max_dma_mib", "access"});
+std::optional<VfAssign> Loader::read_assign(const YAML::Node& node, const std::string& path, const SimulatedPf* sim) {
+  Mapping m(ctx_, node, path,
+            {"owner", "export", "socket", "msix_policy", "bar_access", "max_vectors", "max_dma_mib", "access"});
   if (!m.valid()) return std::nullopt;
   VfAssign a;
   auto owner = m.string("owner", true);
@@ -126,16 +120,14 @@ std::optional<VfAssign> Loader::read_assign(const YAML::Node& node, const std::s
                "owner '" + *owner + "' may use only letters, digits, '-', '_' and '.' (at most 64)");
     owner.reset();
   }
-  if (auto e = m.choice<ExportKind>("export", {{"vfio-user", ExportKind::vfio_user},
-                                               {"none", ExportKind::none}}))
+  if (auto e = m.choice<ExportKind>("export", {{"vfio-user", ExportKind::vfio_user}, {"none", ExportKind::none}}))
     a.export_kind = *e;
   auto socket = socket_path(ctx_, m, "socket", a.export_kind == ExportKind::vfio_user);
   if (socket && a.export_kind == ExportKind::none)
-    ctx_.error(m.where("socket"), m.path_of("socket"),
-               "a socket is only used with 'export: vfio-user'");
-  if (auto p = m.choice<MsixPolicy>("msix_policy", {{"direct", MsixPolicy::direct},
-                                                     {"relay", MsixPolicy::relay},
-                                                     {"adaptive", MsixPolicy::adaptive}}))
+    ctx_.error(m.where("socket"), m.path_of("socket"), "a socket is only used with 'export: vfio-user'");
+  if (auto p = m.choice<MsixPolicy>(
+          "msix_policy",
+          {{"direct", MsixPolicy::direct}, {"relay", MsixPolicy::relay}, {"adaptive", MsixPolicy::adaptive}}))
     a.msix_policy = *p;
   if (auto b = m.choice<BarAccess>("bar_access", {{"trapped", BarAccess::trapped}, {"mmap", BarAccess::mmap}})) {
     a.bar_access = *b;

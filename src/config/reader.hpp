@@ -46,7 +46,6 @@ inline std::optional<gid_t> group_id(const std::string& name) {
   return std::nullopt;
 }
 
-
 inline SourceLocation location_of(const YAML::Node& node) {
   const YAML::Mark m = node.Mark();
   return {m.line + 1, m.column + 1};
@@ -115,8 +114,7 @@ class Mapping {
   Mapping(Context& ctx, YAML::Node node, std::string path, std::vector<std::string> allowed)
       : ctx_(ctx), node_(std::move(node)), path_(std::move(path)) {
     if (!node_.IsMap()) {
-      ctx_.error(node_, path_.empty() ? "document" : path_,
-                 std::string("expected a mapping, got ") + describe(node_));
+      ctx_.error(node_, path_.empty() ? "document" : path_, std::string("expected a mapping, got ") + describe(node_));
       return;
     }
     valid_ = true;
@@ -131,8 +129,8 @@ class Mapping {
       }
       auto [pos, inserted] = values_.emplace(name, it->second);
       if (!inserted) {
-        ctx_.error(key, path_, "duplicate key '" + name + "' (first at " +
-                                    line_ref(location_of(key_marks_.at(name))) + ")");
+        ctx_.error(key, path_,
+                   "duplicate key '" + name + "' (first at " + line_ref(location_of(key_marks_.at(name))) + ")");
         continue;
       }
       key_marks_.emplace(name, key);
@@ -143,16 +141,14 @@ class Mapping {
   [[nodiscard]] bool has(const std::string& key) const { return values_.count(key) != 0; }
   [[nodiscard]] SourceLocation where() const { return location_of(node_); }
   [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] std::string path_of(const std::string& key) const {
-    return path_.empty() ? key : path_ + "." + key;
-  }
+  [[nodiscard]] std::string path_of(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
   // The value node of `key`, or an undefined node (reported when required).
   YAML::Node get(const std::string& key, bool required) {
     auto it = values_.find(key);
     if (it == values_.end()) {
-      if (required && valid_) ctx_.error(node_, path_.empty() ? "document" : path_,
-                                         "missing required key '" + key + "'");
+      if (required && valid_)
+        ctx_.error(node_, path_.empty() ? "document" : path_, "missing required key '" + key + "'");
       return YAML::Node(YAML::NodeType::Undefined);
     }
     return it->second;
@@ -176,8 +172,7 @@ class Mapping {
     return n.Scalar();
   }
 
-  std::optional<uint64_t> unsigned_in(const std::string& key, uint64_t min, uint64_t max,
-                                      bool required = false) {
+  std::optional<uint64_t> unsigned_in(const std::string& key, uint64_t min, uint64_t max, bool required = false) {
     YAML::Node n = get(key, required);
     if (!n.IsDefined()) return std::nullopt;
     return unsigned_value(ctx_, n, path_of(key), min, max);
@@ -190,8 +185,7 @@ class Mapping {
   }
 
   template <typename Enum>
-  std::optional<Enum> choice(const std::string& key,
-                             const std::vector<std::pair<const char*, Enum>>& table,
+  std::optional<Enum> choice(const std::string& key, const std::vector<std::pair<const char*, Enum>>& table,
                              bool required = false) {
     YAML::Node n = get(key, required);
     if (!n.IsDefined()) return std::nullopt;
@@ -204,11 +198,9 @@ class Mapping {
     return std::nullopt;
   }
 
-  static std::optional<uint64_t> unsigned_value(Context& ctx, const YAML::Node& n,
-                                                const std::string& path, uint64_t min,
-                                                uint64_t max) {
-    const std::string expected =
-        "expected an integer from " + std::to_string(min) + " to " + std::to_string(max);
+  static std::optional<uint64_t> unsigned_value(Context& ctx, const YAML::Node& n, const std::string& path,
+                                                uint64_t min, uint64_t max) {
+    const std::string expected = "expected an integer from " + std::to_string(min) + " to " + std::to_string(max);
     if (!n.IsScalar() || n.Tag() == "!") {
       ctx.error(n, path, expected + ", got " + (n.IsScalar() ? "a string" : kind_name(n)));
       return std::nullopt;
@@ -221,8 +213,7 @@ class Mapping {
     return v;
   }
 
-  static std::optional<bool> boolean_value(Context& ctx, const YAML::Node& n,
-                                           const std::string& path) {
+  static std::optional<bool> boolean_value(Context& ctx, const YAML::Node& n, const std::string& path) {
     if (n.IsScalar() && n.Tag() != "!") {
       if (n.Scalar() == "true") return true;
       if (n.Scalar() == "false") return false;
@@ -242,7 +233,7 @@ class Mapping {
 
 // Calls fn(item, "path[i]") for every element of a list-valued key.
 inline void for_each_item(Context& ctx, Mapping& map, const std::string& key,
-                   const std::function<void(const YAML::Node&, const std::string&)>& fn) {
+                          const std::function<void(const YAML::Node&, const std::string&)>& fn) {
   YAML::Node list = map.get(key, false);
   if (!list.IsDefined()) return;
   const std::string path = map.path_of(key);
@@ -255,21 +246,19 @@ inline void for_each_item(Context& ctx, Mapping& map, const std::string& key,
 
 inline bool valid_ifname(const std::string& name) {
   if (name.empty() || name.size() >= IFNAMSIZ || name == "." || name == "..") return false;
-  return std::none_of(name.begin(), name.end(),
-                      [](char c) { return c == '/' || c == ':' || c <= ' ' || c == 127; });
+  return std::none_of(name.begin(), name.end(), [](char c) { return c == '/' || c == ':' || c <= ' ' || c == 127; });
 }
 
 inline bool valid_identifier(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
   });
 }
 
 // A Unix socket path the daemon can bind: absolute and short enough for sun_path.
-inline std::optional<std::string> socket_path(Context& ctx, Mapping& map, const std::string& key,
-                                       bool required) {
+inline std::optional<std::string> socket_path(Context& ctx, Mapping& map, const std::string& key, bool required) {
   auto path = map.string(key, required);
   if (!path) return std::nullopt;
   if ((*path)[0] != '/') {
@@ -290,13 +279,11 @@ inline std::optional<MacAddress> mac_value(Context& ctx, Mapping& map, const std
   if (!text) return std::nullopt;
   auto mac = MacAddress::parse(*text);
   if (!mac) {
-    ctx.error(map.where(key), map.path_of(key),
-              "expected a MAC address like 02:00:00:00:00:01, got '" + *text + "'");
+    ctx.error(map.where(key), map.path_of(key), "expected a MAC address like 02:00:00:00:00:01, got '" + *text + "'");
     return std::nullopt;
   }
   if (mac->is_multicast()) {
-    ctx.error(map.where(key), map.path_of(key),
-              "'" + *text + "' is a multicast address; a device MAC must be unicast");
+    ctx.error(map.where(key), map.path_of(key), "'" + *text + "' is a multicast address; a device MAC must be unicast");
     return std::nullopt;
   }
   if (mac->is_zero()) {
@@ -307,14 +294,12 @@ inline std::optional<MacAddress> mac_value(Context& ctx, Mapping& map, const std
   return mac;
 }
 
-inline std::optional<PciAddress> pci_value(Context& ctx, Mapping& map, const std::string& key,
-                                    bool required) {
+inline std::optional<PciAddress> pci_value(Context& ctx, Mapping& map, const std::string& key, bool required) {
   auto text = map.string(key, required);
   if (!text) return std::nullopt;
   auto addr = PciAddress::parse(*text);
   if (!addr)
-    ctx.error(map.where(key), map.path_of(key),
-              "expected a PCI address like 0000:03:00.0, got '" + *text + "'");
+    ctx.error(map.where(key), map.path_of(key), "expected a PCI address like 0000:03:00.0, got '" + *text + "'");
   return addr;
 }
 

@@ -30,9 +30,8 @@ constexpr unsigned kAfXdpMaxMtu = 4096 - 256 - 18;
 
 void Loader::read_queues(Mapping& m, VirtioDevice& dev) {
   if (auto q = m.unsigned_in("queues", 1, 16)) dev.queue_pairs = static_cast<uint16_t>(*q);
-  if (auto p = m.choice<PackedRing>("packed", {{"off", PackedRing::off},
-                                               {"on", PackedRing::on},
-                                               {"auto", PackedRing::automatic}}))
+  if (auto p = m.choice<PackedRing>(
+          "packed", {{"off", PackedRing::off}, {"on", PackedRing::on}, {"auto", PackedRing::automatic}}))
     dev.packed = *p;
   if (auto qs = m.unsigned_in("queue_size", 2, 32768)) {
     // Split rings need a power of two (virtio 1.2 §2.7); packed rings do not.
@@ -58,8 +57,8 @@ void Loader::read_queues(Mapping& m, VirtioDevice& dev) {
 
 void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   Mapping m(ctx_, node, path,
-            {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
-             "mtu", "iommu_platform", "cpus", "access", "backend"});
+            {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac", "mtu",
+             "iommu_platform", "cpus", "access", "backend"});
   if (!m.valid()) return;
   VirtioDevice dev;
   dev.where = m.where();
@@ -67,14 +66,15 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   const auto name = read_device_name(m);
   ok &= name.has_value();
   ok &= m.choice<std::string>("type", {{"net", "net"}}, true).has_value();
-  if (auto t = m.choice<Transport>("transport", {{"vhost-user", Transport::vhost_user},
-                                                 {"vfio-user", Transport::vfio_user}}, true))
+  if (auto t = m.choice<Transport>("transport",
+                                   {{"vhost-user", Transport::vhost_user}, {"vfio-user", Transport::vfio_user}}, true))
     dev.transport = *t;
   else
     ok = false;
   auto socket = socket_path(ctx_, m, "socket", true);
   ok &= socket.has_value();
-  if (auto mode = m.choice<SocketMode>("socket_mode", {{"server", SocketMode::server}, {"client", SocketMode::client}})) {
+  if (auto mode =
+          m.choice<SocketMode>("socket_mode", {{"server", SocketMode::server}, {"client", SocketMode::client}})) {
     dev.socket_mode = *mode;
     if (*mode == SocketMode::client && dev.transport != Transport::vhost_user)
       ctx_.error(m.where("socket_mode"), m.path_of("socket_mode"),
@@ -170,10 +170,11 @@ bool Loader::read_tap_backend(Mapping& m, VirtioDevice& dev) {
 void Loader::read_tap_offloads(Mapping& m, TapBackend& tap) {
   tap.offloads = TapOffloads{false, false, false, false, false};
   for_each_item(ctx_, m, "offloads", [&](const YAML::Node& n, const std::string& p) {
-    static const std::vector<std::pair<const char*, bool TapOffloads::*>> names = {
-        {"csum", &TapOffloads::csum}, {"tso4", &TapOffloads::tso4},
-        {"tso6", &TapOffloads::tso6}, {"tso_ecn", &TapOffloads::tso_ecn},
-        {"ufo", &TapOffloads::ufo}};
+    static const std::vector<std::pair<const char*, bool TapOffloads::*>> names = {{"csum", &TapOffloads::csum},
+                                                                                   {"tso4", &TapOffloads::tso4},
+                                                                                   {"tso6", &TapOffloads::tso6},
+                                                                                   {"tso_ecn", &TapOffloads::tso_ecn},
+                                                                                   {"ufo", &TapOffloads::ufo}};
     for (const auto& [nm, member] : names)
       if (n.IsScalar() && n.Scalar() == nm) {
         tap.offloads.*member = true;
@@ -196,12 +197,10 @@ const PfConfig* Loader::find_pf(Mapping& m, const std::string& pf_name) {
     ref.netdev = pf_name;
   const PfConfig* pf = nullptr;
   for (const auto& candidate : cfg_.physical_functions)
-    if ((ref.address && candidate.ref.address == ref.address) ||
-        (!ref.address && candidate.ref.netdev == ref.netdev))
+    if ((ref.address && candidate.ref.address == ref.address) || (!ref.address && candidate.ref.netdev == ref.netdev))
       pf = &candidate;
   if (!pf) {
-    ctx_.error(m.where("pf"), m.path_of("pf"),
-               "PF '" + pf_name + "' is not in physical_functions");
+    ctx_.error(m.where("pf"), m.path_of("pf"), "PF '" + pf_name + "' is not in physical_functions");
     return nullptr;
   }
   return pf;
@@ -214,7 +213,9 @@ bool Loader::read_vf_backend(Mapping& m, VirtioDevice& dev) {
   auto vf_index = m.unsigned_in("vf", 0, 255, true);
   if (!pf_name || !vf_index) return false;
   if (m.has("via")) {
-    auto via = m.choice<VfAttach>("via", {{"af_packet", VfAttach::af_packet}, {"macvtap", VfAttach::macvtap}, {"af_xdp", VfAttach::af_xdp}}, true);
+    auto via = m.choice<VfAttach>(
+        "via", {{"af_packet", VfAttach::af_packet}, {"macvtap", VfAttach::macvtap}, {"af_xdp", VfAttach::af_xdp}},
+        true);
     if (!via) return false;
     dev.vf.via = *via;
   }
@@ -232,16 +233,16 @@ bool Loader::read_vf_backend(Mapping& m, VirtioDevice& dev) {
   if (!pf) return false;
   if (*vf_index >= pf->num_vfs) {
     ctx_.error(m.where("vf"), m.path_of("vf"),
-               "VF index " + std::to_string(*vf_index) + " is not below num_vfs " +
-                   std::to_string(pf->num_vfs) + " of PF " + pf->ref.to_string());
+               "VF index " + std::to_string(*vf_index) + " is not below num_vfs " + std::to_string(pf->num_vfs) +
+                   " of PF " + pf->ref.to_string());
     return false;
   }
   for (const auto& vf : pf->vfs)
     if (vf.index == *vf_index && vf.assign && vf.assign->export_kind == ExportKind::vfio_user) {
       ctx_.error(m.where("vf"), m.path_of("vf"),
                  "VF " + std::to_string(*vf_index) + " of PF " + pf->ref.to_string() +
-                     " is exported over vfio-user to '" + vf.assign->owner + "' (" +
-                     line_ref(vf.where) + "); its netdev cannot also back a virtio device");
+                     " is exported over vfio-user to '" + vf.assign->owner + "' (" + line_ref(vf.where) +
+                     "); its netdev cannot also back a virtio device");
       return false;
     }
   dev.vf.pf = pf->ref;

@@ -41,11 +41,10 @@ std::string Client::read_line() {
       buffer_.erase(0, nl + 1);
       return line;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)
-      throw std::runtime_error("no reply from " + path_ + " within " +
-                               std::to_string(timeout_.count()) + " ms");
+      throw std::runtime_error("no reply from " + path_ + " within " + std::to_string(timeout_.count()) + " ms");
     pollfd pfd{fd_.get(), POLLIN, 0};
     const int rc = ::poll(&pfd, 1, static_cast<int>(left.count()));
     if (rc < 0 && errno != EINTR) throw_errno("poll on " + path_);

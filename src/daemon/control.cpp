@@ -28,9 +28,14 @@ json queue_stats(const virtio::NetDevice& device) {
   json queues = json::array();
   for (unsigned q = 0; q < device.num_queues(); ++q) {
     const auto& st = device.stats(q);
-    queues.push_back({{"queue", q}, {"packets", st.packets.load()}, {"bytes", st.bytes.load()},
-                      {"dropped", st.dropped.load()}, {"kicks", st.kicks.load()}, {"notifies", st.notifies.load()},
-                      {"sw_offload", st.sw_offload.load()}, {"resubmitted", st.resubmitted.load()}});
+    queues.push_back({{"queue", q},
+                      {"packets", st.packets.load()},
+                      {"bytes", st.bytes.load()},
+                      {"dropped", st.dropped.load()},
+                      {"kicks", st.kicks.load()},
+                      {"notifies", st.notifies.load()},
+                      {"sw_offload", st.sw_offload.load()},
+                      {"resubmitted", st.resubmitted.load()}});
   }
   return queues;
 }
@@ -47,8 +52,7 @@ bool binary_replaced() {
 }  // namespace
 
 json Daemon::status_json() const {
-  const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(
-      std::chrono::steady_clock::now() - started_);
+  const auto uptime = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_);
   json events = json::array();
   for (const auto& e : udev_events_)
     events.push_back({{"action", e.action}, {"device", e.device}, {"pf", e.pf}, {"managed", e.managed}});
@@ -133,14 +137,17 @@ json Daemon::devices_json() const {
         j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
         j["features"] = e.device->features();
         j["needs_reset"] = e.device->broken();
-        j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
-                          {"protocol_errors", st.protocol_errors}, {"last_error", st.last_error}};
+        j["vfio_user"] = {{"connections", st.connections},
+                          {"messages", st.messages},
+                          {"error_replies", st.error_replies},
+                          {"protocol_errors", st.protocol_errors},
+                          {"last_error", st.last_error}};
         j["queues"] = queue_stats(*e.device);
         continue;
       }
-      j["state"] = e.backend->connected() ? (e.device->running() ? "running" : "connected")
+      j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
                    : dev.socket_mode == config::SocketMode::client ? "connecting"
-                                                                  : "listening";
+                                                                   : "listening";
       j["socket_mode"] = config::to_string(dev.socket_mode);
       j["features"] = e.device->features();
       j["needs_reset"] = e.device->broken();
@@ -188,23 +195,31 @@ control::json Daemon::held_vfs_json() const {
 json Daemon::vf_exports_json() const {
   json out = json::array();
   for (const auto& e : vf_exports_) {
-    json j = {{"pf", e.pf.to_string()}, {"vf_index", e.index}, {"vf", e.vf}, {"socket", e.socket},
-              {"msix_policy", irq::to_string(e.policy)}, {"bar_access", config::to_string(e.bar_access)}};
+    json j = {{"pf", e.pf.to_string()},
+              {"vf_index", e.index},
+              {"vf", e.vf},
+              {"socket", e.socket},
+              {"msix_policy", irq::to_string(e.policy)},
+              {"bar_access", config::to_string(e.bar_access)}};
     if (!e.server) {
       j["state"] = "not served";
       j["reason"] = e.not_served;
     } else {
       const auto& st = e.server->stats();
       j["state"] = e.server->connected() ? "connected" : "listening";
-      j["vfio_user"] = {{"connections", st.connections}, {"messages", st.messages}, {"error_replies", st.error_replies},
-                        {"protocol_errors", st.protocol_errors}, {"refused_peers", st.refused_peers},
-                        {"last_error", st.last_error}};
+      j["vfio_user"] = {{"connections", st.connections},     {"messages", st.messages},
+                        {"error_replies", st.error_replies}, {"protocol_errors", st.protocol_errors},
+                        {"refused_peers", st.refused_peers}, {"last_error", st.last_error}};
       j["dma_windows"] = e.proxy->dma_windows();
-      if (!e.server->fd_recipients().empty())
-        j["device_fd_holders"] = surveyed_holders(e.vf);
+      if (!e.server->fd_recipients().empty()) j["device_fd_holders"] = surveyed_holders(e.vf);
       const irq::RouteStats t = e.proxy->interrupt_totals();
-      j["interrupts"] = {{"fired", t.fired}, {"delivered", t.delivered}, {"masked_pending", t.masked_pending},
-                         {"replayed", t.replayed}, {"dropped", t.dropped}, {"masks", t.masks}, {"unmasks", t.unmasks},
+      j["interrupts"] = {{"fired", t.fired},
+                         {"delivered", t.delivered},
+                         {"masked_pending", t.masked_pending},
+                         {"replayed", t.replayed},
+                         {"dropped", t.dropped},
+                         {"masks", t.masks},
+                         {"unmasks", t.unmasks},
                          {"mode_switches", t.mode_switches}};
       j["msix"] = {{"vectors", e.proxy->msix().vectors()},
                    {"enabled", e.proxy->msix().enabled()},
@@ -237,14 +252,13 @@ json Daemon::routes_json() const {
                       {"masks", r.stats.masks},
                       {"unmasks", r.stats.unmasks},
                       {"mode_switches", r.stats.mode_switches}});
-  return {{"routes", routes},
-          {"relay_threads", irq_->options().relay_threads},
-          {"busy_poll", irq_->options().busy_poll}};
+  return {
+      {"routes", routes}, {"relay_threads", irq_->options().relay_threads}, {"busy_poll", irq_->options().busy_poll}};
 }
 
 json Daemon::stats_json() const {
-  json totals = {{"routes", 0}, {"fired", 0}, {"delivered", 0}, {"masked_pending", 0}, {"replayed", 0},
-                 {"dropped", 0}, {"mode_switches", 0}};
+  json totals = {{"routes", 0},   {"fired", 0},   {"delivered", 0},    {"masked_pending", 0},
+                 {"replayed", 0}, {"dropped", 0}, {"mode_switches", 0}};
   for (const auto& r : irq_->list()) {
     totals["routes"] = totals["routes"].get<uint64_t>() + 1;
     totals["fired"] = totals["fired"].get<uint64_t>() + r.stats.fired;

@@ -34,8 +34,10 @@ bool nests_deeper_than(const std::string& line, int limit) {
   for (size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -52,15 +54,17 @@ bool nests_deeper_than(const std::string& line, int limit) {
 class ControlServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(ControlServer& server, uint64_t id, stream::socket socket, PeerCredentials peer)
-      : server_(server), id_(id), socket_(std::move(socket)), peer_(peer),
-        buffer_(control::kMaxLineBytes), idle_(socket_.get_executor()) {}
+      : server_(server),
+        id_(id),
+        socket_(std::move(socket)),
+        peer_(peer),
+        buffer_(control::kMaxLineBytes),
+        idle_(socket_.get_executor()) {}
 
   void start() { read_next(); }
 
   // Sends one line and then closes: for refusals.
-  void refuse(const json& reply) {
-    write_line(reply, /*close_after=*/true);
-  }
+  void refuse(const json& reply) { write_line(reply, /*close_after=*/true); }
 
   void close() {
     boost::system::error_code ignored;
@@ -75,10 +79,9 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
     idle_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (!ec) self->finish();  // no request within the deadline
     });
-    asio::async_read_until(socket_, buffer_, '\n',
-                           [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                             self->on_line(ec, n);
-                           });
+    asio::async_read_until(socket_, buffer_, '\n', [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+      self->on_line(ec, n);
+    });
   }
 
   void on_line(boost::system::error_code ec, size_t n) {
@@ -87,8 +90,7 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
       // streambuf full before a newline: a request longer than the limit.
       ++server_.stats_.errors;
       write_line(control::make_error(control::errc::kLineTooLong,
-                                     "request line longer than " +
-                                         std::to_string(control::kMaxLineBytes) + " bytes"),
+                                     "request line longer than " + std::to_string(control::kMaxLineBytes) + " bytes"),
                  true);
       return;
     }
@@ -112,15 +114,13 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
   json dispatch(const std::string& line) {
     if (nests_deeper_than(line, kMaxNesting))
-      return control::make_error(control::errc::kBadRequest,
-                                 "request nests arrays or objects deeper than " + std::to_string(kMaxNesting) + " levels");
+      return control::make_error(control::errc::kBadRequest, "request nests arrays or objects deeper than " +
+                                                                 std::to_string(kMaxNesting) + " levels");
     json request = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (request.is_discarded())
-      return control::make_error(control::errc::kBadJson, "request is not valid JSON");
+    if (request.is_discarded()) return control::make_error(control::errc::kBadJson, "request is not valid JSON");
     json reply;
     if (!request.is_object() || !request.contains("cmd") || !request["cmd"].is_string()) {
-      reply = control::make_error(control::errc::kBadRequest,
-                                  "request must be a JSON object with a string \"cmd\"");
+      reply = control::make_error(control::errc::kBadRequest, "request must be a JSON object with a string \"cmd\"");
     } else {
       try {
         reply = server_.handler_(request, peer_);
@@ -165,7 +165,9 @@ ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, H
       UnixListener::Options{"control socket", "control.allowed_uids", 0660, cfg.allowed_uids,
                             "a connection: " + std::to_string(kMaxSessions) + " control connections are open",
                             std::nullopt, cfg.gid},
-      [this](UniqueFd fd, const ucred& peer) { open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start(); },
+      [this](UniqueFd fd, const ucred& peer) {
+        open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start();
+      },
       // Several clients at once (one may watch while another reloads), up to a limit.
       [this] { return sessions_.size() >= kMaxSessions; },
       [this](UniqueFd fd, const std::string& why) {

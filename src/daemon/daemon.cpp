@@ -33,8 +33,6 @@ namespace {
 
 constexpr size_t kUdevEventsKept = 16;
 
-
-
 }  // namespace
 
 size_t count_vfs(const config::Config& cfg) {
@@ -44,20 +42,22 @@ size_t count_vfs(const config::Config& cfg) {
 }
 
 std::string summary(const config::Config& cfg) {
-  return std::to_string(cfg.physical_functions.size()) + " PF(s), " +
-         std::to_string(count_vfs(cfg)) + " VF(s), " + std::to_string(cfg.virtio_devices.size()) +
-         " virtio device(s), host " + config::to_string(cfg.host);
+  return std::to_string(cfg.physical_functions.size()) + " PF(s), " + std::to_string(count_vfs(cfg)) + " VF(s), " +
+         std::to_string(cfg.virtio_devices.size()) + " virtio device(s), host " + config::to_string(cfg.host);
 }
 
 Daemon::Daemon(Options options, config::Config config)
-    : options_(std::move(options)), config_(std::move(config)),
-      loop_(io_, std::chrono::microseconds(config_.control.poll_us)), signals_(io_, SIGTERM, SIGINT, SIGHUP),
-      watchdog_timer_(io_), housekeeping_timer_(io_), notifier_(std::make_unique<SystemdNotifier>()),
+    : options_(std::move(options)),
+      config_(std::move(config)),
+      loop_(io_, std::chrono::microseconds(config_.control.poll_us)),
+      signals_(io_, SIGTERM, SIGINT, SIGHUP),
+      watchdog_timer_(io_),
+      housekeeping_timer_(io_),
+      notifier_(std::make_unique<SystemdNotifier>()),
       started_(std::chrono::steady_clock::now()) {
   register_commands();
-  retirer_.set_on_gone([this](const std::string& key) {
-    asio::post(io_, [this, key] { start_virtio_waiting_for(key); });
-  });
+  retirer_.set_on_gone(
+      [this](const std::string& key) { asio::post(io_, [this, key] { start_virtio_waiting_for(key); }); });
   irq::EngineOptions irq_options;
   irq_options.relay_threads = config_.interrupts.relay_threads;
   irq_options.busy_poll = config_.interrupts.busy_poll;
@@ -66,8 +66,7 @@ Daemon::Daemon(Options options, config::Config config)
   // The control socket first: it refuses to start a second daemon, which
   // must not get as far as touching the host.
   control_ = std::make_unique<ControlServer>(
-      io_, config_.control,
-      [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
+      io_, config_.control, [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   if (!config_.metrics.listen.empty())  // before the host is touched: a port in use fails the start cleanly
     metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
@@ -214,13 +213,12 @@ json Daemon::reload(const std::string& trigger) {
   try {
     config::Config next = config::load(options_.config_path);
     if (next.host != config_.host)
-      throw std::runtime_error(std::string("host changes from ") + config::to_string(config_.host) +
-                               " to " + config::to_string(next.host) + ": that needs a restart");
+      throw std::runtime_error(std::string("host changes from ") + config::to_string(config_.host) + " to " +
+                               config::to_string(next.host) + ": that needs a restart");
     if (next.control.socket != config_.control.socket)
-      throw std::runtime_error("control.socket changes from " + config_.control.socket + " to " +
-                               next.control.socket + ": that needs a restart");
-    if (next.state_dir != config_.state_dir)
-      throw std::runtime_error("state_dir changes: that needs a restart");
+      throw std::runtime_error("control.socket changes from " + config_.control.socket + " to " + next.control.socket +
+                               ": that needs a restart");
+    if (next.state_dir != config_.state_dir) throw std::runtime_error("state_dir changes: that needs a restart");
     if (next.interrupts.relay_threads != config_.interrupts.relay_threads ||
         next.interrupts.cpus != config_.interrupts.cpus || next.interrupts.busy_poll != config_.interrupts.busy_poll)
       throw std::runtime_error("interrupts (relay threads, CPUs, busy-poll) change: that needs a restart");
@@ -277,16 +275,10 @@ void Daemon::register_commands() {
   commands_["version"] = [](const json&, const PeerCredentials&) {
     return control::make_result({{"version", kVersion}, {"config_schema", kConfigSchemaVersion}});
   };
-  commands_["status"] = [this](const json&, const PeerCredentials&) {
-    return control::make_result(status_json());
-  };
-  commands_["devices"] = [this](const json&, const PeerCredentials&) {
-    return control::make_result(devices_json());
-  };
+  commands_["status"] = [this](const json&, const PeerCredentials&) { return control::make_result(status_json()); };
+  commands_["devices"] = [this](const json&, const PeerCredentials&) { return control::make_result(devices_json()); };
   commands_["routes"] = [this](const json&, const PeerCredentials&) { return control::make_result(routes_json()); };
-  commands_["stats"] = [this](const json&, const PeerCredentials&) {
-    return control::make_result(stats_json());
-  };
+  commands_["stats"] = [this](const json&, const PeerCredentials&) { return control::make_result(stats_json()); };
   commands_["reload"] = [this](const json&, const PeerCredentials& peer) {
     return reload("control request from pid " + std::to_string(peer.pid));
   };
@@ -308,13 +300,10 @@ json Daemon::handle(const json& request, const PeerCredentials& peer) {
   if (it == commands_.end()) {
     std::string known;
     for (const auto& [name, fn] : commands_) known += (known.empty() ? "" : ", ") + name;
-    return control::make_error(control::errc::kUnknownCommand,
-                               "unknown command '" + cmd + "' (known: " + known + ")");
+    return control::make_error(control::errc::kUnknownCommand, "unknown command '" + cmd + "' (known: " + known + ")");
   }
   return it->second(request, peer);
 }
-
-
 
 std::vector<Daemon::WantedExport> Daemon::wanted_exports(const config::Config& cfg) {
   std::vector<WantedExport> out;
@@ -398,7 +387,6 @@ std::string Daemon::release_holders(const PciAddress& vf) {
   return vfio::describe(holders);
 }
 
-
 void Daemon::sync_vf_exports() {
   for (const auto& w : wanted_exports(config_)) {
     if (host_->released(w.pf, w.index)) continue;
@@ -434,8 +422,8 @@ void Daemon::sync_vf_exports() {
       // control API, nor an operator's uid this VMM's socket.
       e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
       e.server->set_socket_access(access_of(w.assign->access));
-      spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(), w.index,
-                   w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
+      spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(),
+                   w.index, w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
     } catch (const std::exception& ex) {
       e.server.reset();
       e.proxy.reset();
@@ -446,13 +434,13 @@ void Daemon::sync_vf_exports() {
   }
 }
 
-
 void Daemon::drop_virtio(const config::Config* next) {
   std::vector<VirtioExport> kept;
   for (auto& e : virtio_) {
     const bool served = e.backend || e.pci_server;
-    const bool keep = next && served && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
-                                                    [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
+    const bool keep = next && served &&
+                      std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
+                                  [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
     if (keep) {
       kept.push_back(std::move(e));
       continue;
@@ -501,7 +489,8 @@ void Daemon::wait_for_vf_ports() {
 // stop the others.
 void Daemon::start_virtio() {
   for (const auto& dev : config_.virtio_devices) {
-    if (auto running = std::find_if(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; });
+    if (auto running =
+            std::find_if(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; });
         running != virtio_.end()) {
       update_access(*running, dev.access);
       continue;
@@ -532,11 +521,11 @@ void Daemon::start_virtio() {
           e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
           e.pci_server->set_socket_access(access_of(dev.access));
         } else {
-          e.backend = std::make_unique<vhost_user::Backend>(
-              io_, dev.socket, *e.device, *irq_,
-              dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
-                                                           : vhost_user::Backend::Mode::server,
-              dev.access.allowed_uids);
+          e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device, *irq_,
+                                                            dev.socket_mode == config::SocketMode::client
+                                                                ? vhost_user::Backend::Mode::client
+                                                                : vhost_user::Backend::Mode::server,
+                                                            dev.access.allowed_uids);
           e.backend->set_socket_access(access_of(dev.access));
         }
       } catch (const std::exception& ex) {
@@ -643,19 +632,18 @@ json Daemon::release(const json& req) {
     if (!id) return control::make_error(control::errc::kBadRequest, "release: " + dev->to_string() + " is not a VF");
     pf = id->pf;
     indices.push_back(id->index);
-  } else if (req.contains("pf") && req["pf"].is_string() &&
-             (!req.contains("vf") || req["vf"].is_number_unsigned())) {
+  } else if (req.contains("pf") && req["pf"].is_string() && (!req.contains("vf") || req["vf"].is_number_unsigned())) {
     const std::string name = req["pf"].get<std::string>();
     const config::PfConfig* cfg = nullptr;
     for (const auto& p : config_.physical_functions) {
       const auto addr = host_->pf_address(p.ref);
-      if (p.ref.netdev == name || (addr && addr->to_string() == name) ||
-          (addr && host_->pf_netdev(*addr) == name)) {
+      if (p.ref.netdev == name || (addr && addr->to_string() == name) || (addr && host_->pf_netdev(*addr) == name)) {
         cfg = &p;
         pf = addr;
       }
     }
-    if (!cfg || !pf) return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' is not configured");
+    if (!cfg || !pf)
+      return control::make_error(control::errc::kBadRequest, "release: PF '" + name + "' is not configured");
     if (req.contains("vf")) {
       indices.push_back(req["vf"].get<unsigned>());
     } else {
@@ -684,7 +672,8 @@ json Daemon::release(const json& req) {
     throw;
   }
   std::string released;
-  for (unsigned i : indices) released += (released.empty() ? "" : ", ") + pf_addr.to_string() + " VF " + std::to_string(i);
+  for (unsigned i : indices)
+    released += (released.empty() ? "" : ", ") + pf_addr.to_string() + " VF " + std::to_string(i);
   return control::make_result({{"released", released}, {"changes", steps_json(steps)}});
 }
 
@@ -693,9 +682,11 @@ json Daemon::release(const json& req) {
 json Daemon::simulate_link(const json& req) {
   host::SimulatedKernel* sim = host_->simulated();
   if (!sim) return control::make_error(control::errc::kBadRequest, "simulate-link: only with host: simulated");
-  const auto pf = req.contains("pf") && req["pf"].is_string() ? PciAddress::parse(req["pf"].get<std::string>()) : std::nullopt;
+  const auto pf =
+      req.contains("pf") && req["pf"].is_string() ? PciAddress::parse(req["pf"].get<std::string>()) : std::nullopt;
   if (!pf || !req.contains("up") || !req["up"].is_boolean())
-    return control::make_error(control::errc::kBadRequest, "simulate-link: give {\"pf\": PF address, \"up\": true|false}");
+    return control::make_error(control::errc::kBadRequest,
+                               "simulate-link: give {\"pf\": PF address, \"up\": true|false}");
   sim->set_pf_link(*pf, req["up"].get<bool>());
   update_k8s();
   return control::make_result({{"pf", pf->to_string()}, {"link", req["up"].get<bool>() ? "up" : "down"}});
@@ -716,22 +707,26 @@ json Daemon::simulate_fault(const json& req) {
   return control::make_result({{"injected", f.path_contains}, {"errno", f.error}});
 }
 
-
-
 // Simulated host only: an exported VF raises MSI-X vector N, as its
 // device would (the interrupt takes the export's route and policy).
 json Daemon::simulate_interrupt(const json& req) {
-  if (!host_->simulated()) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: only with host: simulated");
-  if (!req.contains("device") || !req["device"].is_string() || !req.contains("vector") || !req["vector"].is_number_unsigned())
-    return control::make_error(control::errc::kBadRequest, "simulate-interrupt: \"device\" (a VF address) and \"vector\" are required");
+  if (!host_->simulated())
+    return control::make_error(control::errc::kBadRequest, "simulate-interrupt: only with host: simulated");
+  if (!req.contains("device") || !req["device"].is_string() || !req.contains("vector") ||
+      !req["vector"].is_number_unsigned())
+    return control::make_error(control::errc::kBadRequest,
+                               "simulate-interrupt: \"device\" (a VF address) and \"vector\" are required");
   const std::string device = req["device"].get<std::string>();
   const auto vector = req["vector"].get<uint64_t>();
   for (const VfExport& e : vf_exports_) {
     if (e.vf != device) continue;
-    if (!e.proxy) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + device + " is not served: " + e.not_served);
+    if (!e.proxy)
+      return control::make_error(control::errc::kBadRequest,
+                                 "simulate-interrupt: " + device + " is not served: " + e.not_served);
     if (vector >= e.proxy->msix_layout().vectors)
       return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + device + " has " +
-                                                                 std::to_string(e.proxy->msix_layout().vectors) + " MSI-X vectors");
+                                                                 std::to_string(e.proxy->msix_layout().vectors) +
+                                                                 " MSI-X vectors");
     const bool wired = e.proxy->route(static_cast<unsigned>(vector)).has_value();
     if (wired) e.proxy->device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
     return control::make_result({{"device", device}, {"vector", vector}, {"raised", wired}});
@@ -744,8 +739,7 @@ json Daemon::simulate_interrupt(const json& req) {
 json Daemon::udev_event(const json& req) {
   const std::string action = req.value("action", "");
   const std::string device = req.value("device", "");
-  if (action != "add" && action != "remove" && action != "change" && action != "bind" &&
-      action != "unbind")
+  if (action != "add" && action != "remove" && action != "change" && action != "bind" && action != "unbind")
     return control::make_error(control::errc::kBadRequest,
                                "udev-event: \"action\" must be add, remove, change, bind or unbind");
   auto vf_addr = PciAddress::parse(device);
@@ -766,16 +760,15 @@ json Daemon::udev_event(const json& req) {
   if (pf_addr) {
     for (const auto& pf : config_.physical_functions) {
       std::optional<PciAddress> configured = pf.ref.address;
-      if (!configured && !pf.ref.netdev.empty())
-        configured = host::pci_address_of_netdev(sysfs_root, pf.ref.netdev);
+      if (!configured && !pf.ref.netdev.empty()) configured = host::pci_address_of_netdev(sysfs_root, pf.ref.netdev);
       if (configured == pf_addr) managed = true;
     }
   }
   ++udev_events_total_;
   udev_events_.push_back({action, vf_addr->to_string(), pf_addr ? pf_addr->to_string() : "", managed});
   if (udev_events_.size() > kUdevEventsKept) udev_events_.pop_front();
-  spdlog::info("udev: {} {} (PF {}){}", action, vf_addr->to_string(),
-               pf_addr ? pf_addr->to_string() : "unknown", managed ? ", managed" : ", not ours");
+  spdlog::info("udev: {} {} (PF {}){}", action, vf_addr->to_string(), pf_addr ? pf_addr->to_string() : "unknown",
+               managed ? ", managed" : ", not ours");
   if (managed && action == "add") {
     // A VF of ours appeared (a PF came back, VFs were re-created): bring it
     // to what the config says, after this reply has gone to udev.

@@ -70,7 +70,7 @@ std::vector<host::Step> HostService::reconcile(const config::Config& cfg) {
 std::vector<host::Step> HostService::plan(const config::Config& cfg) { return reconciler_->plan(cfg); }
 
 std::vector<host::Step> HostService::release_vfs(const config::Config& cfg, const PciAddress& pf,
-                                                  const std::vector<unsigned>& indices) {
+                                                 const std::vector<unsigned>& indices) {
   const auto before = released_;
   for (unsigned i : indices) released_.insert({pf, i});
   try {
@@ -99,7 +99,8 @@ std::optional<PciAddress> HostService::vf_address(const config::PfRef& pf_ref, u
 
 bool HostService::released(const PciAddress& pf, unsigned index) const { return released_.count({pf, index}) != 0; }
 
-std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, const config::PfRef& pf_ref, unsigned index) {
+std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, const config::PfRef& pf_ref,
+                                                   unsigned index) {
   const auto vf = vf_address(pf_ref, index);
   if (!vf) throw std::runtime_error("PF " + pf_ref.to_string() + " has no VF " + std::to_string(index));
   if (sim_) {
@@ -113,8 +114,8 @@ std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, co
         const auto text = control_->sysfs().read("bus/pci/devices/" + vf->to_string() + "/device");
         if (!text) throw std::runtime_error("VF " + vf->to_string() + " has no device id in sysfs");
         const auto device_id = static_cast<uint16_t>(std::stoul(*text, nullptr, 16));
-        auto dev = std::make_unique<vfio::SimulatedDevice>(vf->to_string(), spf.vendor_id, device_id,
-                                                           spf.msix_vectors_per_vf);
+        auto dev =
+            std::make_unique<vfio::SimulatedDevice>(vf->to_string(), spf.vendor_id, device_id, spf.msix_vectors_per_vf);
         dev->set_set_irqs_cost(std::chrono::microseconds(spf.set_irqs_cost_us));
         return dev;
       }

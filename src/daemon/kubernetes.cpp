@@ -11,7 +11,8 @@ namespace sriovd::daemon {
 
 namespace {
 
-bool selected(const config::PoolSelector& sel, const config::PfConfig& pf, const config::VfConfig& vf, const control::json& host_vf) {
+bool selected(const config::PoolSelector& sel, const config::PfConfig& pf, const config::VfConfig& vf,
+              const control::json& host_vf) {
   if (!vf.assign || vf.assign->export_kind != config::ExportKind::none) return false;
   if (sel.pf && !(*sel.pf == pf.ref)) return false;
   if (sel.owner && *sel.owner != vf.assign->owner) return false;
@@ -77,7 +78,8 @@ void Daemon::update_k8s() {
     return;
   }
   try {
-    if (!k8s_) k8s_ = std::make_unique<k8s::NodeAgent>(config_.kubernetes.device_plugin_dir, config_.kubernetes.cdi_dir);
+    if (!k8s_)
+      k8s_ = std::make_unique<k8s::NodeAgent>(config_.kubernetes.device_plugin_dir, config_.kubernetes.cdi_dir);
     k8s_->update(k8s_pools());
   } catch (const std::exception& e) {
     spdlog::error("kubernetes: {}", e.what());

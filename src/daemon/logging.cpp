@@ -14,16 +14,13 @@ namespace {
 // from a stream (sd-daemon(3) "<N>" prefixes).
 class SyslogPriorityFlag final : public spdlog::custom_flag_formatter {
  public:
-  void format(const spdlog::details::log_msg& msg, const std::tm&,
-              spdlog::memory_buf_t& dest) override {
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
     static constexpr const char* kPrefix[] = {"<7>", "<7>", "<6>", "<4>", "<3>", "<2>", "<6>"};
     const auto level = static_cast<size_t>(msg.level);
     const char* p = kPrefix[level < 7 ? level : 6];
     dest.append(p, p + 3);
   }
-  std::unique_ptr<custom_flag_formatter> clone() const override {
-    return std::make_unique<SyslogPriorityFlag>();
-  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<SyslogPriorityFlag>(); }
 };
 
 spdlog::level::level_enum parse_level(const std::string& level) {

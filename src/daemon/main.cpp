@@ -79,8 +79,7 @@ int main(int argc, char** argv) {
                  "nothing, 1 if something (the package's removal asks this)");
   app.add_flag("-f,--foreground", foreground,
                "log for a terminal (timestamps) instead of for journald (<N> priorities)");
-  app.add_option("-l,--log-level", log_level,
-                 "trace, debug, info, warn, error, critical or off; overrides the file");
+  app.add_option("-l,--log-level", log_level, "trace, debug, info, warn, error, critical or off; overrides the file");
   app.add_option("--sysfs-root", sysfs_root, "where sysfs is mounted (tests)")->capture_default_str();
   app.add_flag("-V,--version", version, "print the version and exit");
   int test_stop_before_step = -1;
@@ -112,8 +111,7 @@ int main(int argc, char** argv) {
         return kExitConfig;
       }
       std::printf("%s: OK (host %s, %zu PF(s), %zu virtio device(s))\n", check_path.c_str(),
-                  sriovd::config::to_string(cfg.host), cfg.physical_functions.size(),
-                  cfg.virtio_devices.size());
+                  sriovd::config::to_string(cfg.host), cfg.physical_functions.size(), cfg.virtio_devices.size());
       return 0;
     } catch (const sriovd::config::ConfigError& e) {
       for (const auto& d : e.diagnostics()) std::fprintf(stderr, "%s\n", d.to_string().c_str());
@@ -140,8 +138,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  const auto style = foreground || ::isatty(STDERR_FILENO) ? sriovd::daemon::LogStyle::human
-                                                             : sriovd::daemon::LogStyle::journal;
+  const auto style =
+      foreground || ::isatty(STDERR_FILENO) ? sriovd::daemon::LogStyle::human : sriovd::daemon::LogStyle::journal;
   sriovd::daemon::setup_logging(style, log_level.empty() ? "info" : log_level);
 
   sriovd::config::Config cfg;

@@ -48,9 +48,8 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
 
   void start() {
     arm(kRequestDeadline, &Closed::request_deadline);
-    asio::async_read_until(socket_, buffer_, "\r\n\r\n", [self = shared_from_this()](boost::system::error_code ec, size_t) {
-      self->on_request(ec);
-    });
+    asio::async_read_until(socket_, buffer_, "\r\n\r\n",
+                           [self = shared_from_this()](boost::system::error_code ec, size_t) { self->on_request(ec); });
   }
 
   // The server is going: nothing here may touch it again.
@@ -87,10 +86,11 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
     if (answer_.rfind("HTTP/1.1 400", 0) == 0) ++server_->closed_.bad_request;
     timer_.cancel();
     arm(kAnswerDeadline, &Closed::answer_deadline);
-    asio::async_write(socket_, asio::buffer(answer_), [self = shared_from_this()](boost::system::error_code wec, size_t) {
-      if (wec == asio::error::operation_aborted || !self->server_) return;
-      self->close(nullptr);
-    });
+    asio::async_write(socket_, asio::buffer(answer_),
+                      [self = shared_from_this()](boost::system::error_code wec, size_t) {
+                        if (wec == asio::error::operation_aborted || !self->server_) return;
+                        self->close(nullptr);
+                      });
   }
 
   void close(uint64_t Closed::*reason) {
@@ -271,16 +271,20 @@ void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
 }
 
 void export_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
-  Family connected("sriovd_export_connected", "1 while a VMM is connected to the VF's vfio-user export", MetricType::Gauge);
-  CounterSet proto("sriovd_export", {{"connections", "VMM connections accepted"},
-                                     {"messages", "vfio-user messages handled"},
-                                     {"error_replies", "requests refused with an error reply"},
-                                     {"protocol_errors", "connections ended for a malformed message"},
-                                     {"refused_peers", "connections refused (peer credentials, one client at a time)"}});
-  CounterSet irq("sriovd_export_interrupts",
-                 {{"fired", "interrupts the VF raised"}, {"delivered", "interrupts delivered to the VMM"},
-                  {"masked_pending", "interrupts held while masked"}, {"replayed", "held interrupts delivered at unmask"},
-                  {"dropped", "interrupts with nowhere to go"}, {"mode_switches", "adaptive policy switches"}});
+  Family connected("sriovd_export_connected", "1 while a VMM is connected to the VF's vfio-user export",
+                   MetricType::Gauge);
+  CounterSet proto("sriovd_export",
+                   {{"connections", "VMM connections accepted"},
+                    {"messages", "vfio-user messages handled"},
+                    {"error_replies", "requests refused with an error reply"},
+                    {"protocol_errors", "connections ended for a malformed message"},
+                    {"refused_peers", "connections refused (peer credentials, one client at a time)"}});
+  CounterSet irq("sriovd_export_interrupts", {{"fired", "interrupts the VF raised"},
+                                              {"delivered", "interrupts delivered to the VMM"},
+                                              {"masked_pending", "interrupts held while masked"},
+                                              {"replayed", "held interrupts delivered at unmask"},
+                                              {"dropped", "interrupts with nowhere to go"},
+                                              {"mode_switches", "adaptive policy switches"}});
   for (const auto& e : devices["vfio_user_exports"]) {
     const std::vector<std::pair<std::string, std::string>> labels = {
         {"pf", str(e, "pf")}, {"vf", str(e, "vf_index")}, {"device", str(e, "vf")}};
@@ -300,9 +304,11 @@ void virtio_metrics(const control::json& devices, std::vector<MetricFamily>& out
                                     {"messages", "protocol messages handled"},
                                     {"protocol_errors", "connections ended for a malformed message"}});
   CounterSet queues("sriovd_virtio_queue",
-                    {{"packets", "packets through the queue"}, {"bytes", "bytes through the queue"},
+                    {{"packets", "packets through the queue"},
+                     {"bytes", "bytes through the queue"},
                      {"dropped", "packets dropped (no room, truncated, or a port error)"},
-                     {"kicks", "driver notifications taken"}, {"notifies", "used-buffer notifications sent"},
+                     {"kicks", "driver notifications taken"},
+                     {"notifies", "used-buffer notifications sent"},
                      {"sw_offload", "RX packets segmented or checksummed in software for the driver"},
                      {"resubmitted", "buffers a previous back-end left in flight, handed out again"}});
   for (const auto& d : devices["virtio_devices"]) {
@@ -320,15 +326,17 @@ void virtio_metrics(const control::json& devices, std::vector<MetricFamily>& out
 }
 
 void route_metrics(const control::json& routes, std::vector<MetricFamily>& out) {
-  CounterSet c("sriovd_route",
-               {{"fired", "source signals taken"}, {"delivered", "interrupts delivered to the sink"},
-                {"masked_pending", "interrupts held while masked"}, {"replayed", "held interrupts delivered at unmask"},
-                {"dropped", "interrupts with no sink"}, {"mode_switches", "direct/relay switches (adaptive)"}});
+  CounterSet c("sriovd_route", {{"fired", "source signals taken"},
+                                {"delivered", "interrupts delivered to the sink"},
+                                {"masked_pending", "interrupts held while masked"},
+                                {"replayed", "held interrupts delivered at unmask"},
+                                {"dropped", "interrupts with no sink"},
+                                {"mode_switches", "direct/relay switches (adaptive)"}});
   Family masked("sriovd_route_masked", "1 while the route's vector is masked", MetricType::Gauge);
   Family direct("sriovd_route_direct", "1 while the route is bound kernel-to-VMM (no relay)", MetricType::Gauge);
   for (const auto& r : routes["routes"]) {
     const std::vector<std::pair<std::string, std::string>> labels = {{"device", str(r, "device")},
-                                                                      {"vector", str(r, "vector")}};
+                                                                     {"vector", str(r, "vector")}};
     c.add(labels, r);
     masked.add(labels, r.value("masked", false) ? 1 : 0);
     direct.add(labels, str(r, "mode") == "direct" ? 1 : 0);
@@ -351,23 +359,27 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   virtio_metrics(devices, out);
   route_metrics(routes_json(), out);
   Family reloads("sriovd_reloads_total", "configuration reloads, by result", MetricType::Counter);
-  reloads.add({{"result", "ok"}}, static_cast<double>(reloads_.ok)).add({{"result", "failed"}}, static_cast<double>(reloads_.failed));
+  reloads.add({{"result", "ok"}}, static_cast<double>(reloads_.ok))
+      .add({{"result", "failed"}}, static_cast<double>(reloads_.failed));
   out.push_back(std::move(reloads.f));
   const auto& c = control_->stats();
   CounterSet control("sriovd_control", {{"connections", "control API connections"},
                                         {"requests", "control API requests"},
                                         {"errors", "control API requests answered with an error"},
                                         {"rejected_peers", "control API peers refused (credentials)"}});
-  control.add({}, {{"connections", c.connections}, {"requests", c.requests}, {"errors", c.errors},
+  control.add({}, {{"connections", c.connections},
+                   {"requests", c.requests},
+                   {"errors", c.errors},
                    {"rejected_peers", c.rejected_peers}});
   control.into(out);
   const control::json loop = control_loop_json();
-  CounterSet polls("sriovd_control_loop", {{"polls", "times the control thread polled before sleeping (control.poll_us)"},
-                                           {"hits", "polls in which work came"}});
+  CounterSet polls("sriovd_control_loop",
+                   {{"polls", "times the control thread polled before sleeping (control.poll_us)"},
+                    {"hits", "polls in which work came"}});
   polls.add({}, loop);
   polls.into(out);
-  Family polled("sriovd_control_loop_polled_seconds_total", "wall time the control thread spent polling (its yields included)",
-                MetricType::Counter);
+  Family polled("sriovd_control_loop_polled_seconds_total",
+                "wall time the control thread spent polling (its yields included)", MetricType::Counter);
   polled.add({}, static_cast<double>(loop_.stats().polled_ns) / 1e9);
   out.push_back(std::move(polled.f));
   Family txn("sriovd_host_transactions_total", "host change transactions, by outcome", MetricType::Counter);

@@ -64,7 +64,7 @@ class MetricsServer {
   std::string listen_;
   Snapshot snapshot_;
   asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer retry_;  // an accept again after a failed one
+  asio::steady_timer retry_;                            // an accept again after a failed one
   std::list<std::shared_ptr<Connection>> connections_;  // oldest first
   Closed closed_;
 };

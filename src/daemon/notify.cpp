@@ -10,8 +10,7 @@ namespace sriovd::daemon {
 
 SystemdNotifier::SystemdNotifier() {
   uint64_t usec = 0;
-  if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0)
-    watchdog_interval_ = std::chrono::microseconds(usec / 2);
+  if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) watchdog_interval_ = std::chrono::microseconds(usec / 2);
 }
 
 void SystemdNotifier::send(const std::string& state) {

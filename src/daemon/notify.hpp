@@ -20,9 +20,7 @@ class SystemdNotifier {
 
   // The interval at which to ping, half of WatchdogSec, when systemd asked
   // for pings.
-  [[nodiscard]] std::optional<std::chrono::microseconds> watchdog_interval() const {
-    return watchdog_interval_;
-  }
+  [[nodiscard]] std::optional<std::chrono::microseconds> watchdog_interval() const { return watchdog_interval_; }
 
  private:
   void send(const std::string& state);

@@ -28,10 +28,10 @@ constexpr uint64_t kRamBase = 0x100000;  // guest physical address of the shared
 constexpr uint8_t kAcknowledge = 1, kDriver = 2, kDriverOk = 4, kFeaturesOk = 8;
 
 // Common configuration (§4.1.4.3) offsets.
-constexpr uint32_t kDeviceFeatureSelect = 0x00, kDeviceFeature = 0x04, kDriverFeatureSelect = 0x08, kDriverFeature = 0x0c,
-                   kNumQueues = 0x10, kDeviceStatus = 0x14, kQueueSelect = 0x16, kQueueSize = 0x18,
-                   kQueueMsixVector = 0x1a, kQueueEnable = 0x1c, kQueueDesc = 0x20, kQueueDriver = 0x28,
-                   kQueueDevice = 0x30;
+constexpr uint32_t kDeviceFeatureSelect = 0x00, kDeviceFeature = 0x04, kDriverFeatureSelect = 0x08,
+                   kDriverFeature = 0x0c, kNumQueues = 0x10, kDeviceStatus = 0x14, kQueueSelect = 0x16,
+                   kQueueSize = 0x18, kQueueMsixVector = 0x1a, kQueueEnable = 0x1c, kQueueDesc = 0x20,
+                   kQueueDriver = 0x28, kQueueDevice = 0x30;
 
 class PciTransport final : public Transport {
  public:
@@ -64,7 +64,8 @@ class PciTransport final : public Transport {
     common_write(kDriverFeatureSelect, 1, 4);
     common_write(kDriverFeature, features >> 32U, 4);
     set_status(kAcknowledge | kDriver | kFeaturesOk);
-    if (!(status() & kFeaturesOk)) throw std::runtime_error("the device refused the features (FEATURES_OK did not stick)");
+    if (!(status() & kFeaturesOk))
+      throw std::runtime_error("the device refused the features (FEATURES_OK did not stick)");
     return features;
   }
 
@@ -95,7 +96,8 @@ class PciTransport final : public Transport {
       uint16_t vector = 0;
       c_.read(common_.bar, common_.offset + kQueueMsixVector, {reinterpret_cast<uint8_t*>(&vector), 2});
       if (vector != q.vector)
-        throw std::runtime_error("queue " + std::to_string(q.index) + " refused MSI-X vector " + std::to_string(q.vector));
+        throw std::runtime_error("queue " + std::to_string(q.index) + " refused MSI-X vector " +
+                                 std::to_string(q.vector));
       common_write(kQueueDesc, q.rings.desc, 8);
       common_write(kQueueDriver, q.rings.driver, 8);
       common_write(kQueueDevice, q.rings.device, 8);
@@ -166,8 +168,7 @@ class PciTransport final : public Transport {
           if (!have_device) device_ = c;
           have_device = true;
           break;
-        default:
-          break;
+        default: break;
       }
     }
     if (!have_common || !have_notify || !have_device)

@@ -46,16 +46,22 @@ json info(VfioUserClient& c, std::vector<UniqueFd>* keep = nullptr) {
   json out;
   out["protocol"] = {{"minor", c.minor()}, {"server", c.server_capabilities()}};
   const auto d = c.device_info();
-  out["device"] = {{"flags", d.flags}, {"regions", d.num_regions}, {"irqs", d.num_irqs},
-                   {"pci", (d.flags & VFIO_DEVICE_FLAGS_PCI) != 0}, {"reset", (d.flags & VFIO_DEVICE_FLAGS_RESET) != 0}};
+  out["device"] = {{"flags", d.flags},
+                   {"regions", d.num_regions},
+                   {"irqs", d.num_irqs},
+                   {"pci", (d.flags & VFIO_DEVICE_FLAGS_PCI) != 0},
+                   {"reset", (d.flags & VFIO_DEVICE_FLAGS_RESET) != 0}};
   json regions = json::array();
   for (uint32_t i = 0; i < d.num_regions; ++i) {
     const auto r = c.region(i);
     if (r.info.size == 0) continue;
     json areas = json::array();
     for (const auto& a : r.sparse) areas.push_back({{"offset", a.offset}, {"size", a.size}});
-    regions.push_back({{"index", i}, {"size", r.info.size}, {"flags", r.info.flags},
-                       {"mmap", (r.info.flags & VFIO_REGION_INFO_FLAG_MMAP) != 0}, {"fd", r.fd.valid()},
+    regions.push_back({{"index", i},
+                       {"size", r.info.size},
+                       {"flags", r.info.flags},
+                       {"mmap", (r.info.flags & VFIO_REGION_INFO_FLAG_MMAP) != 0},
+                       {"fd", r.fd.valid()},
                        {"sparse", areas}});
     if (keep && r.fd.valid()) keep->emplace_back(::dup(r.fd.get()));
   }
@@ -72,8 +78,11 @@ json info(VfioUserClient& c, std::vector<UniqueFd>* keep = nullptr) {
   std::memcpy(&device, cfg.data() + 2, 2);
   out["config"] = {{"vendor", vendor}, {"device", device}, {"size", cfg.size()}};
   if (auto m = sriovd::pci::find_msix(cfg))
-    out["msix"] = {{"vectors", m->vectors}, {"table_bar", m->table_bir}, {"table_offset", m->table_offset},
-                   {"pba_bar", m->pba_bir}, {"pba_offset", m->pba_offset}};
+    out["msix"] = {{"vectors", m->vectors},
+                   {"table_bar", m->table_bir},
+                   {"table_offset", m->table_offset},
+                   {"pba_bar", m->pba_bir},
+                   {"pba_offset", m->pba_offset}};
   return out;
 }
 
@@ -82,7 +91,8 @@ void print_info(const json& j) {
               j["config"]["device"].get<unsigned>(), j["device"]["regions"].get<unsigned>(),
               j["device"]["irqs"].get<unsigned>(), j["device"]["reset"].get<bool>() ? ", resettable" : "");
   for (const auto& r : j["regions"]) {
-    std::printf("  region %u: %llu bytes%s", r["index"].get<unsigned>(), static_cast<unsigned long long>(r["size"].get<uint64_t>()),
+    std::printf("  region %u: %llu bytes%s", r["index"].get<unsigned>(),
+                static_cast<unsigned long long>(r["size"].get<uint64_t>()),
                 r["mmap"].get<bool>() ? ", mappable" : ", through messages");
     for (const auto& a : r["sparse"])
       std::printf(" [0x%llx +0x%llx]", static_cast<unsigned long long>(a["offset"].get<uint64_t>()),
@@ -90,9 +100,10 @@ void print_info(const json& j) {
     std::printf("\n");
   }
   if (j.contains("msix"))
-    std::printf("  MSI-X: %u vectors, table in BAR%u at 0x%x, PBA in BAR%u at 0x%x\n", j["msix"]["vectors"].get<unsigned>(),
-                j["msix"]["table_bar"].get<unsigned>(), j["msix"]["table_offset"].get<unsigned>(),
-                j["msix"]["pba_bar"].get<unsigned>(), j["msix"]["pba_offset"].get<unsigned>());
+    std::printf("  MSI-X: %u vectors, table in BAR%u at 0x%x, PBA in BAR%u at 0x%x\n",
+                j["msix"]["vectors"].get<unsigned>(), j["msix"]["table_bar"].get<unsigned>(),
+                j["msix"]["table_offset"].get<unsigned>(), j["msix"]["pba_bar"].get<unsigned>(),
+                j["msix"]["pba_offset"].get<unsigned>());
 }
 
 struct StormOptions {
@@ -130,7 +141,7 @@ json storm(const StormOptions& o) {
   c.set_irq_eventfds(kMsix, o.vector, fds);
   const uint32_t dw0 = c.read32(kConfig, layout->cap_offset);
   c.write32(kConfig, layout->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);  // MSI-X Enable
-  c.write32(bar, entry + 12, 0);                                                 // unmask
+  c.write32(bar, entry + 12, 0);                                              // unmask
   auto mask = [&](bool m) {
     if (o.mask_via == "table")
       c.write32(bar, entry + 12, m ? 1 : 0);
@@ -171,9 +182,16 @@ json storm(const StormOptions& o) {
   }
   c.write32(bar, entry + 12, 1);
   c.disable_irqs(kMsix);
-  return {{"socket", o.socket}, {"vector", o.vector}, {"seconds", elapsed}, {"source", o.source},
-          {"mask_via", o.mask_via}, {"handled", handled}, {"handled_per_sec", handled / elapsed},
-          {"signals", signals}, {"masks_and_unmasks", masks}, {"generated", generated}};
+  return {{"socket", o.socket},
+          {"vector", o.vector},
+          {"seconds", elapsed},
+          {"source", o.source},
+          {"mask_via", o.mask_via},
+          {"handled", handled},
+          {"handled_per_sec", handled / elapsed},
+          {"signals", signals},
+          {"masks_and_unmasks", masks},
+          {"generated", generated}};
 }
 
 std::atomic<bool> g_stop{false};
@@ -199,7 +217,8 @@ struct NetOptions {
 // would send goes out through the device, and what the device delivers
 // comes up on the tap. Runs until SIGINT/SIGTERM or --seconds.
 json virtio_net(const NetOptions& o) {
-  if (o.socket.empty() && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
+  if (o.socket.empty() && o.vhost_user.empty())
+    throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
   std::unique_ptr<VfioUserClient> c;
   std::unique_ptr<sriovd::guest::VirtioNetDriver> drv;
   sriovd::guest::VirtioNetDriverOptions opts;
@@ -230,7 +249,8 @@ json virtio_net(const NetOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const std::string where = o.vhost_user.empty() ? o.socket : o.vhost_user + " (vhost-user)";
-  std::fprintf(stderr, "sriovd-guest: %s up: virtio-net %s, %u queue pair(s), %s ring, features 0x%llx, bridged to tap %s%s\n",
+  std::fprintf(stderr,
+               "sriovd-guest: %s up: virtio-net %s, %u queue pair(s), %s ring, features 0x%llx, bridged to tap %s%s\n",
                where.c_str(), d.mac().c_str(), d.queue_pairs(), d.packed() ? "packed" : "split",
                static_cast<unsigned long long>(d.features()), o.tap.c_str(),
                o.netns.empty() ? "" : (" in netns " + o.netns).c_str());
@@ -238,18 +258,34 @@ json virtio_net(const NetOptions& o) {
   if (o.seconds > 0)
     timer = std::thread([&] {
       const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.seconds);
-      while (!g_stop.load() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      while (!g_stop.load() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       g_stop.store(true);
     });
   d.bridge(tap, g_stop);
   if (timer.joinable()) timer.join();
   const auto& st = d.stats();
-  return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user}, {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"}, {"tap", o.tap}, {"mac", d.mac()}, {"packed", d.packed()}, {"queue_pairs", d.queue_pairs()}, {"features", d.features()},
-          {"tx_packets", st.tx_packets.load()}, {"tx_bytes", st.tx_bytes.load()}, {"rx_packets", st.rx_packets.load()},
-          {"rx_bytes", st.rx_bytes.load()}, {"interrupts", st.interrupts.load()}, {"kicks", st.kicks.load()},
-          {"mask_writes", st.mask_writes.load()}, {"posted_writes", o.posted_writes},
-          {"mask_write_us", st.mask_writes.load() ? static_cast<double>(st.mask_ns.load()) / 1e3 / static_cast<double>(st.mask_writes.load()) : 0.0},
-          {"iommu", o.iommu}, {"iotlb_misses", st.iotlb_misses.load()}, {"iotlb_updates", st.iotlb_updates.load()},
+  return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user},
+          {"transport", o.vhost_user.empty() ? "vfio-user" : "vhost-user"},
+          {"tap", o.tap},
+          {"mac", d.mac()},
+          {"packed", d.packed()},
+          {"queue_pairs", d.queue_pairs()},
+          {"features", d.features()},
+          {"tx_packets", st.tx_packets.load()},
+          {"tx_bytes", st.tx_bytes.load()},
+          {"rx_packets", st.rx_packets.load()},
+          {"rx_bytes", st.rx_bytes.load()},
+          {"interrupts", st.interrupts.load()},
+          {"kicks", st.kicks.load()},
+          {"mask_writes", st.mask_writes.load()},
+          {"posted_writes", o.posted_writes},
+          {"mask_write_us", st.mask_writes.load() ? static_cast<double>(st.mask_ns.load()) / 1e3 /
+                                                        static_cast<double>(st.mask_writes.load())
+                                                  : 0.0},
+          {"iommu", o.iommu},
+          {"iotlb_misses", st.iotlb_misses.load()},
+          {"iotlb_updates", st.iotlb_updates.load()},
           {"iotlb_faults", st.iotlb_faults.load()}};
 }
 
@@ -259,9 +295,10 @@ CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
   storm_cmd->add_option("--vector", so.vector, "MSI-X vector")->capture_default_str();
   storm_cmd->add_option("--seconds", so.seconds, "how long")->capture_default_str();
   storm_cmd->add_option("--rate", so.rate, "generator interrupts/s (0: as fast as it can)")->capture_default_str();
-  storm_cmd->add_option("--source", so.source,
-                        "generator: the simulated VF's interrupt generator; loopback: the client triggers each interrupt "
-                        "(SET_IRQS TRIGGER), for any device")
+  storm_cmd
+      ->add_option("--source", so.source,
+                   "generator: the simulated VF's interrupt generator; loopback: the client triggers each interrupt "
+                   "(SET_IRQS TRIGGER), for any device")
       ->check(CLI::IsMember({"generator", "loopback"}))
       ->capture_default_str();
   storm_cmd->add_option("--mask-via", so.mask_via, "table: Vector Control writes; set-irqs: SET_IRQS MASK/UNMASK")
@@ -272,10 +309,12 @@ CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
 }
 
 CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
-  auto* net_cmd = app.add_subcommand(
-      "virtio-net", "drive a virtio-net device as a guest would (virtio-net-pci over vfio-user, or as a vhost-user front-end) and bridge it to a tap");
+  auto* net_cmd = app.add_subcommand("virtio-net",
+                                     "drive a virtio-net device as a guest would (virtio-net-pci over vfio-user, or as "
+                                     "a vhost-user front-end) and bridge it to a tap");
   auto* net_sock = net_cmd->add_option("--socket", no.socket, "the export's vfio-user socket");
-  auto* net_vu = net_cmd->add_option("--vhost-user", no.vhost_user, "a vhost-user back-end's socket (be its front-end instead)");
+  auto* net_vu =
+      net_cmd->add_option("--vhost-user", no.vhost_user, "a vhost-user back-end's socket (be its front-end instead)");
   net_sock->excludes(net_vu);
   net_cmd->add_option("--tap", no.tap, "the tap to bridge to (created)")->capture_default_str();
   net_cmd->add_option("--netns", no.netns, "network namespace to put the tap in");
@@ -308,7 +347,8 @@ void print_net(const json& j) {
 void print_storm(const StormOptions& so, const json& j) {
   std::printf("%s vector %u: %llu interrupts handled in %.2f s (%.0f/s), %llu mask+unmask writes\n", so.socket.c_str(),
               so.vector, static_cast<unsigned long long>(j["handled"].get<uint64_t>()), j["seconds"].get<double>(),
-              j["handled_per_sec"].get<double>(), static_cast<unsigned long long>(j["masks_and_unmasks"].get<uint64_t>()));
+              j["handled_per_sec"].get<double>(),
+              static_cast<unsigned long long>(j["masks_and_unmasks"].get<uint64_t>()));
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ T load(const std::vector<uint8_t>& p, size_t at = 0) {
 
 }  // namespace
 
-VfioUserClient::VfioUserClient(const std::string& socket_path, nlohmann::json capabilities, Dialect dialect) : dialect_(dialect) {
+VfioUserClient::VfioUserClient(const std::string& socket_path, nlohmann::json capabilities, Dialect dialect)
+    : dialect_(dialect) {
   sock_ = connect_unix(socket_path, "vfio-user socket");
   if (capabilities.is_null())
     capabilities = {{"capabilities", {{"max_msg_fds", kMaxMsgFds}, {"max_data_xfer_size", kMaxDataXfer}}}};
@@ -75,7 +76,8 @@ VfioUserClient::Reply VfioUserClient::receive() {
     }
   };
   read_exact(reinterpret_cast<uint8_t*>(&r.hdr), sizeof r.hdr);
-  if (r.hdr.size < sizeof(Header) || r.hdr.size > kMaxMessage) throw Error(EPROTO, "a message of " + std::to_string(r.hdr.size) + " bytes");
+  if (r.hdr.size < sizeof(Header) || r.hdr.size > kMaxMessage)
+    throw Error(EPROTO, "a message of " + std::to_string(r.hdr.size) + " bytes");
   r.payload.resize(r.hdr.size - sizeof(Header));
   read_exact(r.payload.data(), r.payload.size());
   return r;
@@ -104,7 +106,8 @@ void VfioUserClient::serve_dma(const Reply& m) {
   send(h, {}, {});
 }
 
-VfioUserClient::Reply VfioUserClient::request(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds, uint32_t flags) {
+VfioUserClient::Reply VfioUserClient::request(uint16_t command, std::span<const uint8_t> payload,
+                                              std::span<const int> fds, uint32_t flags) {
   const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
   send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0}, payload, fds);
   if (flags & kNoReply) return {};
@@ -121,7 +124,8 @@ VfioUserClient::Reply VfioUserClient::request(uint16_t command, std::span<const 
   }
 }
 
-VfioUserClient::Reply VfioUserClient::call(uint16_t command, std::span<const uint8_t> payload, std::span<const int> fds) {
+VfioUserClient::Reply VfioUserClient::call(uint16_t command, std::span<const uint8_t> payload,
+                                           std::span<const int> fds) {
   Reply r = request(command, payload, fds);
   if (r.hdr.flags & kError)
     throw Error(r.hdr.error ? static_cast<int>(r.hdr.error) : EIO,
@@ -151,7 +155,8 @@ VfioUserClient::Region VfioUserClient::region(uint32_t index) {
       const auto cap = load<CapHeader>(r.payload, off);
       if (cap.id == kCapSparseMmap) {
         const auto sm = load<SparseMmapCap>(r.payload, off);
-        for (uint32_t i = 0; i < sm.nr_areas; ++i) out.sparse.push_back(load<SparseArea>(r.payload, off + sizeof sm + i * sizeof(SparseArea)));
+        for (uint32_t i = 0; i < sm.nr_areas; ++i)
+          out.sparse.push_back(load<SparseArea>(r.payload, off + sizeof sm + i * sizeof(SparseArea)));
       }
       off = cap.next;
     }
@@ -164,7 +169,8 @@ VfioUserClient::IoFds VfioUserClient::region_io_fds(uint32_t index) {
   Reply r = call(kDeviceGetRegionIoFds, bytes_of(q));
   const auto head = load<RegionIoFds>(r.payload);
   IoFds out;
-  for (uint32_t i = 0; i < head.count; ++i) out.entries.push_back(load<IoFdEntry>(r.payload, sizeof head + i * sizeof(IoFdEntry)));
+  for (uint32_t i = 0; i < head.count; ++i)
+    out.entries.push_back(load<IoFdEntry>(r.payload, sizeof head + i * sizeof(IoFdEntry)));
   out.fds = std::move(r.fds);
   return out;
 }
@@ -177,7 +183,8 @@ IrqInfo VfioUserClient::irq_info(uint32_t index) {
 void VfioUserClient::read(uint32_t region, uint64_t offset, std::span<uint8_t> out) {
   RegionAccess a{offset, region, static_cast<uint32_t>(out.size())};
   Reply r = call(kRegionRead, bytes_of(a));
-  if (r.payload.size() != sizeof a + out.size()) throw Error(EPROTO, "REGION_READ reply of " + std::to_string(r.payload.size()) + " bytes");
+  if (r.payload.size() != sizeof a + out.size())
+    throw Error(EPROTO, "REGION_READ reply of " + std::to_string(r.payload.size()) + " bytes");
   std::memcpy(out.data(), r.payload.data() + sizeof a, out.size());
 }
 
@@ -189,7 +196,8 @@ void VfioUserClient::write(uint32_t region, uint64_t offset, std::span<const uin
 }
 
 void VfioUserClient::post_write(uint32_t region, uint64_t offset, std::span<const uint8_t> in) {
-  if (in.size() > 8) throw std::invalid_argument("a posted write of " + std::to_string(in.size()) + " bytes (at most 8)");
+  if (in.size() > 8)
+    throw std::invalid_argument("a posted write of " + std::to_string(in.size()) + " bytes (at most 8)");
   struct {
     RegionAccess a;
     uint8_t data[8];
@@ -230,9 +238,10 @@ void VfioUserClient::disable_irqs(uint32_t index) {
 }
 
 void VfioUserClient::mask(uint32_t index, uint32_t vector, bool masked) {
-  IrqSet s{sizeof(IrqSet),
-           static_cast<uint32_t>(VFIO_IRQ_SET_DATA_NONE | (masked ? VFIO_IRQ_SET_ACTION_MASK : VFIO_IRQ_SET_ACTION_UNMASK)),
-           index, vector, 1};
+  IrqSet s{
+      sizeof(IrqSet),
+      static_cast<uint32_t>(VFIO_IRQ_SET_DATA_NONE | (masked ? VFIO_IRQ_SET_ACTION_MASK : VFIO_IRQ_SET_ACTION_UNMASK)),
+      index, vector, 1};
   call(kDeviceSetIrqs, bytes_of(s));
 }
 

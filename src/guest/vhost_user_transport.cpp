@@ -34,9 +34,11 @@ class VhostUserTransport final : public Transport {
 
   uint64_t negotiate(uint64_t want) override {
     if (options_.queue_pairs > 1)
-      throw std::invalid_argument("vhost-user: one queue pair (a VMM's control queue is its own; use virtio-net-pci for MQ)");
+      throw std::invalid_argument(
+          "vhost-user: one queue pair (a VMM's control queue is its own; use virtio-net-pci for MQ)");
     if (options_.iommu && (options_.iommu_page < 4096 || (options_.iommu_page & (options_.iommu_page - 1)) != 0))
-      throw std::invalid_argument("IOMMU page size " + std::to_string(options_.iommu_page) + " is not a power of two >= 4096");
+      throw std::invalid_argument("IOMMU page size " + std::to_string(options_.iommu_page) +
+                                  " is not a power of two >= 4096");
     sock_ = connect_unix(socket_, "vhost-user socket");
     timeval tv{5, 0};
     ::setsockopt(sock_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -44,7 +46,8 @@ class VhostUserTransport final : public Transport {
     if (options_.iommu) want |= virtio::kAccessPlatform;
     const uint64_t features = offered & want;
     if (options_.iommu && !(features & virtio::kAccessPlatform))
-      throw std::runtime_error("the back-end does not offer VIRTIO_F_ACCESS_PLATFORM (iommu_platform: true in its config)");
+      throw std::runtime_error(
+          "the back-end does not offer VIRTIO_F_ACCESS_PLATFORM (iommu_platform: true in its config)");
     protocol_ = offered & vu::kFeatureProtocolFeatures;
     request(vu::kSetOwner, nullptr, 0, {}, false);
     if (protocol_) {
@@ -62,7 +65,8 @@ class VhostUserTransport final : public Transport {
     request(vu::kSetFeatures, &set, 8, {}, false);
     if (options_.iommu) {
       int sv[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) throw_errno("back-end channel");
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0)
+        throw_errno("back-end channel");
       channel_.reset(sv[0]);
       UniqueFd theirs(sv[1]);
       request(vu::kSetBackendReqFd, nullptr, 0, {theirs.get()}, false);
@@ -185,8 +189,12 @@ class VhostUserTransport final : public Transport {
         stats_.iotlb_faults.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      const vu::IotlbMsg update{page, options_.iommu_page, reinterpret_cast<uint64_t>(ram_.host) + (page - dma_base_),
-                                virtio::kIotlbRead | virtio::kIotlbWrite, vu::kIotlbUpdate, {}};
+      const vu::IotlbMsg update{page,
+                                options_.iommu_page,
+                                reinterpret_cast<uint64_t>(ram_.host) + (page - dma_base_),
+                                virtio::kIotlbRead | virtio::kIotlbWrite,
+                                vu::kIotlbUpdate,
+                                {}};
       if (request(vu::kIotlbMsg, &update, sizeof update, {}, true, vu::kFlagNeedReply) != 0)
         throw std::runtime_error("vhost-user: the back-end refused an IOTLB update");
       stats_.iotlb_updates.fetch_add(1, std::memory_order_relaxed);

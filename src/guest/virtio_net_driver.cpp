@@ -81,8 +81,8 @@ VirtioNetDriver::~VirtioNetDriver() {
 void VirtioNetDriver::bring_up() {
   uint64_t want = virtio::kVersion1 | virtio::kNetMrgRxbuf;
   if (options_.offloads)
-    want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 | virtio::kNetGuestTso4 |
-            virtio::kNetGuestTso6;
+    want |= virtio::kNetCsum | virtio::kNetGuestCsum | virtio::kNetHostTso4 | virtio::kNetHostTso6 |
+            virtio::kNetGuestTso4 | virtio::kNetGuestTso6;
   if (options_.packed) want |= virtio::kRingPacked;
   features_ = transport_->negotiate(want);
   if (!(features_ & virtio::kVersion1)) throw std::runtime_error("the device does not offer VIRTIO_F_VERSION_1");
@@ -108,7 +108,8 @@ void VirtioNetDriver::bring_up() {
   if (pairs > 1) {
     const uint8_t kCtrlMq = 4, kCtrlMqPairsSet = 0;
     const auto count = static_cast<uint16_t>(pairs);
-    if (const uint8_t ack = control(kCtrlMq, kCtrlMqPairsSet, {static_cast<uint8_t>(count), static_cast<uint8_t>(count >> 8U)});
+    if (const uint8_t ack =
+            control(kCtrlMq, kCtrlMqPairsSet, {static_cast<uint8_t>(count), static_cast<uint8_t>(count >> 8U)});
         ack != 0)
       throw std::runtime_error("the device refused VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET " + std::to_string(pairs) +
                                " (ack " + std::to_string(ack) + ")");
@@ -233,7 +234,7 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
   if (!data.empty()) std::memcpy(p + 2, data.data(), data.size());
   p[2 + data.size()] = 0xff;
   const Buffer chain[2] = {{dma_base_ + page, static_cast<uint32_t>(2 + data.size()), false},
-                                   {dma_base_ + page + 2 + data.size(), 1, true}};
+                           {dma_base_ + page + 2 + data.size(), 1, true}};
   uint16_t slot = 0;
   uint32_t len = 0;
   if (!ctrl_->add_chain(chain, 0)) throw std::runtime_error("the control queue is full");
@@ -284,7 +285,8 @@ size_t VirtioNetDriver::receive(uint8_t* out, size_t size, int timeout_ms) {
         kick(2 * p);
         return got;
       }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return 0;
     pollfd fds[kMaxPairs];
     for (unsigned p = 0; p < pairs; ++p) fds[p] = {irq_fds_[2 * p].get(), POLLIN, 0};

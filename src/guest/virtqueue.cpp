@@ -12,13 +12,14 @@ uint64_t align(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 void release_store(uint16_t& v, uint16_t x, virtio::Barriers b) {
   if (b == virtio::Barriers::full_fence) std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::atomic_ref<uint16_t>(v).store(x, b == virtio::Barriers::one_way ? std::memory_order_release : std::memory_order_relaxed);
+  std::atomic_ref<uint16_t>(v).store(
+      x, b == virtio::Barriers::one_way ? std::memory_order_release : std::memory_order_relaxed);
   if (b == virtio::Barriers::full_fence) std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 uint16_t acquire_load(uint16_t& v, virtio::Barriers b) {
-  const uint16_t x =
-      std::atomic_ref<uint16_t>(v).load(b == virtio::Barriers::one_way ? std::memory_order_acquire : std::memory_order_relaxed);
+  const uint16_t x = std::atomic_ref<uint16_t>(v).load(b == virtio::Barriers::one_way ? std::memory_order_acquire
+                                                                                      : std::memory_order_relaxed);
   if (b == virtio::Barriers::full_fence) std::atomic_thread_fence(std::memory_order_seq_cst);
   return x;
 }
@@ -54,7 +55,8 @@ int SplitDriver::add(std::span<const Buffer> chain) {
     virtio::SplitDesc& d = desc_[ids[i]];
     d.addr = chain[i].addr;
     d.len = chain[i].len;
-    d.flags = static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) | (i + 1 < chain.size() ? virtio::kDescNext : 0));
+    d.flags = static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) |
+                                    (i + 1 < chain.size() ? virtio::kDescNext : 0));
     d.next = i + 1 < chain.size() ? ids[i + 1] : 0;
   }
   chain_len_[ids[0]] = static_cast<uint16_t>(chain.size());
@@ -67,8 +69,9 @@ int SplitDriver::add_indirect(uint64_t table_gpa, uint8_t* table, std::span<cons
   if (chain.empty() || free_.empty()) return -1;
   for (size_t i = 0; i < chain.size(); ++i) {
     virtio::SplitDesc d{chain[i].addr, chain[i].len,
-                static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) | (i + 1 < chain.size() ? virtio::kDescNext : 0)),
-                static_cast<uint16_t>(i + 1)};
+                        static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) |
+                                              (i + 1 < chain.size() ? virtio::kDescNext : 0)),
+                        static_cast<uint16_t>(i + 1)};
     std::memcpy(table + i * sizeof d, &d, sizeof d);
   }
   const uint16_t head = free_.back();
@@ -101,7 +104,9 @@ bool SplitDriver::take_used(uint32_t& id, uint32_t& len) {
 }
 
 void SplitDriver::set_used_event(uint16_t v) { std::atomic_ref<uint16_t>(avail_[2 + size_]).store(v); }
-void SplitDriver::set_no_interrupt(bool on) { std::atomic_ref<uint16_t>(avail_[0]).store(on ? virtio::kAvailNoInterrupt : 0); }
+void SplitDriver::set_no_interrupt(bool on) {
+  std::atomic_ref<uint16_t>(avail_[0]).store(on ? virtio::kAvailNoInterrupt : 0);
+}
 
 uint64_t PackedDriver::ring_bytes(uint16_t size) { return 16ULL * size + 8; }
 
@@ -121,7 +126,8 @@ int PackedDriver::place(std::span<const virtio::PackedDesc> descs, uint16_t id) 
   uint16_t head_flags = 0;
   for (size_t i = 0; i < descs.size(); ++i) {
     virtio::PackedDesc& slot = desc_[next_avail_];
-    const auto flags = static_cast<uint16_t>(descs[i].flags | (avail_wrap_ ? virtio::kPackedAvail : virtio::kPackedUsed));
+    const auto flags =
+        static_cast<uint16_t>(descs[i].flags | (avail_wrap_ ? virtio::kPackedAvail : virtio::kPackedUsed));
     // Field by field: the head's flags word may be polled by the device
     // right now, and is written last, atomically.
     slot.addr = descs[i].addr;
@@ -147,7 +153,8 @@ int PackedDriver::add(std::span<const Buffer> chain) {
   std::vector<virtio::PackedDesc> descs;
   for (size_t i = 0; i < chain.size(); ++i)
     descs.push_back({chain[i].addr, chain[i].len, 0,
-                     static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) | (i + 1 < chain.size() ? virtio::kDescNext : 0))});
+                     static_cast<uint16_t>((chain[i].writable ? virtio::kDescWrite : 0) |
+                                           (i + 1 < chain.size() ? virtio::kDescNext : 0))});
   const uint16_t id = free_ids_.back();
   free_ids_.pop_back();
   return place(descs, id);
@@ -156,10 +163,12 @@ int PackedDriver::add(std::span<const Buffer> chain) {
 int PackedDriver::add_indirect(uint64_t table_gpa, uint8_t* table, std::span<const Buffer> chain) {
   if (chain.empty() || free_slots_ == 0 || free_ids_.empty()) return -1;
   for (size_t i = 0; i < chain.size(); ++i) {
-    virtio::PackedDesc d{chain[i].addr, chain[i].len, 0, static_cast<uint16_t>(chain[i].writable ? virtio::kDescWrite : 0)};
+    virtio::PackedDesc d{chain[i].addr, chain[i].len, 0,
+                         static_cast<uint16_t>(chain[i].writable ? virtio::kDescWrite : 0)};
     std::memcpy(table + i * sizeof d, &d, sizeof d);
   }
-  const virtio::PackedDesc head{table_gpa, static_cast<uint32_t>(chain.size() * sizeof(virtio::PackedDesc)), 0, virtio::kDescIndirect};
+  const virtio::PackedDesc head{table_gpa, static_cast<uint32_t>(chain.size() * sizeof(virtio::PackedDesc)), 0,
+                                virtio::kDescIndirect};
   const uint16_t id = free_ids_.back();
   free_ids_.pop_back();
   return place(std::span<const virtio::PackedDesc>(&head, 1), id);

@@ -118,8 +118,9 @@ std::vector<Request> split(const VfSettings& s) {
     one = {};
     one.min_tx_rate = s.min_tx_rate.value_or(0);
     one.max_tx_rate = s.max_tx_rate.value_or(0);
-    out.push_back(Request{"rate", "tx rate " + std::to_string(*one.min_tx_rate) + ".." + std::to_string(*one.max_tx_rate) + " Mbit/s",
-                     one});
+    out.push_back(Request{
+        "rate", "tx rate " + std::to_string(*one.min_tx_rate) + ".." + std::to_string(*one.max_tx_rate) + " Mbit/s",
+        one});
   }
   return out;
 }

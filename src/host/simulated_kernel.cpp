@@ -141,7 +141,8 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
   if (!vf || !vf->physfn) throw std::runtime_error(vf_addr.to_string() + " is not a VF of the simulated host");
   if (vf->driver != vf->native_driver)
     throw std::runtime_error("VF " + vf_addr.to_string() + " has no netdev: it is bound to " +
-                             (vf->driver.empty() ? std::string("no driver") : vf->driver) + ", not " + vf->native_driver);
+                             (vf->driver.empty() ? std::string("no driver") : vf->driver) + ", not " +
+                             vf->native_driver);
   const std::string name = vf_netdev(*vf);
   const nl::Sock sk = nl::route_socket();
   if (auto it = std::find(veths_.begin(), veths_.end(), name); it != veths_.end()) {
@@ -180,7 +181,8 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
     rtnl_link_set_flags(change.get(), IFF_UP);
     rtnl_link_set_ifalias(change.get(), alias.c_str());
     if (err = rtnl_link_change(sk.get(), orig.get(), change.get(), 0); err < 0)
-      throw std::runtime_error("simulated VF netdev " + n + ": setting its owner and bringing it up: " + nl_geterror(err));
+      throw std::runtime_error("simulated VF netdev " + n +
+                               ": setting its owner and bringing it up: " + nl_geterror(err));
   }
   return name;
 }
@@ -593,8 +595,8 @@ std::string SimulatedKernel::snapshot() const {
   }
   for (const auto& [addr, d] : devices_)
     if (d.physfn)
-      s << d.physfn->to_string() << "/vf" << d.vf_index << " " << effective_settings(*d.physfn, d.vf_index).to_json().dump()
-        << "\n";
+      s << d.physfn->to_string() << "/vf" << d.vf_index << " "
+        << effective_settings(*d.physfn, d.vf_index).to_json().dump() << "\n";
   return s.str();
 }
 

@@ -28,8 +28,7 @@ const char* kind_name(KeyKind k) {
 }
 
 KeyKind kind_from(const std::string& s) {
-  for (KeyKind k : {KeyKind::autoprobe, KeyKind::numvfs, KeyKind::vf_settings, KeyKind::binding,
-                    KeyKind::group_check})
+  for (KeyKind k : {KeyKind::autoprobe, KeyKind::numvfs, KeyKind::vf_settings, KeyKind::binding, KeyKind::group_check})
     if (s == kind_name(k)) return k;
   throw std::runtime_error("journal: unknown key kind '" + s + "'");
 }
@@ -79,8 +78,7 @@ std::string Step::describe() const {
   switch (key.kind) {
     case KeyKind::autoprobe:
       return where + ": sriov_drivers_autoprobe " + value_text(before) + " -> " + value_text(after);
-    case KeyKind::numvfs:
-      return where + ": sriov_numvfs " + value_text(before) + " -> " + value_text(after);
+    case KeyKind::numvfs: return where + ": sriov_numvfs " + value_text(before) + " -> " + value_text(after);
     case KeyKind::vf_settings: {
       // Only the fields that change, before and after.
       json was = json::object();
@@ -89,10 +87,8 @@ std::string Step::describe() const {
           if (before.contains(f.key())) was[f.key()] = before[f.key()];
       return where + ": settings " + (before.is_null() ? std::string("?") : was.dump()) + " -> " + after.dump();
     }
-    case KeyKind::binding:
-      return where + ": driver " + value_text(before) + " -> " + value_text(after);
-    case KeyKind::group_check:
-      return where + ": check that its IOMMU group is viable";
+    case KeyKind::binding: return where + ": driver " + value_text(before) + " -> " + value_text(after);
+    case KeyKind::group_check: return where + ": check that its IOMMU group is viable";
   }
   return where;
 }

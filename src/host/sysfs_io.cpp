@@ -73,8 +73,7 @@ std::vector<std::string> RealSysfs::modules_for(const std::string& modalias) {
   }
   std::vector<std::string> out;
   for (const auto& [pattern, module] : pci_aliases_)
-    if (::fnmatch(pattern.c_str(), modalias.c_str(), 0) == 0 &&
-        std::find(out.begin(), out.end(), module) == out.end())
+    if (::fnmatch(pattern.c_str(), modalias.c_str(), 0) == 0 && std::find(out.begin(), out.end(), module) == out.end())
       out.push_back(module);
   return out;
 }

@@ -121,8 +121,10 @@ std::vector<PciDeviceInfo> scan_pci(const std::string& sysfs_root) {
     if (r.has_msix) {
       info.msix = pci::MsixLayout{static_cast<uint16_t>(r.msix_cap),
                                   static_cast<uint16_t>((r.msix_control & PCI_MSIX_TABSIZE) + 1),
-                                  static_cast<uint8_t>(r.msix_table & PCI_MSIX_BIR), r.msix_table & ~PCI_MSIX_BIR,
-                                  static_cast<uint8_t>(r.msix_pba & PCI_MSIX_BIR), r.msix_pba & ~PCI_MSIX_BIR};
+                                  static_cast<uint8_t>(r.msix_table & PCI_MSIX_BIR),
+                                  r.msix_table & ~PCI_MSIX_BIR,
+                                  static_cast<uint8_t>(r.msix_pba & PCI_MSIX_BIR),
+                                  r.msix_pba & ~PCI_MSIX_BIR};
     }
     info.sriov = r.has_sriov != 0;
     info.total_vfs = static_cast<uint16_t>(r.total_vfs);

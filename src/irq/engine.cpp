@@ -257,7 +257,8 @@ RouteId Engine::add(const RouteSpec& spec) {
     if (next_id_ >= options_.max_routes)
       throw std::runtime_error("interrupt routes exhausted (" + std::to_string(options_.max_routes) + ")");
     id = next_id_++;
-    if (!chunks_[id >> kChunkBits].load()) chunks_[id >> kChunkBits].store(new Route[kChunk], std::memory_order_release);
+    if (!chunks_[id >> kChunkBits].load())
+      chunks_[id >> kChunkBits].store(new Route[kChunk], std::memory_order_release);
   }
   Route& r = at(id);
   r.id = id;
@@ -268,8 +269,8 @@ RouteId Engine::add(const RouteSpec& spec) {
   r.posts.store(0);
   r.sink.store(-1);
   r.mode.store(Mode::relay);
-  for (auto* c : {&r.fired, &r.delivered, &r.masked_pending, &r.replayed, &r.dropped, &r.masks, &r.unmasks,
-                  &r.mode_switches})
+  for (auto* c :
+       {&r.fired, &r.delivered, &r.masked_pending, &r.replayed, &r.dropped, &r.masks, &r.unmasks, &r.mode_switches})
     c->store(0);
   r.last_mask_ns.store(0);
   if (!threads_.empty()) {
@@ -411,11 +412,13 @@ void Engine::housekeeping(std::chrono::steady_clock::time_point now) {
       std::lock_guard switching(r.switch_mutex);
       retire_sinks(r);
     }
-    if ((r.flags.load(std::memory_order_relaxed) & (kLive | kSinkBlocked | kSinkBlockedSaid)) == (kLive | kSinkBlocked) &&
+    if ((r.flags.load(std::memory_order_relaxed) & (kLive | kSinkBlocked | kSinkBlockedSaid)) ==
+            (kLive | kSinkBlocked) &&
         !(r.flags.fetch_or(kSinkBlockedSaid, std::memory_order_relaxed) & kSinkBlockedSaid))
-      spdlog::warn("{} vector {}: the VMM made its interrupt eventfd blocking (a write to it waited and was cut "
-                   "short); no interrupt is written to it until it gives another",
-                   r.spec.device, r.spec.vector);
+      spdlog::warn(
+          "{} vector {}: the VMM made its interrupt eventfd blocking (a write to it waited and was cut "
+          "short); no interrupt is written to it until it gives another",
+          r.spec.device, r.spec.vector);
     const uint32_t f = r.flags.load(std::memory_order_acquire);
     if (!(f & kLive) || (f & kMasked) || r.spec.policy != Policy::adaptive || r.mode.load() != Mode::relay ||
         r.sink.load() < 0 || r.last_mask_ns.load(std::memory_order_relaxed) > cutoff)
@@ -427,8 +430,8 @@ void Engine::housekeeping(std::chrono::steady_clock::time_point now) {
 
 RouteStats Engine::stats(RouteId id) const {
   const Route& r = at(id);
-  return {r.fired.load(), r.delivered.load(), r.masked_pending.load(), r.replayed.load(), r.dropped.load(),
-          r.masks.load(), r.unmasks.load(), r.mode_switches.load()};
+  return {r.fired.load(),   r.delivered.load(), r.masked_pending.load(), r.replayed.load(),
+          r.dropped.load(), r.masks.load(),     r.unmasks.load(),        r.mode_switches.load()};
 }
 
 std::vector<RouteInfo> Engine::list() const {

@@ -32,7 +32,8 @@ using nlohmann::json;
 std::string env_name(const std::string& resource) {
   std::string out;
   for (const char c : resource)
-    out += std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : '_';
+    out += std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
+                                                       : '_';
   return out;
 }
 
@@ -125,7 +126,9 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   static constexpr auto kShutdownGrace = std::chrono::milliseconds(200);
 
   PoolServer(std::string dir, std::string cdi_dir, Pool pool)
-      : dir_(std::move(dir)), cdi_dir_(std::move(cdi_dir)), socket_name_(file_stem(pool.resource) + ".sock"),
+      : dir_(std::move(dir)),
+        cdi_dir_(std::move(cdi_dir)),
+        socket_name_(file_stem(pool.resource) + ".sock"),
         pool_(std::move(pool)) {
     write_cdi();
   }
@@ -152,7 +155,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     b.RegisterService(this);
     server_ = b.BuildAndStart();
     if (!server_) throw std::runtime_error("device plugin " + pool_.resource + ": cannot start its gRPC server");
-    socket_ = SocketFile(socket_path(), {std::nullopt, std::nullopt, 0600}, "device plugin socket of " + pool_.resource);
+    socket_ =
+        SocketFile(socket_path(), {std::nullopt, std::nullopt, 0600}, "device plugin socket of " + pool_.resource);
     listener_ = socket_.take_listener();
     wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_) throw std::runtime_error("device plugin " + pool_.resource + ": eventfd: " + std::strerror(errno));
@@ -181,7 +185,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   // there is no kubelet, it refuses, or the call was cancelled.
   bool register_with_kubelet(RegistrationCalls& calls) {
     if (retired_) return false;
-    auto channel = grpc::CreateChannel("unix://" + dir_ + "/" + NodeAgent::kKubeletSocket, grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel("unix://" + dir_ + "/" + NodeAgent::kKubeletSocket, grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
@@ -219,10 +224,11 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     std::lock_guard lock(mu_);
     size_t healthy = 0;
     for (const auto& d : pool_.devices) healthy += d.healthy ? 1 : 0;
-    return {{"resource", pool_.resource},  {"socket", socket_path()},    {"registered", registered_.load()},
-            {"registrations", registrations_.load()}, {"devices", pool_.devices.size()}, {"healthy", healthy},
-            {"allocations", allocations_.load()}, {"refused", refused_.load()}, {"watchers", watchers_.load()},
-            {"refused_peers", refused_peers_.load()}};
+    return {{"resource", pool_.resource},         {"socket", socket_path()},
+            {"registered", registered_.load()},   {"registrations", registrations_.load()},
+            {"devices", pool_.devices.size()},    {"healthy", healthy},
+            {"allocations", allocations_.load()}, {"refused", refused_.load()},
+            {"watchers", watchers_.load()},       {"refused_peers", refused_peers_.load()}};
   }
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
@@ -237,9 +243,9 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
                             grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
     if (++watchers_ > kMaxWatchers) {
       --watchers_;
-      return refuse(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                    "ListAndWatch: pool " + pool_.resource + " already streams to " + std::to_string(kMaxWatchers) +
-                        " watchers");
+      return refuse(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "ListAndWatch: pool " + pool_.resource + " already streams to " + std::to_string(kMaxWatchers) + " watchers");
     }
     uint64_t sent = 0;
     bool first = true;
@@ -277,14 +283,16 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
       std::vector<const Device*> must, avail;
       for (const auto& id : creq.must_include_deviceids()) {
         const Device* d = find(id);
-        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "GetPreferredAllocation: pool " + pool_.resource +
-                                                                     " has no device '" + id + "'");
+        if (!d)
+          return refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                        "GetPreferredAllocation: pool " + pool_.resource + " has no device '" + id + "'");
         must.push_back(d);
       }
       for (const auto& id : creq.available_deviceids()) {
         const Device* d = find(id);
-        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "GetPreferredAllocation: pool " + pool_.resource +
-                                                                     " has no device '" + id + "'");
+        if (!d)
+          return refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                        "GetPreferredAllocation: pool " + pool_.resource + " has no device '" + id + "'");
         if (d->healthy && std::find(must.begin(), must.end(), d) == must.end()) avail.push_back(d);
       }
       int node = -2;
@@ -295,14 +303,18 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
       } else if (!avail.empty()) {
         std::map<int, int> per_node;
         for (const Device* d : avail) ++per_node[d->numa_node];
-        node = std::max_element(per_node.begin(), per_node.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+        node = std::max_element(per_node.begin(), per_node.end(), [](auto& a, auto& b) {
+                 return a.second < b.second;
+               })->first;
         std::map<std::string, int> per_pf;
         for (const Device* d : avail)
           if (d->numa_node == node) ++per_pf[d->pf];
-        pf = std::max_element(per_pf.begin(), per_pf.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+        pf =
+            std::max_element(per_pf.begin(), per_pf.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
       }
       std::stable_sort(avail.begin(), avail.end(), [&](const Device* a, const Device* b) {
-        return std::make_tuple(a->numa_node != node, a->pf != pf, a->id) < std::make_tuple(b->numa_node != node, b->pf != pf, b->id);
+        return std::make_tuple(a->numa_node != node, a->pf != pf, a->id) <
+               std::make_tuple(b->numa_node != node, b->pf != pf, b->id);
       });
       auto* resp = out->add_container_responses();
       for (const Device* d : must) resp->add_deviceids(d->id);
@@ -314,7 +326,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req, v1beta1::AllocateResponse* out) override {
+  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+                        v1beta1::AllocateResponse* out) override {
     std::lock_guard lock(mu_);
     const std::string env = env_name(pool_.resource);
     for (const auto& creq : req->container_requests()) {
@@ -324,9 +337,12 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
       bool vfio = false;
       for (const auto& id : creq.devices_ids()) {
         const Device* d = find(id);
-        if (!d) return refuse(grpc::StatusCode::INVALID_ARGUMENT, "Allocate: pool " + pool_.resource + " has no device '" + id + "'");
+        if (!d)
+          return refuse(grpc::StatusCode::INVALID_ARGUMENT,
+                        "Allocate: pool " + pool_.resource + " has no device '" + id + "'");
         if (!d->healthy)
-          return refuse(grpc::StatusCode::FAILED_PRECONDITION, "Allocate: device " + id + " of pool " + pool_.resource + " is unhealthy");
+          return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                        "Allocate: device " + id + " of pool " + pool_.resource + " is unhealthy");
         resp->add_cdi_devices()->set_name(pool_.resource + "=" + id);
         if (!d->socket.empty()) {
           auto* m = resp->add_mounts();
@@ -336,8 +352,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
           continue;
         }
         if (d->iommu_group < 0)
-          return refuse(grpc::StatusCode::FAILED_PRECONDITION, "Allocate: device " + id + " of pool " + pool_.resource +
-                                                                   " is not bound to vfio-pci");
+          return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                        "Allocate: device " + id + " of pool " + pool_.resource + " is not bound to vfio-pci");
         if (!vfio) {
           auto* spec = resp->add_devices();
           spec->set_host_path("/dev/vfio/vfio");
@@ -351,7 +367,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
         spec->set_container_path(group);
         spec->set_permissions("rw");
         addresses.push_back(d->id);
-        info[d->id] = {{"generic", {{"deviceID", d->id}}}, {"vfio", {{"mount", "/dev/vfio/vfio"}, {"dev-mount", group}}}};
+        info[d->id] = {{"generic", {{"deviceID", d->id}}},
+                       {"vfio", {{"mount", "/dev/vfio/vfio"}, {"dev-mount", group}}}};
       }
       auto join = [](const std::vector<std::string>& v) {
         std::string s;
@@ -391,8 +408,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
     }
     cv_.notify_all();
     server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                          std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
+                      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::max(
+                          deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
     server_->Wait();
     server_.reset();
   }
@@ -554,7 +571,8 @@ NodeAgent::NodeAgent(std::string plugin_dir, std::string cdi_dir) : impl_(std::m
   impl_->stop_fd.reset(::eventfd(0, EFD_CLOEXEC));
   impl_->kick_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl_->inotify || !impl_->stop_fd || !impl_->kick_fd ||
-      ::inotify_add_watch(impl_->inotify.get(), impl_->dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0)
+      ::inotify_add_watch(impl_->inotify.get(), impl_->dir.c_str(),
+                          IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM) < 0)
     throw std::runtime_error("kubernetes: cannot watch " + impl_->dir + ": " + std::strerror(errno));
   // CDI specs a previous run left (it crashed, or was killed): a runtime
   // that honours CDI annotations could otherwise inject a device nobody

@@ -18,7 +18,8 @@ uint16_t rd16(std::span<const uint8_t> c, size_t off) {
   return off + 2 <= c.size() ? static_cast<uint16_t>(c[off] | (c[off + 1] << 8U)) : 0;
 }
 uint32_t rd32(std::span<const uint8_t> c, size_t off) {
-  return off + 4 <= c.size() ? static_cast<uint32_t>(rd16(c, off) | (static_cast<uint32_t>(rd16(c, off + 2)) << 16U)) : 0;
+  return off + 4 <= c.size() ? static_cast<uint32_t>(rd16(c, off) | (static_cast<uint32_t>(rd16(c, off + 2)) << 16U))
+                             : 0;
 }
 
 }  // namespace
@@ -50,18 +51,18 @@ namespace {
 // whose size this does not know counts as its 2-byte header only.
 unsigned capability_bytes(std::span<const uint8_t> c, unsigned at) {
   switch (c[at]) {
-    case 0x01: return 8;                         // Power Management (PCI PM 1.2 §3.2)
-    case 0x05: {                                 // MSI (PCI 3.0 §6.8.1): 64-bit address, per-vector masking
+    case 0x01: return 8;  // Power Management (PCI PM 1.2 §3.2)
+    case 0x05: {          // MSI (PCI 3.0 §6.8.1): 64-bit address, per-vector masking
       if (at + 4U > c.size()) return 0;
       const unsigned control = rd16(c, at + 2);
       return 10U + ((control & 0x80U) ? 4U : 0U) + ((control & 0x100U) ? 10U : 0U);
     }
-    case 0x09: return c[at + 2];                 // vendor-specific: its length byte
-    case kCapPciExpress: {                       // PCIe 3.0 §7.8: v1 endpoint 0x24, v2 0x3c
+    case 0x09: return c[at + 2];  // vendor-specific: its length byte
+    case kCapPciExpress: {        // PCIe 3.0 §7.8: v1 endpoint 0x24, v2 0x3c
       if (at + 4U > c.size()) return 0;
       return (rd16(c, at + 2) & 0xfU) >= 2 ? kPciExpressV2Bytes : 0x24U;
     }
-    case kCapMsix: return 12;                    // PCI 3.0 §6.8.2
+    case kCapMsix: return 12;  // PCI 3.0 §6.8.2
     default: return 2;
   }
 }
@@ -76,7 +77,7 @@ std::vector<std::string> capability_problems(std::span<const uint8_t> config) {
     return std::string(b);
   };
   if (config.size() < 256) return {"config space of " + std::to_string(config.size()) + " bytes"};
-  if (!(rd16(config, 0x06) & 0x0010)) return out;  // no list: nothing to check
+  if (!(rd16(config, 0x06) & 0x0010)) return out;    // no list: nothing to check
   std::vector<std::pair<unsigned, unsigned>> taken;  // [begin, end) of each capability
   std::set<unsigned> seen;
   unsigned at = config[0x34];

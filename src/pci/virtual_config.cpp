@@ -33,7 +33,10 @@ void put32(std::vector<uint8_t>& v, uint32_t off, uint32_t x) {
 
 VirtualConfig::VirtualConfig(std::span<const uint8_t> device_config, const std::array<BarInfo, 6>& bars,
                              msix::MsixState* msix, CommandSink command_sink)
-    : bytes_(device_config.begin(), device_config.end()), writable_(bytes_.size(), 0), bars_(bars), msix_(msix),
+    : bytes_(device_config.begin(), device_config.end()),
+      writable_(bytes_.size(), 0),
+      bars_(bars),
+      msix_(msix),
       command_sink_(std::move(command_sink)) {
   if (bytes_.size() < 256) throw std::invalid_argument("config space shorter than 256 bytes");
   writable_[kCommand] = static_cast<uint8_t>(kCommandWritable);
@@ -99,8 +102,7 @@ void VirtualConfig::write(uint32_t offset, unsigned size, uint32_t value) {
     if (at == kCommand || at == kCommand + 1) command = true;
   }
   if (msix_control) msix_->write_message_control(mc);
-  if (command && command_sink_)
-    command_sink_(static_cast<uint16_t>(bytes_[kCommand] | (bytes_[kCommand + 1] << 8U)));
+  if (command && command_sink_) command_sink_(static_cast<uint16_t>(bytes_[kCommand] | (bytes_[kCommand + 1] << 8U)));
 }
 
 uint64_t VirtualConfig::bar_address(unsigned i) const {

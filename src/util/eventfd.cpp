@@ -96,7 +96,7 @@ void guard_this_thread() {
   std::lock_guard lock(g_peer_io_mutex);
   static bool started = false;
   if (!started) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_interrupt;
     sa.sa_flags = 0;  // no SA_RESTART: the interrupted call returns EINTR
     sigemptyset(&sa.sa_mask);

@@ -58,8 +58,8 @@ std::optional<MacAddress> MacAddress::parse(std::string_view text) {
 
 std::string MacAddress::to_string() const {
   char buf[18];
-  std::snprintf(buf, sizeof buf, "%02x:%02x:%02x:%02x:%02x:%02x", octets[0], octets[1],
-                octets[2], octets[3], octets[4], octets[5]);
+  std::snprintf(buf, sizeof buf, "%02x:%02x:%02x:%02x:%02x:%02x", octets[0], octets[1], octets[2], octets[3], octets[4],
+                octets[5]);
   return buf;
 }
 

@@ -29,9 +29,9 @@ struct Slot {
 
 Slot g_slots[PeerMapping::kMaxPeerMappings];
 std::atomic<uint64_t> g_faults{0};
-std::mutex g_register;  // registration only; the handler takes no lock
+std::mutex g_register;    // registration only; the handler takes no lock
 uintptr_t g_page = 4096;  // set before the handler is installed (sysconf is not for handlers)
-struct sigaction g_previous{};
+struct sigaction g_previous {};
 
 // A SIGBUS on a registered mapping: a zero page over the faulting one (the
 // file's page is gone; the peer broke its own memory), the fault noted, and
@@ -43,8 +43,8 @@ void on_sigbus(int signo, siginfo_t* info, void* context) {
     const uintptr_t base = s.base.load(std::memory_order_acquire);
     if (base == 0 || addr < base || addr - base >= s.length.load(std::memory_order_acquire)) continue;
     const uintptr_t page = addr & ~(g_page - 1);
-    void* p = ::mmap(reinterpret_cast<void*>(page), g_page,
-                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    void* p = ::mmap(reinterpret_cast<void*>(page), g_page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (p == MAP_FAILED) break;
     s.faulted.store(true, std::memory_order_release);
     g_faults.fetch_add(1, std::memory_order_relaxed);
@@ -66,7 +66,7 @@ void install_once() {
   static std::once_flag once;
   std::call_once(once, [] {
     g_page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
@@ -119,19 +119,19 @@ uint64_t peer_mapping_faults() { return g_faults.load(std::memory_order_relaxed)
 std::string peer_memory_problem(int fd, uint64_t offset, uint64_t size) {
   if (size == 0) return "an empty range";
   if (offset > UINT64_MAX - size) return "offset " + hex(offset) + " + size " + hex(size) + " wraps";
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return std::string("fstat of its fd: ") + std::strerror(errno);
   // A device node or socket has no size to check a mapping against.
   if (!S_ISREG(st.st_mode)) return "its fd is not a file that can back memory (memfd, tmpfs, hugetlbfs)";
   if (static_cast<uint64_t>(st.st_size) < offset + size)
     return "its file has only " + hex(static_cast<uint64_t>(st.st_size)) + " bytes, " + hex(offset + size) + " needed";
-  struct statfs fs{};
+  struct statfs fs {};
   if (::fstatfs(fd, &fs) != 0) return std::string("fstatfs of its fd: ") + std::strerror(errno);
   struct Remote {
     unsigned long magic;
     const char* name;
   };
-  static constexpr Remote kRemote[] = {{0x65735546UL, "FUSE"}, {0x6969UL, "NFS"},     {0xfe534d42UL, "SMB2"},
+  static constexpr Remote kRemote[] = {{0x65735546UL, "FUSE"}, {0x6969UL, "NFS"},    {0xfe534d42UL, "SMB2"},
                                        {0xff534d42UL, "CIFS"}, {0x01021997UL, "9p"}, {0x00c36400UL, "Ceph"}};
   for (const Remote& r : kRemote)
     if (static_cast<unsigned long>(fs.f_type) == r.magic)

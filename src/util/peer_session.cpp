@@ -27,8 +27,13 @@ std::string peer_refusal(const std::optional<ucred>& peer, std::span<const uid_t
 
 UnixListener::UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy,
                            Refuse refuse)
-    : path_(std::move(path)), options_(std::move(options)), admit_(std::move(admit)), busy_(std::move(busy)),
-      refuse_(std::move(refuse)), acceptor_(io), retry_(io) {
+    : path_(std::move(path)),
+      options_(std::move(options)),
+      admit_(std::move(admit)),
+      busy_(std::move(busy)),
+      refuse_(std::move(refuse)),
+      acceptor_(io),
+      retry_(io) {
   file_ = listen_unix(acceptor_, path_, {options_.uid, options_.gid, options_.mode}, options_.what);
   accept_next();
 }
@@ -70,7 +75,8 @@ void UnixListener::accept_next() {
 void UnixListener::accept_later(const boost::system::error_code& why) {
   ++accept_failures_;
   if (!std::exchange(failing_, true))
-    spdlog::error("{}: accept failed: {}; trying again every {} ms", options_.what, why.message(), kAcceptRetry.count());
+    spdlog::error("{}: accept failed: {}; trying again every {} ms", options_.what, why.message(),
+                  kAcceptRetry.count());
   retry_.expires_after(kAcceptRetry);
   retry_.async_wait([this](boost::system::error_code ec) {
     if (!ec) accept_next();
@@ -98,8 +104,8 @@ FramedReader::Status FramedReader::read(int fd) {
       bool truncated = false;
       // The cap is over the whole message: a message trickled one byte per
       // sendmsg must not collect max_fds with each part.
-      const ssize_t n = recv_with_fds(fd, to, want, fds_, MSG_DONTWAIT, truncated,
-                                      max_fds_ - std::min(fds_.size(), max_fds_));
+      const ssize_t n =
+          recv_with_fds(fd, to, want, fds_, MSG_DONTWAIT, truncated, max_fds_ - std::min(fds_.size(), max_fds_));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::again;
       if (n < 0) throw_errno("reading from the peer");
@@ -140,8 +146,13 @@ constexpr int kMessagesPerWakeup = 64;
 
 PeerConnection::PeerConnection(asio::io_context& io, FramedReader reader, std::chrono::milliseconds message_deadline,
                                OnMessage on_message, OnEnd on_end, OnIdle on_idle)
-    : io_(io), reader_(std::move(reader)), deadline_(message_deadline), on_message_(std::move(on_message)),
-      on_end_(std::move(on_end)), on_idle_(std::move(on_idle)), timer_(io) {}
+    : io_(io),
+      reader_(std::move(reader)),
+      deadline_(message_deadline),
+      on_message_(std::move(on_message)),
+      on_end_(std::move(on_end)),
+      on_idle_(std::move(on_idle)),
+      timer_(io) {}
 
 PeerConnection::~PeerConnection() { close(); }
 

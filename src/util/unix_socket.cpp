@@ -23,7 +23,7 @@ namespace sriovd {
 namespace {
 
 void remove_stale(const std::string& path, const std::string& what) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return;
     throw_errno(what + " " + path);
@@ -59,7 +59,7 @@ std::string private_directory(int parent, const std::string& what) {
 }
 
 bool same_file(int dir, const char* name, dev_t dev, ino_t ino) {
-  struct stat st{};
+  struct stat st {};
   return ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == dev && st.st_ino == ino;
 }
 
@@ -70,7 +70,8 @@ SocketFile::SocketFile(const std::string& path, const SocketAccess& access, cons
   const std::filesystem::path p(path);
   base_ = p.filename().string();
   const std::filesystem::path dir = p.parent_path();
-  if (base_.empty() || dir.empty()) throw std::invalid_argument(what + " path '" + path + "' is not a file in a directory");
+  if (base_.empty() || dir.empty())
+    throw std::invalid_argument(what + " path '" + path + "' is not a file in a directory");
   std::error_code fs_ec;
   std::filesystem::create_directories(dir, fs_ec);
   if (fs_ec) throw std::runtime_error("cannot create " + dir.string() + " for " + what + ": " + fs_ec.message());
@@ -83,7 +84,7 @@ SocketFile::SocketFile(const std::string& path, const SocketAccess& access, cons
   // puts a symlink in its place changes nothing we do).
   const std::string hidden = private_directory(dir_.get(), what);
   UniqueFd priv(::openat(dir_.get(), hidden.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat pst{};
+  struct stat pst {};
   auto clean_up = [&] {
     if (priv) ::unlinkat(priv.get(), "s", 0);
     if (priv && ::fstat(priv.get(), &pst) == 0 && same_file(dir_.get(), hidden.c_str(), pst.st_dev, pst.st_ino))
@@ -102,8 +103,9 @@ SocketFile::SocketFile(const std::string& path, const SocketAccess& access, cons
     if (::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
       throw_errno("cannot bind " + what + " " + path);
     handle_.reset(::openat(priv.get(), "s", O_PATH | O_NOFOLLOW | O_CLOEXEC));
-    struct stat st{};
-    if (!handle_ || ::fstat(handle_.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) throw_errno("opening " + what + " " + path);
+    struct stat st {};
+    if (!handle_ || ::fstat(handle_.get(), &st) != 0 || !S_ISSOCK(st.st_mode))
+      throw_errno("opening " + what + " " + path);
     dev_ = st.st_dev;
     ino_ = st.st_ino;
     set_access(access);
@@ -121,8 +123,8 @@ SocketFile::SocketFile(const std::string& path, const SocketAccess& access, cons
 void SocketFile::set_access(const SocketAccess& access) const {
   if (!handle_) return;
   const std::string file = proc_fd(handle_.get());  // this socket's inode, whatever its path holds now
-  if ((access.uid || access.gid) &&
-      ::chown(file.c_str(), access.uid ? *access.uid : static_cast<uid_t>(-1), access.gid ? *access.gid : static_cast<gid_t>(-1)) != 0)
+  if ((access.uid || access.gid) && ::chown(file.c_str(), access.uid ? *access.uid : static_cast<uid_t>(-1),
+                                            access.gid ? *access.gid : static_cast<gid_t>(-1)) != 0)
     throw_errno("giving " + what_ + " " + path_ + " its owner and group");
   if (::chmod(file.c_str(), access.mode) != 0) throw_errno("setting the mode of " + what_ + " " + path_);
 }

@@ -61,7 +61,8 @@ std::string syspath_of(const std::string& fdinfo) {
 
 }  // namespace
 
-std::vector<Holder> device_holders(const std::string& device, std::span<const pid_t> given_to, const std::string& proc) {
+std::vector<Holder> device_holders(const std::string& device, std::span<const pid_t> given_to,
+                                   const std::string& proc) {
   std::vector<Holder> out;
   const pid_t self = ::getpid();
   for (const std::string& p : entries(proc)) {
@@ -110,9 +111,9 @@ std::string describe(const std::vector<Holder>& holders) {
 }
 
 HolderSurvey::HolderSurvey(std::chrono::milliseconds interval, Walk walk)
-    : interval_(interval), walk_(walk ? std::move(walk) : Walk([](const std::string& d, std::span<const pid_t> g) {
-                                   return device_holders(d, g);
-                                 })) {
+    : interval_(interval),
+      walk_(walk ? std::move(walk)
+                 : Walk([](const std::string& d, std::span<const pid_t> g) { return device_holders(d, g); })) {
   thread_ = std::thread([this] { run(); });
   pthread_setname_np(thread_.native_handle(), "sriovd-holders");
 }
@@ -156,7 +157,8 @@ void HolderSurvey::run() {
     const auto devices = devices_;
     lock.unlock();
     std::map<std::string, Seen> fresh;
-    for (const auto& [device, given] : devices) fresh[device] = {walk_(device, given), std::chrono::steady_clock::now()};
+    for (const auto& [device, given] : devices)
+      fresh[device] = {walk_(device, given), std::chrono::steady_clock::now()};
     lock.lock();
     for (auto& [device, s] : fresh)
       if (devices_.contains(device)) seen_[device] = std::move(s);

@@ -88,8 +88,9 @@ void Container::read_iova_ranges() {
         return;
       vfio_iommu_type1_info_cap_iova_range cap;
       std::memcpy(&cap, buf.data() + off, sizeof cap);
-      for_each_entry<decltype(cap), vfio_iova_range>(
-          buf, off, cap.nr_iovas, [&](const vfio_iova_range& r) { iova_ranges_.push_back({r.start, r.end}); });
+      for_each_entry<decltype(cap), vfio_iova_range>(buf, off, cap.nr_iovas, [&](const vfio_iova_range& r) {
+        iova_ranges_.push_back({r.start, r.end});
+      });
     });
     return;
   }
@@ -123,8 +124,7 @@ void Container::unmap_dma(uint64_t iova, uint64_t size) {
   unmap.argsz = sizeof unmap;
   unmap.iova = iova;
   unmap.size = size;
-  if (::ioctl(fd_.get(), VFIO_IOMMU_UNMAP_DMA, &unmap) != 0)
-    throw_errno("VFIO_IOMMU_UNMAP_DMA iova " + hex(iova));
+  if (::ioctl(fd_.get(), VFIO_IOMMU_UNMAP_DMA, &unmap) != 0) throw_errno("VFIO_IOMMU_UNMAP_DMA iova " + hex(iova));
 }
 
 Group::Group(Container& container, int number)
@@ -173,8 +173,8 @@ const KernelDevice::Bounds& KernelDevice::bounds(uint32_t index, uint64_t offset
 
 std::unique_ptr<KernelDevice> KernelDevice::open(const PciAddress& address, const std::string& sysfs_root) {
   std::error_code ec;
-  const auto group_link = std::filesystem::read_symlink(
-      sysfs_root + "/bus/pci/devices/" + address.to_string() + "/iommu_group", ec);
+  const auto group_link =
+      std::filesystem::read_symlink(sysfs_root + "/bus/pci/devices/" + address.to_string() + "/iommu_group", ec);
   if (ec) throw std::runtime_error(address.to_string() + " has no IOMMU group (is the IOMMU on?)");
   const int number = std::stoi(group_link.filename().string());
   auto container = std::make_unique<Container>();
@@ -201,12 +201,14 @@ RegionInfo KernelDevice::region(uint32_t index) {
     if (info->flags & VFIO_REGION_INFO_FLAG_CAPS) {
       for_each_cap(buf, info->cap_offset, [&](uint16_t id, uint32_t off) {
         if (id == VFIO_REGION_INFO_CAP_MSIX_MAPPABLE) out.msix_mappable = true;
-        if (id != VFIO_REGION_INFO_CAP_SPARSE_MMAP || off + sizeof(vfio_region_info_cap_sparse_mmap) > buf.size()) return;
+        if (id != VFIO_REGION_INFO_CAP_SPARSE_MMAP || off + sizeof(vfio_region_info_cap_sparse_mmap) > buf.size())
+          return;
         vfio_region_info_cap_sparse_mmap sparse;
         std::memcpy(&sparse, buf.data() + off, sizeof sparse);
-        for_each_entry<decltype(sparse), vfio_region_sparse_mmap_area>(
-            buf, off, sparse.nr_areas,
-            [&](const vfio_region_sparse_mmap_area& a) { out.sparse.push_back({a.offset, a.size}); });
+        for_each_entry<decltype(sparse), vfio_region_sparse_mmap_area>(buf, off, sparse.nr_areas,
+                                                                       [&](const vfio_region_sparse_mmap_area& a) {
+                                                                         out.sparse.push_back({a.offset, a.size});
+                                                                       });
       });
     }
     return out;
@@ -248,8 +250,8 @@ void KernelDevice::set_irq_eventfds(uint32_t index, uint32_t start, std::span<co
     std::memcpy(buf.data() + sizeof(vfio_irq_set) + i * sizeof fd, &fd, sizeof fd);
   }
   if (::ioctl(fd_.get(), VFIO_DEVICE_SET_IRQS, set) != 0)
-    throw_errno(name_ + ": VFIO_DEVICE_SET_IRQS index " + std::to_string(index) + " vectors " +
-                std::to_string(start) + ".." + std::to_string(start + fds.size() - 1));
+    throw_errno(name_ + ": VFIO_DEVICE_SET_IRQS index " + std::to_string(index) + " vectors " + std::to_string(start) +
+                ".." + std::to_string(start + fds.size() - 1));
 }
 
 void KernelDevice::disable_irqs(uint32_t index) {
@@ -285,12 +287,14 @@ int KernelDevice::mmap_fd(uint32_t index, uint64_t& offset) {
 }
 
 void KernelDevice::map_dma(uint64_t iova, void* host, uint64_t size, bool writable) {
-  if (!owned_container_) throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
+  if (!owned_container_)
+    throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
   owned_container_->map_dma(iova, host, size, writable);
 }
 
 void KernelDevice::unmap_dma(uint64_t iova, uint64_t size) {
-  if (!owned_container_) throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
+  if (!owned_container_)
+    throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
   owned_container_->unmap_dma(iova, size);
 }
 

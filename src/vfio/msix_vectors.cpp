@@ -42,8 +42,7 @@ void MsixVectors::bind(unsigned vector, int eventfd) {
     return;
   }
   if (eventfd < 0) return;  // not enabled: nothing to release
-  if (vector >= info_.count)
-    throw std::out_of_range(device_.name() + ": no MSI-X vector " + std::to_string(vector));
+  if (vector >= info_.count) throw std::out_of_range(device_.name() + ": no MSI-X vector " + std::to_string(vector));
   const size_t had = fds_.size();
   fds_.resize(vector + 1, -1);
   fds_[vector] = eventfd;

@@ -204,8 +204,9 @@ void SimulatedDevice::start_generator(std::vector<uint32_t> vectors, double rate
   generator_stop_.store(false);
   generator_ = std::thread([this, vectors = std::move(vectors), rate, burst] {
     using Clock = std::chrono::steady_clock;
-    const auto period = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
-                                 : Clock::duration::zero();
+    const auto period = rate > 0
+                            ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
+                            : Clock::duration::zero();
     auto next = Clock::now();
     size_t i = 0;
     while (!generator_stop_.load(std::memory_order_relaxed)) {

@@ -51,33 +51,36 @@ void append(std::vector<uint8_t>& out, const T& v) {
 }  // namespace
 
 Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids)
-    : path_(std::move(socket_path)), device_(device),
-      conn_(io,
-            FramedReader(sizeof(Header), kMaxMsgFds,
-                         [](std::span<const uint8_t> h) {
-                           Header hdr;
-                           std::memcpy(&hdr, h.data(), sizeof hdr);
-                           if (hdr.size < sizeof(Header) || hdr.size > kMaxMessage)
-                             throw FramingError(std::string(command_name(hdr.command)) + " message of " +
-                                                std::to_string(hdr.size) + " bytes (16.." +
-                                                std::to_string(kMaxMessage) + " allowed)");
-                           return size_t{hdr.size - sizeof(Header)};
-                         }),
-            std::chrono::milliseconds(kMessageTimeoutMs), [this](FramedReader& r) { on_message(r); },
-            [this](const std::string& why, bool framing) { on_end(why, framing); }),
-      listener_(io, path_,
-                UnixListener::Options{"vfio-user: " + device.name(), "the export's allowed_uids", 0660,
-                                      std::move(allowed_uids)},
-                [this](UniqueFd fd, const ucred& peer) {
-                  spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
-                  client_pid_ = peer.pid;
-                  adopt(std::move(fd));
-                },
-                [this] { return conn_.connected(); },
-                [this](UniqueFd, const std::string& why) {
-                  ++stats_.refused_peers;
-                  stats_.last_error = why;
-                }) {
+    : path_(std::move(socket_path)),
+      device_(device),
+      conn_(
+          io,
+          FramedReader(sizeof(Header), kMaxMsgFds,
+                       [](std::span<const uint8_t> h) {
+                         Header hdr;
+                         std::memcpy(&hdr, h.data(), sizeof hdr);
+                         if (hdr.size < sizeof(Header) || hdr.size > kMaxMessage)
+                           throw FramingError(std::string(command_name(hdr.command)) + " message of " +
+                                              std::to_string(hdr.size) + " bytes (16.." + std::to_string(kMaxMessage) +
+                                              " allowed)");
+                         return size_t{hdr.size - sizeof(Header)};
+                       }),
+          std::chrono::milliseconds(kMessageTimeoutMs), [this](FramedReader& r) { on_message(r); },
+          [this](const std::string& why, bool framing) { on_end(why, framing); }),
+      listener_(
+          io, path_,
+          UnixListener::Options{"vfio-user: " + device.name(), "the export's allowed_uids", 0660,
+                                std::move(allowed_uids)},
+          [this](UniqueFd fd, const ucred& peer) {
+            spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
+            client_pid_ = peer.pid;
+            adopt(std::move(fd));
+          },
+          [this] { return conn_.connected(); },
+          [this](UniqueFd, const std::string& why) {
+            ++stats_.refused_peers;
+            stats_.last_error = why;
+          }) {
   spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
 }
 
@@ -138,7 +141,8 @@ void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<c
   const size_t total = sizeof h + payload.size();
   // A reply larger than the socket buffer goes in pieces as the client
   // reads it, all of it within kReplyDeadline.
-  const ssize_t n = send_all_within(conn_.fd(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds, kReplyDeadline);
+  const ssize_t n =
+      send_all_within(conn_.fd(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds, kReplyDeadline);
   if (n != static_cast<ssize_t>(total))
     throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " +
                              (n < 0 ? std::strerror(errno) : "short write"));
@@ -159,9 +163,12 @@ void Server::dispatch(Message& m) {
   }
   // Built only when something is refused: a MSI-X mask write is a message,
   // and a guest may send one per interrupt.
-  const auto what = [&] { return std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")"; };
+  const auto what = [&] {
+    return std::string(command_name(m.hdr.command)) + " (" + std::to_string(m.hdr.command) + ")";
+  };
   if ((m.hdr.flags & kTypeMask) != kTypeCommand)
-    throw ProtocolError("a " + std::string((m.hdr.flags & kTypeMask) == kTypeReply ? "reply" : "message of unknown type") +
+    throw ProtocolError("a " +
+                        std::string((m.hdr.flags & kTypeMask) == kTypeReply ? "reply" : "message of unknown type") +
                         " to nothing, command " + what());
   if (!negotiated_ && m.hdr.command != kVersion) throw ProtocolError(what() + " before VERSION");
   if (negotiated_ && m.hdr.command == kVersion) throw ProtocolError("a second VERSION");
@@ -301,8 +308,9 @@ void Server::device_reset(Message& /*m*/, Reply& /*r*/) {
 void Server::version(Message& m, Reply& r) {
   const auto major = load<uint16_t>(m.payload, 0);
   const auto minor = load<uint16_t>(m.payload, 2);
-  if (major != kMajor) throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) +
-                                                ": only major " + std::to_string(kMajor) + " is spoken");
+  if (major != kMajor)
+    throw Error(ENOTSUP, "protocol version " + std::to_string(major) + "." + std::to_string(minor) + ": only major " +
+                             std::to_string(kMajor) + " is spoken");
   bool write_multiple = false;  // offered back only when proposed (the reply's capabilities are a subset)
   if (m.payload.size() > 4) {
     std::string text(reinterpret_cast<const char*>(m.payload.data()) + 4, m.payload.size() - 4);
@@ -310,7 +318,8 @@ void Server::version(Message& m, Reply& r) {
     if (text.find('\0') != std::string::npos) throw Error(EINVAL, "VERSION data with a NUL inside");
     if (!text.empty()) {
       const auto j = nlohmann::json::parse(text, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) throw Error(EINVAL, "VERSION data is not a JSON object: " + printable(text));
+      if (j.is_discarded() || !j.is_object())
+        throw Error(EINVAL, "VERSION data is not a JSON object: " + printable(text));
       if (j.contains("capabilities")) {
         const auto& caps = j["capabilities"];
         if (!caps.is_object()) throw Error(EINVAL, "VERSION capabilities is not an object");
@@ -325,7 +334,8 @@ void Server::version(Message& m, Reply& r) {
         if (caps.contains("max_data_xfer_size")) {
           if (!caps["max_data_xfer_size"].is_number_unsigned() || caps["max_data_xfer_size"].get<uint64_t>() == 0)
             throw Error(EINVAL, "max_data_xfer_size is not a positive number");
-          peer_max_xfer_ = static_cast<uint32_t>(std::min<uint64_t>(caps["max_data_xfer_size"].get<uint64_t>(), kMaxDataXfer));
+          peer_max_xfer_ =
+              static_cast<uint32_t>(std::min<uint64_t>(caps["max_data_xfer_size"].get<uint64_t>(), kMaxDataXfer));
         }
       }
     }
@@ -354,7 +364,8 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
   if (d.flags & ~(kDmaFlagRead | kDmaFlagWrite)) throw Error(EINVAL, what + " with unknown flags " + hex(d.flags));
   if (d.size == 0 || d.address + d.size < d.address) throw Error(EINVAL, what + ": empty or wrapping");
   if ((d.address | d.size) % kPageSizes) throw Error(EINVAL, what + " is not page aligned");
-  if (windows_.size() >= kMaxDmaMaps) throw Error(ENOSPC, what + ": " + std::to_string(kMaxDmaMaps) + " windows already");
+  if (windows_.size() >= kMaxDmaMaps)
+    throw Error(ENOSPC, what + ": " + std::to_string(kMaxDmaMaps) + " windows already");
   for (const DmaWindow& w : windows_)
     if (d.address < w.iova + w.size && w.iova < d.address + d.size)
       throw Error(EEXIST, what + " overlaps [" + hex(w.iova) + ", +" + hex(w.size) + ")");
@@ -369,7 +380,8 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
     const uint64_t skew = d.offset % kPageSizes;
     void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),
                         static_cast<off_t>(d.offset - skew));
-    if (base == MAP_FAILED) throw Error(errno, what + ": cannot map the fd at offset " + hex(d.offset) + ": " + std::strerror(errno));
+    if (base == MAP_FAILED)
+      throw Error(errno, what + ": cannot map the fd at offset " + hex(d.offset) + ": " + std::strerror(errno));
     map = {base, d.size + skew, nullptr};
     try {
       // The client may truncate its file under the window: that fails its
@@ -434,15 +446,17 @@ void Server::unmap_all() {
 // region exists and allows it, 1..max bytes, inside the region (no wrap).
 void Server::check_access(uint32_t region, uint64_t offset, uint32_t count, bool write) const {
   const char* verb = write ? "write" : "read";
-  if (region >= bounds_.size()) throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(region) + ": no such region");
+  if (region >= bounds_.size())
+    throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(region) + ": no such region");
   if (count == 0 || count > kMaxDataXfer)
-    throw Error(EINVAL, std::string(verb) + " of " + std::to_string(count) + " bytes (1.." + std::to_string(kMaxDataXfer) + ")");
+    throw Error(EINVAL, std::string(verb) + " of " + std::to_string(count) + " bytes (1.." +
+                            std::to_string(kMaxDataXfer) + ")");
   const RegionBounds& reg = bounds_[region];
   if (!(reg.flags & (write ? VFIO_REGION_INFO_FLAG_WRITE : VFIO_REGION_INFO_FLAG_READ)))
     throw Error(EINVAL, std::string(verb) + " of region " + std::to_string(region) + ", which does not allow it");
   if (offset > reg.size || count > reg.size - offset)
-    throw Error(EINVAL, std::string(verb) + " of [" + hex(offset) + ", +" + std::to_string(count) + ") outside region " +
-                            std::to_string(region) + " of " + hex(reg.size) + " bytes");
+    throw Error(EINVAL, std::string(verb) + " of [" + hex(offset) + ", +" + std::to_string(count) +
+                            ") outside region " + std::to_string(region) + " of " + hex(reg.size) + " bytes");
 }
 
 // REGION_WRITE_MULTI: every write is checked before the first is done, so
@@ -450,20 +464,23 @@ void Server::check_access(uint32_t region, uint64_t offset, uint32_t count, bool
 void Server::region_write_multi(Message& m, Reply& r) {
   const auto count = load<uint64_t>(m.payload);
   if (count == 0 || count > kMaxWriteMulti)
-    throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes (1.." + std::to_string(kMaxWriteMulti) + ")");
+    throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes (1.." +
+                            std::to_string(kMaxWriteMulti) + ")");
   if (m.payload.size() != sizeof count + count * sizeof(WriteOne))
     throw Error(EINVAL, "REGION_WRITE_MULTI of " + std::to_string(count) + " writes in a payload of " +
                             std::to_string(m.payload.size()) + " bytes");
   for (uint64_t i = 0; i < count; ++i) {
     const auto w = load<WriteOne>(m.payload, sizeof count + i * sizeof(WriteOne));
     if (w.count > sizeof w.data)
-      throw Error(EINVAL, "REGION_WRITE_MULTI write " + std::to_string(i) + " of " + std::to_string(w.count) + " bytes (1..8)");
+      throw Error(EINVAL,
+                  "REGION_WRITE_MULTI write " + std::to_string(i) + " of " + std::to_string(w.count) + " bytes (1..8)");
     check_access(w.region, w.offset, w.count, true);
   }
   for (uint64_t i = 0; i < count; ++i) {
     const size_t at = sizeof count + i * sizeof(WriteOne);
     const auto w = load<WriteOne>(m.payload, at);
-    device_.write(w.region, w.offset, std::span<const uint8_t>(m.payload).subspan(at + offsetof(WriteOne, data), w.count));
+    device_.write(w.region, w.offset,
+                  std::span<const uint8_t>(m.payload).subspan(at + offsetof(WriteOne, data), w.count));
   }
   append(r.payload, count);
 }
@@ -523,9 +540,11 @@ void Server::set_irqs(Message& m, Reply& /*r*/) {
   // (the spec), so it must be the payload's; a bigger one claims data that
   // is not there.
   if (s.argsz != m.payload.size())
-    throw Error(EINVAL, "SET_IRQS argsz " + std::to_string(s.argsz) + " for a payload of " + std::to_string(m.payload.size()));
+    throw Error(EINVAL,
+                "SET_IRQS argsz " + std::to_string(s.argsz) + " for a payload of " + std::to_string(m.payload.size()));
   const uint32_t data = s.flags & (VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_DATA_EVENTFD);
-  const uint32_t action = s.flags & (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK | VFIO_IRQ_SET_ACTION_TRIGGER);
+  const uint32_t action =
+      s.flags & (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK | VFIO_IRQ_SET_ACTION_TRIGGER);
   if (s.flags & ~(data | action) || __builtin_popcount(data) != 1 || __builtin_popcount(action) != 1)
     throw Error(EINVAL, "SET_IRQS flags " + hex(s.flags) + ": one data type and one action");
   if (s.index >= device_.num_irqs()) throw Error(EINVAL, "SET_IRQS of IRQ index " + std::to_string(s.index));
@@ -547,7 +566,8 @@ void Server::set_irqs(Message& m, Reply& /*r*/) {
     if (!(info.flags & VFIO_IRQ_INFO_EVENTFD)) throw Error(EINVAL, range + ": the index does not signal eventfds");
     // No fds de-assigns the range; otherwise one per vector.
     if (!m.fds.empty() && m.fds.size() != s.count)
-      throw Error(EINVAL, "SET_IRQS for " + std::to_string(s.count) + " vectors with " + std::to_string(m.fds.size()) + " eventfds");
+      throw Error(EINVAL, "SET_IRQS for " + std::to_string(s.count) + " vectors with " + std::to_string(m.fds.size()) +
+                              " eventfds");
     std::vector<UniqueFd> fds = std::move(m.fds);
     for (uint32_t i = 0; i < fds.size(); ++i) {
       try {
@@ -563,7 +583,8 @@ void Server::set_irqs(Message& m, Reply& /*r*/) {
   if (!m.fds.empty()) throw Error(EINVAL, "SET_IRQS without eventfd data carries fds");
   if (data == VFIO_IRQ_SET_DATA_NONE && extra != 0) throw Error(EINVAL, "SET_IRQS DATA_NONE with payload data");
   if (data == VFIO_IRQ_SET_DATA_BOOL && extra != s.count)
-    throw Error(EINVAL, "SET_IRQS DATA_BOOL with " + std::to_string(extra) + " bytes for " + std::to_string(s.count) + " vectors");
+    throw Error(EINVAL, "SET_IRQS DATA_BOOL with " + std::to_string(extra) + " bytes for " + std::to_string(s.count) +
+                            " vectors");
   if (action != VFIO_IRQ_SET_ACTION_TRIGGER && !(info.flags & VFIO_IRQ_INFO_MASKABLE))
     throw Error(EINVAL, range + " is not maskable");
   for (uint32_t i = 0; i < s.count; ++i) {
@@ -580,7 +601,8 @@ const DmaWindow& Server::window_for(uint64_t iova, uint64_t size, bool write) co
   for (const DmaWindow& w : windows_)
     if (iova >= w.iova && size <= w.size && iova - w.iova <= w.size - size) {
       if (write ? !w.writable : !w.readable)
-        throw Error(EPERM, "DMA " + std::string(write ? "write to" : "read from") + " " + hex(iova) + ": the window does not allow it");
+        throw Error(EPERM, "DMA " + std::string(write ? "write to" : "read from") + " " + hex(iova) +
+                               ": the window does not allow it");
       return w;
     }
   throw Error(EFAULT, "DMA at [" + hex(iova) + ", +" + std::to_string(size) + "): not inside one window");
@@ -607,7 +629,8 @@ void Server::dma_write(uint64_t iova, std::span<const uint8_t> in) {
   }
   for (size_t done = 0; done < in.size();) {
     const size_t n = std::min<size_t>(in.size() - done, peer_max_xfer_);
-    std::vector<uint8_t> chunk(in.begin() + static_cast<ptrdiff_t>(done), in.begin() + static_cast<ptrdiff_t>(done + n));
+    std::vector<uint8_t> chunk(in.begin() + static_cast<ptrdiff_t>(done),
+                               in.begin() + static_cast<ptrdiff_t>(done + n));
     dma_transfer(kDmaWrite, iova + done, chunk);
     done += n;
   }
@@ -633,14 +656,16 @@ uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t
         continue;
       }
       if (m.hdr.id != id || m.hdr.command != command)
-        throw ProtocolError("a reply to " + std::string(command_name(m.hdr.command)) + " id " + std::to_string(m.hdr.id) +
-                            " while waiting for " + command_name(command) + " id " + std::to_string(id));
+        throw ProtocolError("a reply to " + std::string(command_name(m.hdr.command)) + " id " +
+                            std::to_string(m.hdr.id) + " while waiting for " + command_name(command) + " id " +
+                            std::to_string(id));
       if (m.hdr.flags & kError)
         throw Error(m.hdr.error ? static_cast<int>(m.hdr.error) : EIO,
                     std::string("client refused ") + command_name(command) + " at " + hex(iova));
       if (command == kDmaRead) {
         if (m.payload.size() != sizeof(DmaAccess) + data.size())
-          throw ProtocolError("DMA_READ reply of " + std::to_string(m.payload.size()) + " bytes for " + std::to_string(data.size()));
+          throw ProtocolError("DMA_READ reply of " + std::to_string(m.payload.size()) + " bytes for " +
+                              std::to_string(data.size()));
         std::memcpy(data.data(), m.payload.data() + sizeof(DmaAccess), data.size());
       } else if (m.payload.size() < 12) {
         throw ProtocolError("DMA_WRITE reply of " + std::to_string(m.payload.size()) + " bytes");

@@ -12,7 +12,8 @@ namespace {
 
 std::vector<uint8_t> read_config(vfio::Device& device) {
   const vfio::RegionInfo info = device.region(vfio::kConfigRegion);
-  if (info.size < 256) throw std::runtime_error(device.name() + ": config region of " + std::to_string(info.size) + " bytes");
+  if (info.size < 256)
+    throw std::runtime_error(device.name() + ": config region of " + std::to_string(info.size) + " bytes");
   std::vector<uint8_t> bytes(std::min<uint64_t>(info.size, 4096));
   device.read(vfio::kConfigRegion, 0, bytes.data(), bytes.size());
   return bytes;
@@ -203,7 +204,8 @@ void VfProxy::read(uint32_t region, uint64_t offset, std::span<uint8_t> data) {
     }
     return;
   }
-  if (region >= 6 || bars_[region].size == 0) throw Error(EINVAL, "read of region " + std::to_string(region) + ", which is empty");
+  if (region >= 6 || bars_[region].size == 0)
+    throw Error(EINVAL, "read of region " + std::to_string(region) + ", which is empty");
   bar_access(region, offset, data.data(), data.size(), false);
 }
 
@@ -220,7 +222,8 @@ void VfProxy::write(uint32_t region, uint64_t offset, std::span<const uint8_t> d
     }
     return;
   }
-  if (region >= 6 || bars_[region].size == 0) throw Error(EINVAL, "write of region " + std::to_string(region) + ", which is empty");
+  if (region >= 6 || bars_[region].size == 0)
+    throw Error(EINVAL, "write of region " + std::to_string(region) + ", which is empty");
   // A write only reads `data` (the same walk serves reads, hence non-const).
   bar_access(region, offset, const_cast<uint8_t*>(data.data()), data.size(), true);
 }

@@ -83,7 +83,7 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
   put8(c, kCapMsix + 0, 0x11);
   put8(c, kCapMsix + 1, kCapCommon);
   put16(c, kCapMsix + 2, static_cast<uint16_t>(routes_.size() - 1));
-  put32(c, kCapMsix + 4, 0x0 | 1U);              // table at 0 in BAR1
+  put32(c, kCapMsix + 4, 0x0 | 1U);  // table at 0 in BAR1
   put32(c, kCapMsix + 8, static_cast<uint32_t>(kPbaOffset) | 1U);
   virtio_cap(c, kCapCommon, kCapNotify, 16, kCommonCfg, 0, kCommonOffset, kCommonSize);
   virtio_cap(c, kCapNotify, kCapIsr, 20, kNotifyCfg, 0, kNotifyOffset, num_queues_ * kNotifyMultiplier);
@@ -224,7 +224,8 @@ void VirtioNetPci::config_write(uint32_t offset, unsigned size, uint32_t value) 
 }
 
 uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
-  if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize) return common_read(offset - kCommonOffset, size);
+  if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize)
+    return common_read(offset - kCommonOffset, size);
   if (offset == kIsrOffset) return 0;  // MSI-X in use: the ISR status is not used (§4.1.4.5)
   if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
     // struct virtio_net_config (§5.1.4), as the device model keeps it.
@@ -297,7 +298,9 @@ void VirtioNetPci::common_write(uint64_t off, unsigned size, uint64_t value) {
       if (driver_feature_select_ < 2 && !(status_ & kFeaturesOk))
         driver_features_ = merge(driver_features_, 4ULL * driver_feature_select_, 4, value);
       break;
-    case 0x10: config_msix_vector_ = value < routes_.size() || value == kNoVector ? static_cast<uint16_t>(value) : kNoVector; break;
+    case 0x10:
+      config_msix_vector_ = value < routes_.size() || value == kNoVector ? static_cast<uint16_t>(value) : kNoVector;
+      break;
     case 0x14: set_status(static_cast<uint8_t>(value)); break;
     case 0x16: queue_select_ = static_cast<uint16_t>(value); break;
     case 0x18:
@@ -324,8 +327,8 @@ void VirtioNetPci::set_status(uint8_t status) {
     const uint64_t offered = device_.offered_features();
     if ((driver_features_ & ~offered) || !(driver_features_ & virtio::kVersion1)) {
       // Features the device did not offer: FEATURES_OK does not stick (§3.1.1).
-      spdlog::warn("virtio-pci {}: driver features 0x{:x} not a subset of 0x{:x} with VERSION_1", name_, driver_features_,
-                   offered);
+      spdlog::warn("virtio-pci {}: driver features 0x{:x} not a subset of 0x{:x} with VERSION_1", name_,
+                   driver_features_, offered);
       status &= static_cast<uint8_t>(~kFeaturesOk);
     } else {
       device_.set_features(driver_features_);

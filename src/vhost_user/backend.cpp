@@ -66,7 +66,7 @@ namespace {
 constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice |
                                       kProtoStatus | kProtoConfig | kProtoConfigureMemSlots | kProtoInflightShmfd;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
-constexpr uint32_t kConfigHeader = 12;          // offset, size, flags before the config bytes
+constexpr uint32_t kConfigHeader = 12;        // offset, size, flags before the config bytes
 
 class ProtocolError : public std::runtime_error {
  public:
@@ -120,25 +120,33 @@ void Backend::CallRoutes::clear() {
   }
 }
 
-Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine, Mode mode,
-                 std::vector<uid_t> allowed_uids)
-    : path_(std::move(socket_path)), device_(device), calls_(engine, device), mode_(mode), allowed_uids_(std::move(allowed_uids)),
-      retry_(io), err_fds_(device.num_queues()), miss_watch_(io, ::dup(iotlb_.miss_fd())),
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine,
+                 Mode mode, std::vector<uid_t> allowed_uids)
+    : path_(std::move(socket_path)),
+      device_(device),
+      calls_(engine, device),
+      mode_(mode),
+      allowed_uids_(std::move(allowed_uids)),
+      retry_(io),
+      err_fds_(device.num_queues()),
+      miss_watch_(io, ::dup(iotlb_.miss_fd())),
       in_(std::make_unique<Message>()),
-      conn_(io,
-            FramedReader(sizeof(Header), kMaxFds,
-                         [](std::span<const uint8_t> bytes) {
-                           Header h;
-                           std::memcpy(&h, bytes.data(), sizeof h);
-                           if ((h.flags & kFlagVersionMask) != kVersion)
-                             throw FramingError("unsupported protocol version in flags 0x" + std::to_string(h.flags));
-                           if (h.size > kMaxPayload) throw FramingError("a payload of " + std::to_string(h.size) + " bytes");
-                           return size_t{h.size};
-                         }),
-            kMessageDeadline, [this](FramedReader& r) { on_message(r); },
-            [this](const std::string& why, bool) { on_end(why); },
-            // The IOTLB updates of a burst become visible to the workers at once.
-            [this] { publish_translations(); }) {
+      conn_(
+          io,
+          FramedReader(sizeof(Header), kMaxFds,
+                       [](std::span<const uint8_t> bytes) {
+                         Header h;
+                         std::memcpy(&h, bytes.data(), sizeof h);
+                         if ((h.flags & kFlagVersionMask) != kVersion)
+                           throw FramingError("unsupported protocol version in flags 0x" + std::to_string(h.flags));
+                         if (h.size > kMaxPayload)
+                           throw FramingError("a payload of " + std::to_string(h.size) + " bytes");
+                         return size_t{h.size};
+                       }),
+          kMessageDeadline, [this](FramedReader& r) { on_message(r); },
+          [this](const std::string& why, bool) { on_end(why); },
+          // The IOTLB updates of a burst become visible to the workers at once.
+          [this] { publish_translations(); }) {
   watch_misses();
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
@@ -221,7 +229,8 @@ void Backend::on_message(FramedReader& reader) {
   // release that had to wait is finished first.
   if (release_pending_) {
     if (!device_.reap())
-      throw ProtocolError("the device's worker has not stopped since the last session: it serves no front-end until it does");
+      throw ProtocolError(
+          "the device's worker has not stopped since the last session: it serves no front-end until it does");
     release_session();
   }
   if (device_.wedged() && !device_.reap())
@@ -321,7 +330,8 @@ void Backend::handle(Message& m) {
 
 unsigned Backend::queue_index(const Message& m, uint32_t index) const {
   if (index >= device_.num_queues())
-    throw ProtocolError(what(m) + " for queue " + std::to_string(index) + " of " + std::to_string(device_.num_queues()));
+    throw ProtocolError(what(m) + " for queue " + std::to_string(index) + " of " +
+                        std::to_string(device_.num_queues()));
   return index;
 }
 
@@ -434,7 +444,8 @@ bool Backend::set_vring_fd(Message& m) {
                         (no_fd ? "set" : "clear"));
   // Eventfds only, used non-blocking: one fd given as two queues' kick
   // must not leave a worker blocked in read() once the first drained it.
-  UniqueFd fd = checked_peer_eventfd(no_fd ? UniqueFd() : std::move(m.fds[0]), what(m) + " for queue " + std::to_string(q));
+  UniqueFd fd =
+      checked_peer_eventfd(no_fd ? UniqueFd() : std::move(m.fds[0]), what(m) + " for queue " + std::to_string(q));
   if (m.hdr.request == kSetVringKick) {
     if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
     device_.stop();
@@ -560,8 +571,8 @@ bool Backend::get_inflight(Message& m) {
 bool Backend::set_inflight(Message& m) {
   const InflightDesc d = checked_inflight(m.payload, device_.num_queues(), "SET_INFLIGHT_FD");
   const uint64_t need = d.num_queues * virtio::inflight_queue_bytes(d.queue_size);
-  const std::string what = "SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " +
-                           std::to_string(d.mmap_offset);
+  const std::string what =
+      "SET_INFLIGHT_FD of " + std::to_string(d.mmap_size) + " bytes at offset " + std::to_string(d.mmap_offset);
   if (d.mmap_size < need || d.mmap_offset % 64 != 0)
     throw ProtocolError(what + ": " + std::to_string(d.num_queues) + " queues of " + std::to_string(d.queue_size) +
                         " need " + std::to_string(need) + " bytes, 64-byte aligned");
@@ -589,7 +600,8 @@ bool Backend::set_inflight(Message& m) {
   inflight_map_ = static_cast<uint8_t*>(p);
   inflight_map_len_ = len;
   device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
-  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.config().name, d.num_queues, d.queue_size);
+  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.config().name, d.num_queues,
+               d.queue_size);
   return false;
 }
 
@@ -670,10 +682,10 @@ void Backend::iotlb_message(const IotlbMsg& msg) {
       break;
     }
     case kIotlbAccessFail:
-      spdlog::warn("vhost-user: {}: front-end reports an IOTLB access failure at 0x{:x}", device_.config().name, msg.iova);
+      spdlog::warn("vhost-user: {}: front-end reports an IOTLB access failure at 0x{:x}", device_.config().name,
+                   msg.iova);
       break;
-    default:
-      throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
+    default: throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
   }
 }
 

@@ -30,7 +30,6 @@ thread_local IovaCache t_iova;
 
 std::atomic<uint64_t> g_version{1};
 
-
 }  // namespace
 
 uint64_t next_translation_version() { return g_version.fetch_add(1, std::memory_order_relaxed); }
@@ -94,8 +93,8 @@ void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t u
 }
 
 void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
-  const std::string what = "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ") at fd offset " +
-                           hex(mmap_offset);
+  const std::string what =
+      "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ") at fd offset " + hex(mmap_offset);
   if (const std::string problem = peer_memory_problem(fd, mmap_offset, size); !problem.empty())
     throw std::invalid_argument(what + ": " + problem);
   // mmap wants a page-aligned file offset: map from the page the region starts in.
@@ -133,7 +132,11 @@ uint8_t* GuestMemory::translate_perm(uint64_t gpa, uint64_t len, uint8_t need) c
     // Entries are checked not to wrap when they arrive (Iotlb::update).
     const uint64_t begin = std::max(e.uaddr, r.user_addr);
     const uint64_t end = std::min(e.uaddr + e.size, r.user_addr + r.size);
-    c = {epoch_, generation, e.iova + (begin - e.uaddr), end - begin, r.host + (begin - r.user_addr),
+    c = {epoch_,
+         generation,
+         e.iova + (begin - e.uaddr),
+         end - begin,
+         r.host + (begin - r.user_addr),
          static_cast<uint8_t>(e.perm & r.perm)};
     return r.host + (u - r.user_addr);
   }

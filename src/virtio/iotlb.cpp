@@ -49,10 +49,11 @@ std::vector<IotlbEntry>::iterator first_ending_after(std::vector<IotlbEntry>& t,
 }  // namespace
 
 void Iotlb::update(const IotlbEntry& e) {
-  if (e.size == 0 || e.iova > UINT64_MAX - e.size || e.uaddr > UINT64_MAX - e.size || !(e.perm & (kIotlbRead | kIotlbWrite)))
-    throw std::invalid_argument("IOTLB update of " + std::to_string(e.size) + " bytes at IOVA " + std::to_string(e.iova) +
-                                " (front-end address " + std::to_string(e.uaddr) + ", permission " +
-                                std::to_string(e.perm) + "): empty, without permission, or wrapping");
+  if (e.size == 0 || e.iova > UINT64_MAX - e.size || e.uaddr > UINT64_MAX - e.size ||
+      !(e.perm & (kIotlbRead | kIotlbWrite)))
+    throw std::invalid_argument("IOTLB update of " + std::to_string(e.size) + " bytes at IOVA " +
+                                std::to_string(e.iova) + " (front-end address " + std::to_string(e.uaddr) +
+                                ", permission " + std::to_string(e.perm) + "): empty, without permission, or wrapping");
   // The entries it overlaps are one run of the sorted table: replaced by it.
   auto from = first_ending_after(staging_, e.iova);
   auto to = std::partition_point(from, staging_.end(), [&](const IotlbEntry& x) { return x.iova < e.iova + e.size; });
@@ -108,7 +109,8 @@ bool Iotlb::lookup_entry(uint64_t iova, uint64_t len, uint8_t need, IotlbEntry& 
   uint64_t covered = it->size - (iova - it->iova);
   uint8_t perm = it->perm;
   for (auto next = it + 1; covered < len; ++next) {
-    if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered || (next->perm & need) != need)
+    if (next == t->end() || next->iova != iova + covered || next->uaddr != start + covered ||
+        (next->perm & need) != need)
       return false;
     covered += next->size;
     perm &= next->perm;

@@ -126,7 +126,8 @@ Macvtap::Opened Macvtap::create_link(const std::string& lower, const std::string
       if (starts_with(a, kAliasPrefix + instance + " ")) {
         delete_link(sk.get(), name);
       } else if (starts_with(a, kAliasPrefix)) {
-        throw std::runtime_error("macvtap on " + lower + ": " + name + " there belongs to another sriovd ('" + a + "')");
+        throw std::runtime_error("macvtap on " + lower + ": " + name + " there belongs to another sriovd ('" + a +
+                                 "')");
       } else {
         others += (others.empty() ? "" : ", ") + name;
       }

@@ -27,8 +27,9 @@ namespace sriovd::virtio {
 namespace {
 
 constexpr size_t kHeader = sizeof(NetHeader);
-constexpr size_t kMaxPacket = 65536 + 64 + kHeader;  // a GSO packet (64 KB of IP, Ethernet and VLAN headers) and its header
-constexpr unsigned kMaxChains = 64;             // buffers one received packet may take
+constexpr size_t kMaxPacket =
+    65536 + 64 + kHeader;            // a GSO packet (64 KB of IP, Ethernet and VLAN headers) and its header
+constexpr unsigned kMaxChains = 64;  // buffers one received packet may take
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
 
@@ -103,10 +104,10 @@ struct NetDevice::Worker {
   // blocking.
   UniqueFd poke;
   int tap_fd = -1;
-  int room_fd = -1;  // the port's fd for room after a full transmit: tap_fd, or its own
+  int room_fd = -1;           // the port's fd for room after a full transmit: tap_fd, or its own
   bool room_watched = false;  // room_fd (its own) in the epoll set
-  bool tap_armed = true;   // watching the port for received packets
-  bool tx_blocked = false;  // the port had no room: watching it for room
+  bool tap_armed = true;      // watching the port for received packets
+  bool tx_blocked = false;    // the port had no room: watching it for room
   // Queues whose last pass ran out of budget: served again after the next
   // look at the stop event, without waiting for a kick.
   bool tx_more = false, rx_more = false, ctrl_more = false;
@@ -297,9 +298,9 @@ void NetDevice::start() {
   auto translated = [&](const Queue& q) {
     const RingLayout l = packed ? packed_layout(q.size) : split_layout(q.size);
     bool ok = true;
-    for (auto [addr, len, write] : {std::tuple{q.rings.desc, l.desc_bytes, false},
-                                    std::tuple{q.rings.driver, l.driver_bytes, false},
-                                    std::tuple{q.rings.device, l.device_bytes, true}})
+    for (auto [addr, len, write] :
+         {std::tuple{q.rings.desc, l.desc_bytes, false}, std::tuple{q.rings.driver, l.driver_bytes, false},
+          std::tuple{q.rings.device, l.device_bytes, true}})
       if (!memory_->translate(addr, len, write) && memory_->iotlb_miss(addr, len, write)) ok = false;
     return ok;
   };
@@ -397,8 +398,9 @@ bool NetDevice::stop_within(std::chrono::milliseconds limit) {
   workers_ = std::move(stuck);
   if (!workers_.empty()) {
     if (!wedged_)
-      spdlog::error("{}: the worker of queue pair {} did not stop within {} ms: the device is out of service until it does",
-                    config_.name, workers_.front()->pair, kStopDeadline.count());
+      spdlog::error(
+          "{}: the worker of queue pair {} did not stop within {} ms: the device is out of service until it does",
+          config_.name, workers_.front()->pair, kStopDeadline.count());
     wedged_ = true;
     broken_ = true;
     return false;
@@ -501,8 +503,7 @@ void NetDevice::run_pair(Worker& w) {
     for (int i = 0; i < n; ++i) {
       uint64_t count;
       switch (events[i].data.u64) {
-        case kEvStop:
-          return;
+        case kEvStop: return;
         case kEvPoke:
           (void)::read(w.poke.get(), &count, sizeof count);
           do_tx(w);
@@ -631,7 +632,8 @@ NetDevice::RxTake NetDevice::take_rx_packet(Worker& w, Queue& q) {
   }
   const ssize_t n = tap_->recv(w.pair, rx.bounce.data(), rx.bounce.size());
   if (n <= static_cast<ssize_t>(kHeader)) return RxTake::none;  // EAGAIN, or nothing usable
-  if ((features_ & kNetCtrlRx) && static_cast<size_t>(n) >= kHeader + 6 && !filter_.accepts(rx.bounce.data() + kHeader)) {
+  if ((features_ & kNetCtrlRx) && static_cast<size_t>(n) >= kHeader + 6 &&
+      !filter_.accepts(rx.bounce.data() + kHeader)) {
     filtered_.fetch_add(1, std::memory_order_relaxed);
     return RxTake::skipped;
   }

@@ -68,7 +68,8 @@ PacketSocket::PacketSocket(const std::string& ifname, unsigned queues, PacketRin
     if (!q.fd) throw_errno("AF_PACKET socket for " + ifname);
     const int fd = q.fd.get();
     int one = 1;
-    if (::setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0) throw_errno("PACKET_VNET_HDR on " + ifname);
+    if (::setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0)
+      throw_errno("PACKET_VNET_HDR on " + ifname);
     (void)::setsockopt(fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
     // What the host itself (or another queue) transmits on the VF goes to
     // the wire, not back to the guest.
@@ -205,7 +206,8 @@ ssize_t PacketSocket::send_plain(int fd, const iovec* iov, int count) {
 ssize_t PacketSocket::send_ring(Queue& q, const iovec* iov, int count) {
   uint8_t* slot = q.tx + static_cast<size_t>(q.tx_next) * q.tx_frame;
   const bool v3 = ring_ == PacketRing::v3;
-  uint32_t& status = v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
+  uint32_t& status =
+      v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
   if (status_of(status) != TP_STATUS_AVAILABLE) {
     flush(static_cast<unsigned>(&q - queues_.data()));
     if (status_of(status) != TP_STATUS_AVAILABLE) {
@@ -304,7 +306,8 @@ void PacketSocket::drop_pending(Queue& q) {
   while (q.tx_next != q.tx_head) {
     q.tx_next = q.tx_next == 0 ? q.tx_count - 1 : q.tx_next - 1;
     uint8_t* slot = q.tx + static_cast<size_t>(q.tx_next) * q.tx_frame;
-    uint32_t& status = v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
+    uint32_t& status =
+        v3 ? reinterpret_cast<tpacket3_hdr*>(slot)->tp_status : reinterpret_cast<tpacket2_hdr*>(slot)->tp_status;
     give_back(status, TP_STATUS_AVAILABLE);
     ++dropped_down_;
   }

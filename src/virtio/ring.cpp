@@ -135,8 +135,8 @@ void sort_by_counter(std::vector<Resubmit>& v) {
 }
 
 // Adds one buffer segment, checking its address and the read-then-write order.
-bool add_segment(const GuestMemory& mem, uint64_t addr, uint32_t len, bool writable, Chain& c,
-                 std::span<Segment> segs, RingError& err) {
+bool add_segment(const GuestMemory& mem, uint64_t addr, uint32_t len, bool writable, Chain& c, std::span<Segment> segs,
+                 RingError& err) {
   if (writable == false && c.count > c.readable) {
     err = RingError::write_then_read;
     return false;
@@ -215,7 +215,8 @@ class SplitQueue final : public Virtqueue {
     if (!desc_ || !avail_ || !used_) throw std::invalid_argument("split ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 2 || rings.device % 4)
       throw std::invalid_argument("split ring parts are misaligned (§2.7: 16, 2, 4)");
-    if (misaligned(desc_, 16) || misaligned(avail_, 2) || misaligned(used_, 4)) throw std::invalid_argument(kHostMisaligned);
+    if (misaligned(desc_, 16) || misaligned(avail_, 2) || misaligned(used_, 4))
+      throw std::invalid_argument(kHostMisaligned);
     last_avail_ = cached_avail_ = static_cast<uint16_t>(base);
     // The used index continues from what the ring holds (a reconnect).
     used_idx_ = signalled_ = published_ = std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 2)).load();
@@ -285,7 +286,8 @@ class SplitQueue final : public Virtqueue {
 
   bool enable_kicks() override {
     if (event_idx_) {
-      std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 4 + 8 * size_)).store(last_avail_, std::memory_order_relaxed);
+      std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 4 + 8 * size_))
+          .store(last_avail_, std::memory_order_relaxed);
     } else {
       std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_)).store(0, std::memory_order_relaxed);
     }
@@ -406,7 +408,8 @@ class PackedQueue final : public Virtqueue {
     if (!desc_ || !driver_ || !device_) throw std::invalid_argument("packed ring parts are not in guest memory");
     if (rings.desc % 16 || rings.driver % 4 || rings.device % 4)
       throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");
-    if (misaligned(desc_, 16) || misaligned(driver_, 4) || misaligned(device_, 4)) throw std::invalid_argument(kHostMisaligned);
+    if (misaligned(desc_, 16) || misaligned(driver_, 4) || misaligned(device_, 4))
+      throw std::invalid_argument(kHostMisaligned);
     if (base != 0) {
       next_avail_ = base & 0x7fffU;
       avail_wrap_ = (base >> 15U) & 1U;
@@ -676,7 +679,8 @@ class PackedQueue final : public Virtqueue {
       resubmit_.push_back(r);
       counter_ = std::max(counter_, r.counter + 1);
     }
-    if (slots > size_) bad_inflight(std::to_string(slots) + " descriptors in flight in a ring of " + std::to_string(size_));
+    if (slots > size_)
+      bad_inflight(std::to_string(slots) + " descriptors in flight in a ring of " + std::to_string(size_));
     sort_by_counter(resubmit_);
     recovered_ = resubmit_.size();
     next_used_ = signalled_ = header_->used_idx;

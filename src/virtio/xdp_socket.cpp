@@ -39,8 +39,8 @@ namespace {
 constexpr size_t kDeviceHeader = 12;  // struct virtio_net_hdr_v1
 constexpr const char* kProgName = "sriovd_xsk";
 constexpr const char* kOwnerPrefix = "sriovd:";
-constexpr size_t kOwnerBytes = 128;  // struct owner in the program
-constexpr uint32_t kFillBatch = 64;   // received frames handed back to the kernel at once
+constexpr size_t kOwnerBytes = 128;     // struct owner in the program
+constexpr uint32_t kFillBatch = 64;     // received frames handed back to the kernel at once
 constexpr uint32_t kXdpHeadroom = 256;  // XDP_PACKET_HEADROOM: where received frames start in their chunk
 // Frames a copy-mode sendto() transmits (the kernel's TX_BATCH_SIZE), and
 // the socket option that raises it (linux/if_xdp.h from 6.17; Debian 12's
@@ -252,7 +252,8 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     if (instance_of(a.owner) != instance)
       throw std::runtime_error("netdev " + ifname + " has the XDP program of another sriovd instance (" + a.owner +
                                ", id " + std::to_string(a.id) + ")");
-    if (!detach(ifindex_, a.fd.get())) throw_errno("netdev " + ifname + ": removing the XDP program a crashed run left (" + a.owner + ")");
+    if (!detach(ifindex_, a.fd.get()))
+      throw_errno("netdev " + ifname + ": removing the XDP program a crashed run left (" + a.owner + ")");
     spdlog::warn("virtio {}: removed the XDP program an earlier run left on {} ({})", device, ifname, a.owner);
   }
 
@@ -263,11 +264,12 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     bpf_object_open_opts opts{};
     opts.sz = sizeof opts;
     opts.object_name = kProgName;
-    prog_->obj = bpf_object__open_mem(sriovd_xsk_redirect_obj,
-                                      static_cast<size_t>(sriovd_xsk_redirect_obj_end - sriovd_xsk_redirect_obj), &opts);
+    prog_->obj = bpf_object__open_mem(
+        sriovd_xsk_redirect_obj, static_cast<size_t>(sriovd_xsk_redirect_obj_end - sriovd_xsk_redirect_obj), &opts);
     if (!prog_->obj) {
       const int err = errno;
-      throw std::runtime_error("AF_XDP on " + ifname + ": opening sriovd's XDP program: " + errno_text(err) + said.said());
+      throw std::runtime_error("AF_XDP on " + ifname + ": opening sriovd's XDP program: " + errno_text(err) +
+                               said.said());
     }
     if (int err = bpf_object__load(prog_->obj); err != 0)
       throw std::runtime_error("AF_XDP on " + ifname + ": loading sriovd's XDP program: " + errno_text(err) +
@@ -282,7 +284,8 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
   char owner[kOwnerBytes] = {};
   std::strncpy(owner, owner_of(instance, device).c_str(), sizeof owner - 1);
   const uint32_t zero = 0;
-  if (bpf_map_update_elem(owner_fd, &zero, owner, BPF_ANY) != 0) throw_errno("AF_XDP on " + ifname + ": writing the owner map");
+  if (bpf_map_update_elem(owner_fd, &zero, owner, BPF_ANY) != 0)
+    throw_errno("AF_XDP on " + ifname + ": writing the owner map");
   {
     Capture said;
     // Native mode where the driver has it; generic XDP (the kernel runs
@@ -292,8 +295,8 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     int err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd,
                              XDP_FLAGS_DRV_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
     if (err == -EOPNOTSUPP) {
-      err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd,
-                           XDP_FLAGS_SKB_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr);
+      err = bpf_xdp_attach(static_cast<int>(ifindex_), prog_->prog_fd, XDP_FLAGS_SKB_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST,
+                           nullptr);
       if (err == 0) {
         generic_ = true;
         spdlog::warn("virtio {}: {}'s driver has no native XDP: AF_XDP runs on generic XDP (slower)", device, ifname);
@@ -382,7 +385,8 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
   // one call sends a whole burst.
   if (mode_ == XdpMode::copy) {
     unsigned budget = ring_size;
-    tx_budget_ = ::setsockopt(x.tx_fd, SOL_XDP, kXdpMaxTxSkbBudget, &budget, sizeof budget) == 0 ? budget : kCopyTxBatch;
+    tx_budget_ =
+        ::setsockopt(x.tx_fd, SOL_XDP, kXdpMaxTxSkbBudget, &budget, sizeof budget) == 0 ? budget : kCopyTxBatch;
   }
   // Every receive frame into the fill ring; the transmit frames free.
   x.to_fill.resize(rx_frames);
@@ -396,7 +400,8 @@ void XdpSocket::bind_queue(unsigned qi, uint32_t ring_size) {
   if (!x.set) throw_errno("AF_XDP on " + name_ + ": epoll set of queue " + std::to_string(qi));
   const uint32_t key = qi;
   if (bpf_map_update_elem(prog_->xsks_fd, &key, &x.fd, BPF_ANY) != 0)
-    throw_errno("AF_XDP on " + name_ + ": entering the socket of queue " + std::to_string(qi) + " in the program's map");
+    throw_errno("AF_XDP on " + name_ + ": entering the socket of queue " + std::to_string(qi) +
+                " in the program's map");
   queues_.push_back(std::move(owned));
 }
 
@@ -469,7 +474,8 @@ void XdpSocket::rx_done(unsigned q) {
 void XdpSocket::reclaim(Queue& x) {
   uint32_t idx = 0;
   const uint32_t done = xsk_ring_cons__peek(&x.comp, static_cast<uint32_t>(x.tx_free.size()), &idx);
-  for (uint32_t i = 0; i < done; ++i) x.tx_free[x.n_free++] = *xsk_ring_cons__comp_addr(&x.comp, idx + i) & ~static_cast<uint64_t>(frame_ - 1);
+  for (uint32_t i = 0; i < done; ++i)
+    x.tx_free[x.n_free++] = *xsk_ring_cons__comp_addr(&x.comp, idx + i) & ~static_cast<uint64_t>(frame_ - 1);
   if (done) xsk_ring_cons__release(&x.comp, done);
 }
 
@@ -570,7 +576,8 @@ void XdpSocket::resteer() {
     Queue& x = *owned;
     const int want = static_cast<int>(x.index % n);
     if (x.in_set == want) continue;
-    if (x.in_set >= 0) (void)::epoll_ctl(queues_[static_cast<size_t>(x.in_set)]->set.get(), EPOLL_CTL_DEL, x.fd, nullptr);
+    if (x.in_set >= 0)
+      (void)::epoll_ctl(queues_[static_cast<size_t>(x.in_set)]->set.get(), EPOLL_CTL_DEL, x.fd, nullptr);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u32 = x.index;
@@ -584,7 +591,8 @@ void XdpSocket::resteer() {
 
 bool XdpSocket::link_up() const { return netdev_running(queues_.front()->fd, name_); }
 
-std::vector<std::string> XdpSocket::remove_left_over(const std::string& instance, const std::vector<std::string>& keep) {
+std::vector<std::string> XdpSocket::remove_left_over(const std::string& instance,
+                                                     const std::vector<std::string>& keep) {
   std::vector<std::string> removed;
   struct if_nameindex* all = ::if_nameindex();
   if (!all) throw_errno("listing netdevs");

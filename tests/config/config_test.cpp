@@ -137,7 +137,8 @@ virtio_devices:
     transport: vhost-user
     socket: /run/n0.sock
     backend: {type: tap, name: tap0}
-)", "v.yaml");
+)",
+                           "v.yaml");
   const VirtioDevice& d = cfg.virtio_devices.at(0);
   EXPECT_EQ(d.queue_pairs, 1);
   EXPECT_EQ(d.queue_size, 256);
@@ -159,7 +160,8 @@ virtio_devices:
     queue_size: 1000
     packed: on
     backend: {type: tap, name: tap0, offloads: []}
-)", "v.yaml");
+)",
+                           "v.yaml");
   EXPECT_EQ(cfg.virtio_devices[0].queue_size, 1000);
   EXPECT_FALSE(cfg.virtio_devices[0].tap.offloads.csum);
 }
@@ -171,7 +173,8 @@ control:
   socket: /tmp/x/control.sock
   group: root
   allowed_uids: [0, 1000]
-)", "c.yaml");
+)",
+                           "c.yaml");
   EXPECT_EQ(cfg.control.gid, 0U);
   EXPECT_EQ(cfg.control.allowed_uids, (std::vector<uid_t>{0, 1000}));
 }
@@ -183,8 +186,7 @@ TEST(Files, UnreadableFileIsOneDiagnosticWithoutLine) {
   } catch (const ConfigError& e) {
     ASSERT_EQ(e.diagnostics().size(), 1U);
     EXPECT_EQ(e.diagnostics()[0].line, 0);
-    EXPECT_EQ(e.diagnostics()[0].to_string(),
-              "/nonexistent/sriovd.yaml: cannot read: No such file or directory");
+    EXPECT_EQ(e.diagnostics()[0].to_string(), "/nonexistent/sriovd.yaml: cannot read: No such file or directory");
   }
 }
 

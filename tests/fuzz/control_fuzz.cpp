@@ -98,7 +98,8 @@ std::vector<std::string> converse(const std::string& bytes, std::chrono::millise
       half_closed = true;
     }
     pollfd p{fd.get(), POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     check(left.count() > 0);  // a hang is a finding
     if (::poll(&p, 1, sent < bytes.size() ? 1 : static_cast<int>(left.count())) == 1) {
       char buf[65536];

@@ -72,7 +72,10 @@ struct Model {
   }
   [[nodiscard]] uint32_t dword(unsigned v, unsigned d) const {
     const Entry& e = entries[v];
-    return d == 0 ? static_cast<uint32_t>(e.address) : d == 1 ? static_cast<uint32_t>(e.address >> 32U) : d == 2 ? e.data : e.control;
+    return d == 0   ? static_cast<uint32_t>(e.address)
+           : d == 1 ? static_cast<uint32_t>(e.address >> 32U)
+           : d == 2 ? e.data
+                    : e.control;
   }
   void write_dword(unsigned v, unsigned d, uint32_t value) {
     Entry& e = entries[v];

@@ -21,8 +21,8 @@ namespace {
 
 using namespace sriovd::virtio;
 
-constexpr uint64_t kGpa = 0x10000;      // guest RAM starts here
-constexpr uint64_t kRam = 64 * 1024;    // and is this long
+constexpr uint64_t kGpa = 0x10000;             // guest RAM starts here
+constexpr uint64_t kRam = 64 * 1024;           // and is this long
 constexpr uint64_t kUser = 0x7f0000000000ULL;  // the front-end's address of it (IOTLB targets)
 
 struct Rig {
@@ -71,7 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool with_iotlb = mode & 4U;
   const bool with_inflight = mode & 8U;
   // Split sizes are powers of two; packed ones any size.
-  const uint16_t qsize = packed ? static_cast<uint16_t>(1 + in.byte() % 128) : static_cast<uint16_t>(1U << (in.byte() % 8));
+  const uint16_t qsize =
+      packed ? static_cast<uint16_t>(1 + in.byte() % 128) : static_cast<uint16_t>(1U << (in.byte() % 8));
   RingAddresses a{kGpa + (in.take<uint16_t>() % kRam), kGpa + (in.take<uint16_t>() % kRam),
                   kGpa + (in.take<uint16_t>() % kRam)};
   const uint32_t base = in.take<uint32_t>();

@@ -157,8 +157,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint16_t v[2] = {kMajor, kMinor};
     std::memcpy(version.data(), v, sizeof v);
     if (mode & 4U) {
-      const std::string caps = R"({"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576,"max_dma_maps":65535,)"
-                               R"("pgsizes":4096,"migration":{"pgsize":4096,"max_bitmap_size":1048576},"write_multiple":true}})";
+      const std::string caps =
+          R"({"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576,"max_dma_maps":65535,)"
+          R"("pgsizes":4096,"migration":{"pgsize":4096,"max_bitmap_size":1048576},"write_multiple":true}})";
       version.insert(version.end(), caps.begin(), caps.end());
       version.push_back(0);
     }

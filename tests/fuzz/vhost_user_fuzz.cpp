@@ -106,26 +106,62 @@ World& world() {
 }
 
 // The requests the back-end serves, and a few it does not.
-constexpr uint32_t kRequests[] = {
-    kGetFeatures, kSetFeatures, kSetOwner, kResetOwner, kSetMemTable, kSetVringNum, kSetVringAddr, kSetVringBase,
-    kGetVringBase, kSetVringKick, kSetVringCall, kSetVringErr, kGetProtocolFeatures, kSetProtocolFeatures,
-    kGetQueueNum, kSetVringEnable, kSendRarp, kNetSetMtu, kSetBackendReqFd, kIotlbMsg, kGetConfig, kSetConfig,
-    kGetInflightFd, kSetInflightFd, kResetDevice, kGetMaxMemSlots, kAddMemReg, kRemMemReg, kSetStatus, kGetStatus,
-    kSetLogBase, 99};
+constexpr uint32_t kRequests[] = {kGetFeatures,
+                                  kSetFeatures,
+                                  kSetOwner,
+                                  kResetOwner,
+                                  kSetMemTable,
+                                  kSetVringNum,
+                                  kSetVringAddr,
+                                  kSetVringBase,
+                                  kGetVringBase,
+                                  kSetVringKick,
+                                  kSetVringCall,
+                                  kSetVringErr,
+                                  kGetProtocolFeatures,
+                                  kSetProtocolFeatures,
+                                  kGetQueueNum,
+                                  kSetVringEnable,
+                                  kSendRarp,
+                                  kNetSetMtu,
+                                  kSetBackendReqFd,
+                                  kIotlbMsg,
+                                  kGetConfig,
+                                  kSetConfig,
+                                  kGetInflightFd,
+                                  kSetInflightFd,
+                                  kResetDevice,
+                                  kGetMaxMemSlots,
+                                  kAddMemReg,
+                                  kRemMemReg,
+                                  kSetStatus,
+                                  kGetStatus,
+                                  kSetLogBase,
+                                  99};
 
 size_t usual_size(uint32_t request, uint16_t pick) {
   switch (request) {
-    case kSetFeatures: case kSetProtocolFeatures: case kNetSetMtu: case kSetStatus: case kSendRarp:
-    case kSetVringKick: case kSetVringCall: case kSetVringErr:
-      return 8;
-    case kSetVringNum: case kSetVringBase: case kGetVringBase: case kSetVringEnable:
-      return sizeof(VringState);
+    case kSetFeatures:
+    case kSetProtocolFeatures:
+    case kNetSetMtu:
+    case kSetStatus:
+    case kSendRarp:
+    case kSetVringKick:
+    case kSetVringCall:
+    case kSetVringErr: return 8;
+    case kSetVringNum:
+    case kSetVringBase:
+    case kGetVringBase:
+    case kSetVringEnable: return sizeof(VringState);
     case kSetVringAddr: return sizeof(VringAddr);
     case kSetMemTable: return 8 + sizeof(MemRegion) * (1 + pick % kMaxRegions);
     case kIotlbMsg: return sizeof(IotlbMsg);
-    case kAddMemReg: case kRemMemReg: return sizeof(SingleMemRegion);
-    case kGetInflightFd: case kSetInflightFd: return sizeof(InflightDesc);
-    case kGetConfig: case kSetConfig: return 12 + pick % 32;
+    case kAddMemReg:
+    case kRemMemReg: return sizeof(SingleMemRegion);
+    case kGetInflightFd:
+    case kSetInflightFd: return sizeof(InflightDesc);
+    case kGetConfig:
+    case kSetConfig: return 12 + pick % 32;
     default: return 0;
   }
 }
@@ -138,9 +174,7 @@ std::vector<UniqueFd> fds_for(World& w, uint32_t request, fuzz::Input& in) {
     switch (request) {
       case kSetMemTable:
       case kAddMemReg:
-      case kRemMemReg:
-        fds.emplace_back(::dup(w.ram.get()));
-        break;
+      case kRemMemReg: fds.emplace_back(::dup(w.ram.get())); break;
       case kSetInflightFd: {
         UniqueFd m(::memfd_create("fuzz-inflight", MFD_CLOEXEC));
         (void)::ftruncate(m.get(), static_cast<off_t>(in.take<uint16_t>()) * 16);

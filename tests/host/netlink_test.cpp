@@ -26,8 +26,7 @@ std::multimap<uint16_t, std::vector<uint8_t>> attributes(const uint8_t* data, si
     nlattr a;
     std::memcpy(&a, data, sizeof a);
     if (a.nla_len < sizeof a || a.nla_len > len) break;
-    out.emplace(a.nla_type & NLA_TYPE_MASK,
-                std::vector<uint8_t>(data + NLA_HDRLEN, data + a.nla_len));
+    out.emplace(a.nla_type & NLA_TYPE_MASK, std::vector<uint8_t>(data + NLA_HDRLEN, data + a.nla_len));
     const size_t step = NLA_ALIGN(a.nla_len);
     if (step >= len) break;
     data += step;

@@ -20,9 +20,7 @@ const PciAddress kVf0 = *PciAddress::parse("0000:3b:02.0");
 const PciAddress kVf1 = *PciAddress::parse("0000:3b:02.1");
 const PciAddress kVf2 = *PciAddress::parse("0000:3b:02.2");
 
-json binding(HostControl& c, const PciAddress& dev) {
-  return c.get(Key{KeyKind::binding, dev});
-}
+json binding(HostControl& c, const PciAddress& dev) { return c.get(Key{KeyKind::binding, dev}); }
 
 TEST(Reconciler, AppliesTheConfigAndReleaseRestoresTheHostExactly) {
   SimHost h;

@@ -122,9 +122,7 @@ TEST(Topology, LibpciReadsTheSimulatedTree) {
   EXPECT_EQ(vf1.msix->pba_offset, 0x2000U);
 }
 
-TEST(Topology, AMissingTreeIsAnErrorNotAnExit) {
-  EXPECT_THROW(scan_pci("/nonexistent-sysfs"), std::runtime_error);
-}
+TEST(Topology, AMissingTreeIsAnErrorNotAnExit) { EXPECT_THROW(scan_pci("/nonexistent-sysfs"), std::runtime_error); }
 
 }  // namespace
 }  // namespace sriovd::host

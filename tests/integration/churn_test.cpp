@@ -81,9 +81,11 @@ class Churn : public test::Daemon {
   std::string config(int variant) const {
     if (variant == 2) return "version: 1\nhost: [simulated\n";
     std::string text = test::config_text(socket(), 3);
-    text += "virtio_devices:\n"
-            "  - {name: vu0, type: net, transport: vhost-user, socket: " + dir_.file("run/vu0.sock") +
-            ", queue_size: " + (variant == 1 ? "512" : "256") + ", backend: {type: tap, name: chvu0}}\n";
+    text +=
+        "virtio_devices:\n"
+        "  - {name: vu0, type: net, transport: vhost-user, socket: " +
+        dir_.file("run/vu0.sock") + ", queue_size: " + (variant == 1 ? "512" : "256") +
+        ", backend: {type: tap, name: chvu0}}\n";
     if (variant == 0)
       text += "  - {name: vp0, type: net, transport: vfio-user, socket: " + dir_.file("run/vp0.sock") +
               ", backend: {type: tap, name: chvp0}}\n";
@@ -104,7 +106,8 @@ class Churn : public test::Daemon {
     } catch (const std::exception& e) {
       r = {{"ok", false}, {"transport_error", e.what()}};
     }
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     if (era.load() != era_before || (era_before & 1U)) return r;
     std::lock_guard lock(mutex);
     const std::string cmd = req.value("cmd", "");
@@ -149,11 +152,11 @@ TEST_F(Churn, ReloadsClientsCrashesAndUdevEventsTogether) {
       }
       std::vector<std::string> argv;
       if (which == 0)
-        argv = {SRIOVD_GUEST_BIN, "virtio-net", "--vhost-user", dir_.file("run/vu0.sock"), "--netns", ns, "--tap",
-                "chg" + std::to_string(which)};
+        argv = {SRIOVD_GUEST_BIN, "virtio-net", "--vhost-user", dir_.file("run/vu0.sock"),
+                "--netns",        ns,           "--tap",        "chg" + std::to_string(which)};
       else if (which == 1)
-        argv = {SRIOVD_GUEST_BIN, "virtio-net", "--socket", dir_.file("run/vp0.sock"), "--netns", ns, "--tap",
-                "chg" + std::to_string(which)};
+        argv = {SRIOVD_GUEST_BIN, "virtio-net", "--socket", dir_.file("run/vp0.sock"),
+                "--netns",        ns,           "--tap",    "chg" + std::to_string(which)};
       else
         argv = {SRIOVD_GUEST_BIN, "msix-storm", "--socket", socket() + ".vf0", "--seconds", "30", "--rate", "2000"};
       {
@@ -252,10 +255,11 @@ TEST_F(Churn, ReloadsClientsCrashesAndUdevEventsTogether) {
   EXPECT_GT(reloads.load(), 3U);
   EXPECT_GT(udev_events.load(), 3U);
   for (const auto& [cmd, ms] : slowest_by_cmd) std::printf("churn: slowest %s: %ld ms\n", cmd.c_str(), ms);
-  std::printf("churn: %u guests started and killed, %u reloads, %u udev events, slowest request %ld ms; "
-              "fds %zu -> %zu, threads %zu -> %zu, RSS %zu -> %zu KiB\n",
-              guests_started.load(), reloads.load(), udev_events.load(), slowest_ms, base.fds, now.fds, base.threads,
-              now.threads, base.rss, now.rss);
+  std::printf(
+      "churn: %u guests started and killed, %u reloads, %u udev events, slowest request %ld ms; "
+      "fds %zu -> %zu, threads %zu -> %zu, RSS %zu -> %zu KiB\n",
+      guests_started.load(), reloads.load(), udev_events.load(), slowest_ms, base.fds, now.fds, base.threads,
+      now.threads, base.rss, now.rss);
 
   daemon_->signal(SIGTERM);
   const auto status = daemon_->wait_for(20s);

@@ -25,19 +25,25 @@ inline std::string config_text(const std::string& socket, int num_vfs, const std
   const std::string dir = std::filesystem::path(socket).parent_path().parent_path().string();
   return "version: 1\n"
          "host: simulated\n"
-         "state_dir: " + dir + "/state\n"
+         "state_dir: " +
+         dir +
+         "/state\n"
          "simulated:\n"
          "  physical_functions:\n"
          "    - {address: \"0000:3b:00.0\", netdev: simpf0, total_vfs: 8, msix_vectors_per_vf: 4}\n"
          "control:\n"
-         "  socket: " + socket + "\n" + extra_control +
+         "  socket: " +
+         socket + "\n" + extra_control +
          "physical_functions:\n"
          "  - address: \"0000:3b:00.0\"\n"
-         "    num_vfs: " + std::to_string(num_vfs) + "\n"
+         "    num_vfs: " +
+         std::to_string(num_vfs) +
+         "\n"
          "    vfs:\n"
          "      - index: 0\n"
          "        mac: \"02:00:00:00:00:01\"\n"
-         "        assign: {owner: vm1, socket: " + socket + ".vf0}\n";
+         "        assign: {owner: vm1, socket: " +
+         socket + ".vf0}\n";
 }
 
 class Daemon : public ::testing::Test {
@@ -54,9 +60,9 @@ class Daemon : public ::testing::Test {
   void write_vf_device_config(const std::string& name, const std::string& via, bool with_device) {
     std::string text = config_text(socket(), 2);
     if (with_device)
-      text += "virtio_devices:\n  - {name: " + name + ", type: net, transport: vhost-user, socket: " +
-              dir_.file("run/" + name + ".sock") + ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: " + via +
-              "}}\n";
+      text += "virtio_devices:\n  - {name: " + name +
+              ", type: net, transport: vhost-user, socket: " + dir_.file("run/" + name + ".sock") +
+              ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: " + via + "}}\n";
     dir_.write("sriovd.yaml", text);
   }
 

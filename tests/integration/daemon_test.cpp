@@ -89,7 +89,7 @@ TEST_F(Daemon, AnswersStatusVersionAndDevices) {
 TEST_F(Daemon, ControlSocketIsMode0660) {
   write_config(1);
   start();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(socket().c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660U);
@@ -179,8 +179,8 @@ TEST_F(Daemon, SriovctlPrintsTablesAndJson) {
   auto devices = ctl({"devices"});
   EXPECT_EQ(devices.exit_code, 0) << devices.output;
   EXPECT_THAT(devices.output, HasSubstr("PF            VF  ADDRESS       DRIVER    GROUP  MAC"));
-  EXPECT_THAT(devices.output,
-              ::testing::ContainsRegex("0000:3b:00.0  0   0000:3b:02.0  vfio-pci  [0-9]+ +02:00:00:00:00:01  -     vm1"));
+  EXPECT_THAT(devices.output, ::testing::ContainsRegex(
+                                  "0000:3b:00.0  0   0000:3b:02.0  vfio-pci  [0-9]+ +02:00:00:00:00:01  -     vm1"));
   auto as_json = ctl({"--json", "devices"});
   ASSERT_EQ(as_json.exit_code, 0);
   json parsed = json::parse(as_json.output);
@@ -209,7 +209,7 @@ TEST_F(Daemon, ReloadAppliesAGoodFileAndRefusesABadOne) {
   auto bad = ctl({"reload"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.output, HasSubstr(config_path() + ":16:15: physical_functions[0].vfs[0].vlan: "
-                                    "expected an integer from 0 to 4095, got '9999'"));
+                                                    "expected an integer from 0 to 4095, got '9999'"));
   json status = request({{"cmd", "status"}})["result"];
   EXPECT_EQ(status["vfs"], 3);
   EXPECT_EQ(status["reloads"]["ok"], 1);
@@ -254,8 +254,7 @@ TEST_F(Daemon, SighupReloadsAndABadFileChangesNothing) {
   EXPECT_TRUE(test::wait_until([&] { return request({{"cmd", "status"}})["result"]["vfs"] == 4; }, 5s));
   dir_.write("sriovd.yaml", "version: 1\nhost: [\n");
   daemon_->signal(SIGHUP);
-  EXPECT_TRUE(test::wait_until(
-      [&] { return request({{"cmd", "status"}})["result"]["reloads"]["failed"] == 1; }, 5s));
+  EXPECT_TRUE(test::wait_until([&] { return request({{"cmd", "status"}})["result"]["reloads"]["failed"] == 1; }, 5s));
   EXPECT_EQ(request({{"cmd", "status"}})["result"]["vfs"], 4);
   EXPECT_TRUE(daemon_->running());
 }
@@ -319,8 +318,8 @@ TEST_F(Daemon, MalformedRequestsGetClearErrorsAndTheDaemonLives) {
 
 TEST_F(Daemon, PeerOutsideTheAllowListIsRefused) {
   write_config(1, "  allowed_uids: [" + std::to_string(::getuid() + 4242) + "]\n");
-  daemon_ = std::make_unique<test::Process>(
-      std::vector<std::string>{SRIOVD_BIN, "--config", config_path()}, dir_.file("sriovd.log"));
+  daemon_ = std::make_unique<test::Process>(std::vector<std::string>{SRIOVD_BIN, "--config", config_path()},
+                                            dir_.file("sriovd.log"));
   ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(socket()); }, 10s));
   json reply;
   ASSERT_TRUE(test::wait_until(
@@ -566,8 +565,8 @@ TEST_F(Daemon, ReleaseGivesOneVfBackToTheHost) {
 // VF the config assigns on it.
 TEST_F(Daemon, ReleaseByPfNetdevOrAddressAndAWholePf) {
   // The PF named by netdev in the file.
-  std::string by_netdev = config_text(socket(), 3) + "      - index: 1\n        assign: {owner: vm2, socket: " +
-                          socket() + ".vf1}\n";
+  std::string by_netdev =
+      config_text(socket(), 3) + "      - index: 1\n        assign: {owner: vm2, socket: " + socket() + ".vf1}\n";
   by_netdev.replace(by_netdev.find("  - address: \"0000:3b:00.0\"\n    num_vfs"), 27, "  - netdev: simpf0\n");
   dir_.write("sriovd.yaml", by_netdev);
   start();
@@ -628,8 +627,8 @@ TEST_F(Daemon, AReloadThatFailsOnTheHostRollsBackAndKeepsTheOldConfig) {
   // The third VF's binding will fail: the kernel refuses its driver_override.
   auto f = ctl({"simulate-fault", "0000:3b:02.2/driver_override", "--errno", "16"});
   ASSERT_EQ(f.exit_code, 0) << f.output;
-  dir_.write("sriovd.yaml", config_text(socket(), 3) + "      - index: 2\n        assign: {owner: vm3, socket: " +
-                                socket() + ".vf2}\n");
+  dir_.write("sriovd.yaml", config_text(socket(), 3) +
+                                "      - index: 2\n        assign: {owner: vm3, socket: " + socket() + ".vf2}\n");
   auto reload = ctl({"reload"});
   EXPECT_EQ(reload.exit_code, 1);
   EXPECT_THAT(reload.output, HasSubstr("rolled back"));
@@ -717,7 +716,10 @@ TEST_F(Daemon, ReloadStartsRestartsAndStopsVirtioDevices) {
   ASSERT_EQ(request({{"cmd", "reload"}})["ok"], true);
   EXPECT_FALSE(virtio().count("a0"));
   EXPECT_TRUE(test::wait_until(
-      [&] { return test::run({"/sbin/ip", "-n", ns, "link", "show", "rla0" + tag}).exit_code != 0; }, 10s));
+      [&] {
+        return test::run({"/sbin/ip", "-n", ns, "link", "show", "rla0" + tag}).exit_code != 0;
+      },
+      10s));
   EXPECT_FALSE(std::filesystem::exists(dir_.file("run/a0.sock")));
 }
 
@@ -812,8 +814,8 @@ TEST_F(Daemon, XdpProgramOfACrashedRunIsRemovedAtTheNextStart) {
   configure(false);
   start({}, in_ns);
   EXPECT_THAT(xdp_of(netdev), Not(HasSubstr("prog/xdp"))) << daemon_->log();
-  EXPECT_THAT(daemon_->log(), HasSubstr("removed the XDP program an earlier run left on " + netdev + " (sriovd:" +
-                                        dir_.file("state") + " xd0)"));
+  EXPECT_THAT(daemon_->log(), HasSubstr("removed the XDP program an earlier run left on " + netdev +
+                                        " (sriovd:" + dir_.file("state") + " xd0)"));
   daemon_->signal(SIGTERM);
   ASSERT_TRUE(daemon_->wait_for(10s));
 }
@@ -882,12 +884,14 @@ TEST(SriovdCli, CheckConfigVersionAndUsage) {
 // options come from the binary's own --help.
 TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
   auto complete = [](const std::string& words, int cword) {
-    const std::string script = "source " + std::string(SRIOVD_SOURCE_DIR) + "/scripts/bash-completion/sriovctl; COMP_WORDS=(" +
-                               SRIOVCTL_BIN + " " + words + "); COMP_CWORD=" + std::to_string(cword) +
-                               "; _sriovctl; echo \"${COMPREPLY[*]}\"";
+    const std::string script = "source " + std::string(SRIOVD_SOURCE_DIR) +
+                               "/scripts/bash-completion/sriovctl; COMP_WORDS=(" + SRIOVCTL_BIN + " " + words +
+                               "); COMP_CWORD=" + std::to_string(cword) + "; _sriovctl; echo \"${COMPREPLY[*]}\"";
     return test::run({"/bin/bash", "-c", script}).output;
   };
-  EXPECT_EQ(complete("''", 1), "status devices routes stats reload plan version release simulate-fault simulate-interrupt simulate-link udev-event\n");
+  EXPECT_EQ(complete("''", 1),
+            "status devices routes stats reload plan version release simulate-fault simulate-interrupt simulate-link "
+            "udev-event\n");
   EXPECT_EQ(complete("de", 1), "devices\n");
   EXPECT_EQ(complete("devices --js", 2), "--json\n");
   EXPECT_EQ(complete("simulate-fault --ti", 2), "--times --timeout\n");
@@ -949,7 +953,7 @@ TEST_F(Daemon, EachExportHasItsOwnSocketAccessAndAReloadAppliesIt) {
   const std::string vf0 = socket() + ".vf0";
   configure("{user: nobody, group: nogroup, mode: \"0600\", allowed_uids: [65534]}");
   start();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600U);
   EXPECT_EQ(st.st_uid, 65534U);
@@ -980,13 +984,14 @@ TEST_F(Daemon, AReloadNeverFollowsWhatAPeerPutAtItsSocketPath) {
   auto configure = [&](const std::string& mode) {
     std::string text = config_text(socket(), 2, "  allowed_uids: [0]\n");
     const std::string plain = "assign: {owner: vm1, socket: " + socket() + ".vf0}";
-    text.replace(text.find(plain), plain.size(),
-                 "assign: {owner: vm1, socket: " + vf0 + ", access: {user: nobody, group: nogroup, mode: \"" + mode + "\"}}");
+    text.replace(
+        text.find(plain), plain.size(),
+        "assign: {owner: vm1, socket: " + vf0 + ", access: {user: nobody, group: nogroup, mode: \"" + mode + "\"}}");
     dir_.write("sriovd.yaml", text);
   };
   configure("0660");
   start();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(vf0.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 65534U);
   const ino_t socket_ino = st.st_ino;
@@ -1010,7 +1015,7 @@ TEST_F(Daemon, AReloadNeverFollowsWhatAPeerPutAtItsSocketPath) {
   // (which is the VMM's) nor the secret.
   dir_.write("sriovd.yaml", config_text(socket(), 2, "  allowed_uids: [0]\n"));  // the export moves elsewhere
   ASSERT_TRUE(request({{"cmd", "reload"}}).value("ok", false));
-  struct stat lst{};
+  struct stat lst {};
   EXPECT_EQ(::lstat(vf0.c_str(), &lst), 0) << "the VMM's symlink was removed";
   EXPECT_TRUE(S_ISLNK(lst.st_mode));
   EXPECT_EQ(::stat(secret.c_str(), &st), 0);
@@ -1120,17 +1125,29 @@ TEST_F(Daemon, VfioUserClientCrashAndReconnect) {
   const std::string vf0 = socket() + ".vf0";
   test::Process guest({SRIOVD_GUEST_BIN, "msix-storm", "--socket", vf0, "--seconds", "60", "--rate", "20000"},
                       dir_.file("guest.log"));
-  ASSERT_TRUE(test::wait_until([&] { return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "connected"; }, 10s))
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "connected";
+      },
+      10s))
       << guest.log();
   ASSERT_TRUE(test::wait_until(
-      [&] { return export_of(request({{"cmd", "devices"}}), vf0)["interrupts"].value("delivered", 0) > 100; }, 10s));
+      [&] {
+        return export_of(request({{"cmd", "devices"}}), vf0)["interrupts"].value("delivered", 0) > 100;
+      },
+      10s));
   guest.signal(SIGKILL);
   ASSERT_TRUE(guest.wait_for(5s));
-  ASSERT_TRUE(test::wait_until([&] { return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "listening"; }, 5s));
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        return export_of(request({{"cmd", "devices"}}), vf0).value("state", "") == "listening";
+      },
+      5s));
   const json routes = request({{"cmd", "routes"}});  // kept: a range over a temporary's member would dangle
   ASSERT_TRUE(routes["result"]["routes"].is_array()) << routes.dump();
   for (const auto& r : routes["result"]["routes"]) EXPECT_NE(r["device"], "0000:3b:02.0") << r.dump();
-  const test::RunResult again = test::run({SRIOVD_GUEST_BIN, "--json", "msix-storm", "--socket", vf0, "--seconds", "1"});
+  const test::RunResult again =
+      test::run({SRIOVD_GUEST_BIN, "--json", "msix-storm", "--socket", vf0, "--seconds", "1"});
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_GT(json::parse(again.output.substr(again.output.find('{')))["handled"].get<uint64_t>(), 0U) << again.output;
   EXPECT_EQ(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["connections"], 2);

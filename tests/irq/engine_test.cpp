@@ -346,7 +346,7 @@ TEST(Engine, ASinkReplacedUnderConcurrentTriggersIsNeverWrittenAfterClose) {
   uint64_t stale = 0;
   for (int round = 0; round < 3000; ++round) {
     e.set_sink(id, eventfd_nb());
-    e.set_sink(id, eventfd_nb());  // closes the first: its number is free now
+    e.set_sink(id, eventfd_nb());    // closes the first: its number is free now
     UniqueFd canary = eventfd_nb();  // most likely takes that number
     std::this_thread::yield();
     stale += drain(canary.get());

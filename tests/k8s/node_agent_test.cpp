@@ -173,7 +173,7 @@ TEST(NodeAgentHostile, APeerThatIsNotTheKubeletIsRefused) {
   agent.update({pool()});
   const std::string socket = dir.file("plugins") + "/sriovd-sriovd.test_pool.sock";
   ASSERT_TRUE(test::wait_until([&] { return fs::exists(socket); }, 2s));
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(socket.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600U);
   // Let the kernel admit anyone, so that the daemon's own check is what is tested.
@@ -194,7 +194,7 @@ TEST(NodeAgentHostile, APeerThatIsNotTheKubeletIsRefused) {
     (void)::send(fd, preface, sizeof preface - 1, MSG_NOSIGNAL);
     char buf[64];
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 3000) != 1) ::_exit(4);  // neither closed nor answered
+    if (::poll(&p, 1, 3000) != 1) ::_exit(4);           // neither closed nor answered
     ::_exit(::read(fd, buf, sizeof buf) <= 0 ? 0 : 5);  // closed (or reset) without a byte
   }
   int status = 0;

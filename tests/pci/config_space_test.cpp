@@ -88,8 +88,8 @@ TEST(ConfigSpace, NoCapabilitiesListBitNoCapabilities) {
 // Every config space the project emits is well formed: a VF's (MSI-X),
 // a PF's (SR-IOV too), a device without MSI-X.
 TEST(CapabilityProblems, NoneInWhatTheProjectEmits) {
-  for (const EndpointSpec& s : {EndpointSpec{.msix_vectors = 8}, EndpointSpec{.msix_vectors = 64, .total_vfs = 8},
-                                EndpointSpec{}}) {
+  for (const EndpointSpec& s :
+       {EndpointSpec{.msix_vectors = 8}, EndpointSpec{.msix_vectors = 64, .total_vfs = 8}, EndpointSpec{}}) {
     const auto c = make_endpoint_config(s);
     EXPECT_EQ(capability_problems(c), std::vector<std::string>{});
   }

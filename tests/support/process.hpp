@@ -39,8 +39,7 @@ struct RunResult {
   int exit_code = -1;  // -1: killed by a signal or timed out
   std::string output;  // stdout and stderr
 };
-RunResult run(const std::vector<std::string>& argv,
-              std::chrono::milliseconds timeout = std::chrono::seconds(30));
+RunResult run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // Polls `condition` until it holds or the deadline passes.
 bool wait_until(const std::function<bool()>& condition, std::chrono::milliseconds timeout);

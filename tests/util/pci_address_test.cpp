@@ -17,8 +17,8 @@ TEST(PciAddress, ParsesFullAndShortForms) {
 }
 
 TEST(PciAddress, RejectsMalformed) {
-  for (const char* bad : {"", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8", "zz:00.0",
-                          "0000:3b:00.0x", "000:3b:00.0", "0000:3b:0.0", "0000:3b:00.0:1"})
+  for (const char* bad : {"", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8", "zz:00.0", "0000:3b:00.0x", "000:3b:00.0",
+                          "0000:3b:0.0", "0000:3b:00.0:1"})
     EXPECT_FALSE(PciAddress::parse(bad)) << bad;
 }
 

@@ -153,14 +153,17 @@ TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {
   std::atomic<int> messages{0};
   std::promise<std::pair<std::string, bool>> ended;
   auto owned = std::make_unique<PeerConnection>(
-      loop.io, reader(), 300ms, [&](FramedReader& r) {
+      loop.io, reader(), 300ms,
+      [&](FramedReader& r) {
         uint8_t h[4];
         std::vector<uint8_t> payload;
         std::vector<UniqueFd> fds;
         r.take(h, payload, fds);
         ++messages;
       },
-      [&](const std::string& why, bool framing) { ended.set_value({why, framing}); });
+      [&](const std::string& why, bool framing) {
+        ended.set_value({why, framing});
+      });
   PeerConnection& conn = *owned;
   loop.on_loop([&] {
     conn.adopt(std::move(p.ours));
@@ -286,7 +289,7 @@ TEST(SocketFileAttack, AccessGoesToTheSocketNotToWhatItsPathHoldsNow) {
   const mode_t old_mask = ::umask(077);
   SocketFile file(path, {std::nullopt, std::nullopt, 0666}, "test socket");
   EXPECT_EQ(::umask(old_mask), 077U) << "the umask was changed";
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0666U) << "the umask cut the mode";
@@ -320,7 +323,7 @@ TEST(SocketFileAttack, ASocketStillInPlaceIsRemovedAndALiveOneRefused) {
   UniqueFd c = connect_unix(path, "test socket");
   EXPECT_TRUE(c.valid());
   file.remove();
-  struct stat st{};
+  struct stat st {};
   EXPECT_NE(::lstat(path.c_str(), &st), 0);
 }
 

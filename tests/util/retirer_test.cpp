@@ -56,7 +56,7 @@ TEST(Retirer, EachKeyIsWaitedForAloneOrByItsPrefix) {
   EXPECT_TRUE(r.wait_gone("tap:other", 0ms));
   EXPECT_FALSE(r.wait_gone("vf:", 0ms, true));
   EXPECT_TRUE(r.wait_gone("vf:eth4", 0ms, true));  // no key starts with it
-  EXPECT_FALSE(r.wait_gone("", 0ms));               // everything
+  EXPECT_FALSE(r.wait_gone("", 0ms));              // everything
   open.set_value();
   EXPECT_TRUE(r.wait_gone("vf:", 10s, true));
   EXPECT_TRUE(r.wait_gone("", 10s));

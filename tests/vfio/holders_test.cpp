@@ -36,7 +36,8 @@ class FakeProc {
     if (!syspath.empty()) info << "vfio-device-syspath: " << syspath << "\n";
   }
   void bar_mapping(pid_t pid) {
-    std::ofstream(dir(pid) + "/maps", std::ios::app) << "7f0000000000-7f0000004000 rw-s 00000000 00:0e 1057 anon_inode:[vfio-device]\n";
+    std::ofstream(dir(pid) + "/maps", std::ios::app)
+        << "7f0000000000-7f0000004000 rw-s 00000000 00:0e 1057 anon_inode:[vfio-device]\n";
   }
 
  private:

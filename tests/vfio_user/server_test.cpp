@@ -331,7 +331,8 @@ TEST_F(VfProxyTest, FunctionMaskHoldsEveryVector) {
   c.write32(vfio::kConfigRegion, kMsixCap, dw0 | (0x4000U << 16U));  // Function Mask
   sim->trigger(vfio::kMsixIrq, 0);
   sim->trigger(vfio::kMsixIrq, 1);
-  for (int i = 0; i < 200 && (c.read32(0, SimulatedDevice::kPbaOffset) & 3U) != 3U; ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && (c.read32(0, SimulatedDevice::kPbaOffset) & 3U) != 3U; ++i)
+    std::this_thread::sleep_for(5ms);
   EXPECT_EQ(take(a.get(), 20ms), 0U);
   c.write32(vfio::kConfigRegion, kMsixCap, dw0 & ~(0x4000U << 16U));
   EXPECT_EQ(take(a.get()), 1U);
@@ -385,22 +386,23 @@ TEST_F(VfProxyTest, BadRequestsGetErrorsNotACrash) {
     const auto* p = reinterpret_cast<const uint8_t*>(&v);
     return std::vector<uint8_t>(p, p + sizeof v);
   };
-  expect_errno(kDeviceGetInfo, {1, 2, 3}, EINVAL);                                            // short
-  expect_errno(kDeviceGetRegionInfo, bytes(RegionInfo{32, 0, 99, 0, 0, 0}), EINVAL);          // no region 99
-  expect_errno(kRegionRead, bytes(RegionAccess{0x4000, 0, 4}), EINVAL);                        // past BAR0
-  expect_errno(kRegionRead, bytes(RegionAccess{0, 0, kMaxDataXfer + 1}), EINVAL);              // too big
-  expect_errno(kRegionRead, bytes(RegionAccess{UINT64_MAX - 1, 7, 4}), EINVAL);                // wraps
-  expect_errno(kRegionWrite, bytes(RegionAccess{0, 7, 8}), EINVAL);                            // data missing
-  expect_errno(kDeviceGetIrqInfo, bytes(IrqInfo{16, 0, 9, 0}), EINVAL);                       // no index 9
+  expect_errno(kDeviceGetInfo, {1, 2, 3}, EINVAL);                                    // short
+  expect_errno(kDeviceGetRegionInfo, bytes(RegionInfo{32, 0, 99, 0, 0, 0}), EINVAL);  // no region 99
+  expect_errno(kRegionRead, bytes(RegionAccess{0x4000, 0, 4}), EINVAL);               // past BAR0
+  expect_errno(kRegionRead, bytes(RegionAccess{0, 0, kMaxDataXfer + 1}), EINVAL);     // too big
+  expect_errno(kRegionRead, bytes(RegionAccess{UINT64_MAX - 1, 7, 4}), EINVAL);       // wraps
+  expect_errno(kRegionWrite, bytes(RegionAccess{0, 7, 8}), EINVAL);                   // data missing
+  expect_errno(kDeviceGetIrqInfo, bytes(IrqInfo{16, 0, 9, 0}), EINVAL);               // no index 9
   expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK, 2, 7, 2}), EINVAL);
-  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1}), EINVAL);   // no action
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1}), EINVAL);  // no action
   expect_errno(kDeviceSetIrqs, bytes(IrqSet{24, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK, 2, 0, 1}), EINVAL);
   UniqueFd e1 = eventfd_(), e2 = eventfd_();
   const int two[2] = {e1.get(), e2.get()};
-  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1}), EINVAL, two);
-  expect_errno(kDmaMap, bytes(DmaMap{32, 0x80, 0, 0x1000, 0x1000}), EINVAL);                   // unknown flag
-  expect_errno(kDmaMap, bytes(DmaMap{32, 3, 0, UINT64_MAX & ~0xfffULL, 0x2000}), EINVAL);      // wraps
-  expect_errno(kDeviceGetInfo, bytes(DeviceInfo{16, 0, 0, 0}), EINVAL, two);                   // fds where none belong
+  expect_errno(kDeviceSetIrqs, bytes(IrqSet{20, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1}),
+               EINVAL, two);
+  expect_errno(kDmaMap, bytes(DmaMap{32, 0x80, 0, 0x1000, 0x1000}), EINVAL);               // unknown flag
+  expect_errno(kDmaMap, bytes(DmaMap{32, 3, 0, UINT64_MAX & ~0xfffULL, 0x2000}), EINVAL);  // wraps
+  expect_errno(kDeviceGetInfo, bytes(DeviceInfo{16, 0, 0, 0}), EINVAL, two);               // fds where none belong
   expect_errno(77, {}, ENOSYS);
   EXPECT_EQ(exported->server->stats().error_replies, 15U);
   EXPECT_EQ(c.read32(vfio::kConfigRegion, 0), 0x154c8086U);  // still served
@@ -519,7 +521,8 @@ TEST_F(VfProxyTest, TwoHundredConnectCyclesLeakNothing) {
   const size_t maps_before = mappings();
   const size_t rss_before = rss_kib();
   for (int i = 0; i < 200; ++i) cycle();
-  for (int i = 0; i < 200 && (engine.size() != 0 || exported->server->connected()); ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && (engine.size() != 0 || exported->server->connected()); ++i)
+    std::this_thread::sleep_for(5ms);
   EXPECT_EQ(open_fds(), fds_before);
   // Every DMA window (a 64 KiB mapping each time) was unmapped, and the
   // heap did not grow with the cycles (200 leaked windows would be 12.5 MiB).
@@ -783,8 +786,7 @@ TEST_F(VfProxyTest, RefusalsCannotForgeOrFloodTheLog) {
   ASSERT_TRUE(test::wait_until([&] { return log.text().find("forged") != std::string::npos; }, 2s));
   const std::string after_version = log.text();
   std::istringstream lines(after_version);
-  for (std::string line; std::getline(lines, line);)
-    EXPECT_NE(line.rfind("<0>", 0), 0U) << "a forged line: " << line;
+  for (std::string line; std::getline(lines, line);) EXPECT_NE(line.rfind("<0>", 0), 0U) << "a forged line: " << line;
   EXPECT_NE(after_version.find("\\x0a<0>"), std::string::npos) << after_version;
   ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
 
@@ -793,7 +795,7 @@ TEST_F(VfProxyTest, RefusalsCannotForgeOrFloodTheLog) {
     const uint64_t before = exported->server->stats().error_replies;
     const std::vector<uint8_t> byte{0};
     for (int i = 0; i < 5000; ++i) c.post_write(0, 1ULL << 40U, byte);  // outside BAR0: refused, no reply
-    EXPECT_EQ(c.read32(vfio::kConfigRegion, 0) & 0xffffU, 0x8086U);   // a read flushes the posted writes
+    EXPECT_EQ(c.read32(vfio::kConfigRegion, 0) & 0xffffU, 0x8086U);     // a read flushes the posted writes
     EXPECT_EQ(exported->server->stats().error_replies - before, 5000U);
     EXPECT_LE(lines_with(log.text(), "REGION_WRITE (10) refused"), 30U) << "a log line per refused write";
   }
@@ -849,7 +851,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, VfProxyPolicies,
                          [](const auto& param_info) {
                            return std::string(param_info.param == irq::Policy::relay    ? "relay"
                                               : param_info.param == irq::Policy::direct ? "direct"
-                                                                                  : "adaptive");
+                                                                                        : "adaptive");
                          });
 
 // What the client sees of the VF's config space is well formed: the
@@ -887,8 +889,8 @@ WriteOne one(uint32_t region, uint64_t offset, uint32_t value) {
 TEST_F(VfProxyTest, WriteMultiIsServedInOrderOrNotAtAll) {
   guest::VfioUserClient c(socket, nlohmann::json{{"capabilities", {{"max_msg_fds", 16}, {"write_multiple", true}}}});
   EXPECT_EQ(c.server_capabilities()["capabilities"].value("write_multiple", false), true);
-  auto reply = c.call(kRegionWriteMulti, write_multi({one(0, 2 * 16, 0xfee00000), one(0, 2 * 16 + 8, 0x4022),
-                                                      one(0, 2 * 16 + 12, 0)}));
+  auto reply = c.call(kRegionWriteMulti,
+                      write_multi({one(0, 2 * 16, 0xfee00000), one(0, 2 * 16 + 8, 0x4022), one(0, 2 * 16 + 12, 0)}));
   ASSERT_EQ(reply.payload.size(), 8U);
   uint64_t done = 0;
   std::memcpy(&done, reply.payload.data(), 8);

@@ -56,7 +56,9 @@ class PairPort : public virtio::PacketPort {
     m.msg_iovlen = static_cast<size_t>(count);
     return ::sendmsg(ours_[q].get(), &m, MSG_DONTWAIT);
   }
-  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override { return ::recv(ours_[q].get(), buf, size, MSG_DONTWAIT); }
+  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override {
+    return ::recv(ours_[q].get(), buf, size, MSG_DONTWAIT);
+  }
   void set_offloads(unsigned) override {}
   void set_active_queues(unsigned n) override { active.store(n); }
   bool link_up() const override { return link.load(); }
@@ -73,7 +75,10 @@ class PairPort : public virtio::PacketPort {
 // its own; stopped when it goes.
 struct Exported {
   Exported(const std::string& socket, const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port)
-      : net(nc, engine, std::move(port)), pci(net, engine, nc.name), server(io, socket, pci), thread([this] { io.run(); }) {}
+      : net(nc, engine, std::move(port)),
+        pci(net, engine, nc.name),
+        server(io, socket, pci),
+        thread([this] { io.run(); }) {}
   ~Exported() {
     io.stop();
     thread.join();
@@ -234,7 +239,8 @@ TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
 }
 
 void run_traffic(VirtioPciTest& t, guest::VfioUserClient& c, bool packed, bool keeps_msix_table = false) {
-  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = packed, .offloads = false, .keeps_msix_table = keeps_msix_table});
+  guest::VirtioNetDriver d(
+      c, {.queue_size = 64, .packed = packed, .offloads = false, .keeps_msix_table = keeps_msix_table});
   d.bring_up();
   EXPECT_EQ(d.packed(), packed);
   EXPECT_EQ(d.mac(), "02:5a:00:00:01:02");
@@ -314,9 +320,7 @@ TEST_F(VirtioPciTest, PostedMaskWritesTakeEffectInOrderWithoutReplies) {
   guest::VfioUserClient c(socket);
   guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
-  const auto mask = [&](uint32_t v) {
-    c.post_write(1, 0 * 16 + 12, {reinterpret_cast<const uint8_t*>(&v), sizeof v});
-  };
+  const auto mask = [&](uint32_t v) { c.post_write(1, 0 * 16 + 12, {reinterpret_cast<const uint8_t*>(&v), sizeof v}); };
   const uint64_t masks = engine.stats(pci->vector_route(0)).masks;
   for (int i = 0; i < 100; ++i) {
     mask(1);
@@ -370,7 +374,7 @@ TEST_F(VirtioPciTest, ControlQueueFiltersWhatTheDriverReceives) {
     std::vector<uint8_t> out(2048);
     return d.receive(out.data(), out.size(), 200) == f.size();
   };
-  EXPECT_TRUE(delivered(other));  // promiscuous until the driver says otherwise
+  EXPECT_TRUE(delivered(other));       // promiscuous until the driver says otherwise
   EXPECT_EQ(d.control(0, 0, {0}), 0);  // RX PROMISC off
   EXPECT_EQ(d.control(0, 1, {0}), 0);  // RX ALLMULTI off
   EXPECT_FALSE(delivered(other));
@@ -523,8 +527,8 @@ TEST_F(VirtioPciTest, ClientsThatVanishWithTheDeviceRunningLeaveNoMemory) {
   for (int i = 0; i < 20; ++i) {
     {
       guest::VfioUserClient c(socket);
-      guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = (i % 2) != 0, .offloads = false,
-                                   .keeps_msix_table = (i % 3) == 0});
+      guest::VirtioNetDriver d(
+          c, {.queue_size = 64, .packed = (i % 2) != 0, .offloads = false, .keeps_msix_table = (i % 3) == 0});
       d.bring_up();
       ASSERT_TRUE(net->running());
     }
@@ -719,7 +723,8 @@ TEST_F(VirtioPciTest, FdLessWindowsAreTakenAndRingsInThemRefusedAtStart) {
     c.write(0, 0x16, std::vector<uint8_t>{static_cast<uint8_t>(q), 0});
     c.write(0, 0x18, std::vector<uint8_t>{64, 0});
     const uint64_t base = 0x40000000 + q * 0x4000;
-    for (const auto& [at, v] : {std::pair{0x20U, base}, std::pair{0x28U, base + 0x1000}, std::pair{0x30U, base + 0x2000}}) {
+    for (const auto& [at, v] :
+         {std::pair{0x20U, base}, std::pair{0x28U, base + 0x1000}, std::pair{0x30U, base + 0x2000}}) {
       c.write32(0, at, static_cast<uint32_t>(v));
       c.write32(0, at + 4, static_cast<uint32_t>(v >> 32U));
     }

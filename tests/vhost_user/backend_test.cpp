@@ -35,7 +35,8 @@ class NullPort : public test::EventPort {
 class Frontend {
  public:
   explicit Frontend(const std::string& path) : fd_(test::connect_frontend(path)) {}
-  void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}, uint32_t flags = kVersion) {
+  void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {},
+            uint32_t flags = kVersion) {
     Header h{request, flags, size};
     std::vector<uint8_t> bytes(sizeof h + size);
     std::memcpy(bytes.data(), &h, sizeof h);
@@ -56,7 +57,8 @@ class Frontend {
     Header h{};
     if (::recv(fd_.get(), &h, sizeof h, MSG_WAITALL) != sizeof h) return std::nullopt;
     std::vector<uint8_t> v(h.size);
-    if (h.size && ::recv(fd_.get(), v.data(), v.size(), MSG_WAITALL) != static_cast<ssize_t>(v.size())) return std::nullopt;
+    if (h.size && ::recv(fd_.get(), v.data(), v.size(), MSG_WAITALL) != static_cast<ssize_t>(v.size()))
+      return std::nullopt;
     return v;
   }
   // A header alone, claiming `size` payload bytes.
@@ -176,68 +178,94 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
       {"short payload", [&](Frontend& f) { f.send(kSetFeatures, &u64, 4); }, "SET_FEATURES (2) with 4 payload bytes"},
       {"fds where none belong", [&](Frontend& f) { f.send(kSetFeatures, &u64, 8, {e1.get()}); },
        "SET_FEATURES (2) with 1 fds, expected 0"},
-      {"two kick fds", [&](Frontend& f) { f.send(kSetVringKick, &u64, 8, {e1.get(), e2.get()}); },
+      {"two kick fds",
+       [&](Frontend& f) {
+         f.send(kSetVringKick, &u64, 8, {e1.get(), e2.get()});
+       },
        "SET_VRING_KICK (12) with 2 fds"},
       {"unknown request", [&](Frontend& f) { f.send(99, nullptr, 0); }, "request unknown (99) is not served"},
       {"bad version", [&](Frontend& f) { f.send(kGetFeatures, nullptr, 0, {}, 0x2); }, "unsupported protocol version"},
       {"huge payload", [&](Frontend& f) { f.send_header(kSetMemTable, 5000); }, "a payload of 5000 bytes"},
-      {"queue out of range", [&](Frontend& f) { VringState s{7, 256}; f.send(kSetVringNum, &s, sizeof s); },
+      {"queue out of range",
+       [&](Frontend& f) {
+         VringState s{7, 256};
+         f.send(kSetVringNum, &s, sizeof s);
+       },
        "for queue 7 of 2"},
-      {"memory table with no fds", [&](Frontend& f) {
+      {"memory table with no fds",
+       [&](Frontend& f) {
          MemTable t{};
          t.nregions = 1;
          t.regions[0] = {0, 4096, 0, 0};
          f.send(kSetMemTable, &t, 8 + sizeof(MemRegion));
-       }, "SET_MEM_TABLE with 0 fds for 1 regions"},
-      {"inflight buffer for no queue", [&](Frontend& f) {
+       },
+       "SET_MEM_TABLE with 0 fds for 1 regions"},
+      {"inflight buffer for no queue",
+       [&](Frontend& f) {
          InflightDesc d{0, 0, 0, 256, 0};
          f.send(kGetInflightFd, &d, sizeof d);
-       }, "GET_INFLIGHT_FD for 0 queues"},
-      {"inflight buffer too small", [&](Frontend& f) {
+       },
+       "GET_INFLIGHT_FD for 0 queues"},
+      {"inflight buffer too small",
+       [&](Frontend& f) {
          UniqueFd m(::memfd_create("inflight", MFD_CLOEXEC));
          ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
          InflightDesc d{4096, 0, 2, 256, 0};
          f.send(kSetInflightFd, &d, sizeof d, {m.get()});
-       }, "SET_INFLIGHT_FD of 4096 bytes at offset 0: 2 queues of 256 need"},
-      {"inflight buffer without its fd", [&](Frontend& f) {
+       },
+       "SET_INFLIGHT_FD of 4096 bytes at offset 0: 2 queues of 256 need"},
+      {"inflight buffer without its fd",
+       [&](Frontend& f) {
          InflightDesc d{1 << 20, 0, 2, 256, 0};
          f.send(kSetInflightFd, &d, sizeof d);
-       }, "SET_INFLIGHT_FD (32) with 0 fds, expected 1"},
-      {"ring outside memory", [&](Frontend& f) {
+       },
+       "SET_INFLIGHT_FD (32) with 0 fds, expected 1"},
+      {"ring outside memory",
+       [&](Frontend& f) {
          VringAddr a{0, 0, 0x1000, 0x2000, 0x3000, 0};
          f.send(kSetVringAddr, &a, sizeof a);
-       }, "a ring outside the shared memory"},
+       },
+       "a ring outside the shared memory"},
       // Issue 11, item 1: offset + size wrapping made one mapped page claim 2^63 bytes.
-      {"memory region whose offset and size wrap", [&](Frontend& f) {
+      {"memory region whose offset and size wrap",
+       [&](Frontend& f) {
          UniqueFd m(::memfd_create("wrap", MFD_CLOEXEC));
          ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
          MemTable t{};
          t.nregions = 1;
          t.regions[0] = {0, 1ULL << 63U, 0x7f0000000000, (1ULL << 63U) + 0x1000};
          f.send(kSetMemTable, &t, 8 + sizeof(MemRegion), {m.get()});
-       }, "wraps"},
+       },
+       "wraps"},
       // Item 4: a region larger than its memfd took SIGBUS on the first touch.
-      {"memory region larger than its memfd", [&](Frontend& f) {
+      {"memory region larger than its memfd",
+       [&](Frontend& f) {
          UniqueFd m(::memfd_create("small", MFD_CLOEXEC));
          ASSERT_EQ(::ftruncate(m.get(), 4096), 0);
          SingleMemRegion r{0, {0, 1 << 20, 0x7f0000000000, 0}};
          f.send(kAddMemReg, &r, sizeof r, {m.get()});
-       }, "its file has only 0x1000 bytes"},
+       },
+       "its file has only 0x1000 bytes"},
       // Item 7: kick and call fds must be eventfds.
-      {"kick fd that is a pipe", [&](Frontend& f) {
+      {"kick fd that is a pipe",
+       [&](Frontend& f) {
          int p[2];
          ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
          UniqueFd r(p[0]), w(p[1]);
          const uint64_t q0 = 0;
          f.send(kSetVringKick, &q0, sizeof q0, {r.get()});
-       }, "SET_VRING_KICK (12) for queue 0: the fd is not an eventfd"},
+       },
+       "SET_VRING_KICK (12) for queue 0: the fd is not an eventfd"},
       // Item 13: IOTLB messages only when ACCESS_PLATFORM was negotiated.
-      {"IOTLB update without ACCESS_PLATFORM", [&](Frontend& f) {
+      {"IOTLB update without ACCESS_PLATFORM",
+       [&](Frontend& f) {
          IotlbMsg m{0x1000, 0x1000, 0x7f0000000000, 3, kIotlbUpdate, {}};
          f.send(kIotlbMsg, &m, sizeof m);
-       }, "IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM"},
+       },
+       "IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM"},
       // Item 12: the fds of one message are capped over all its parts.
-      {"fds trickled with a message a byte at a time", [&](Frontend& f) {
+      {"fds trickled with a message a byte at a time",
+       [&](Frontend& f) {
          Header h{kSetFeatures, kVersion, 8};
          uint8_t bytes[sizeof h + 8] = {};
          std::memcpy(bytes, &h, sizeof h);
@@ -246,7 +274,8 @@ TEST_F(BackendTest, EachMalformedMessageEndsOnlyItsConnection) {
            const iovec iov{bytes + i, 1};
            if (send_with_fds(f.fd(), {&iov, 1}, eight) != 1) break;  // refused by now
          }
-       }, "more than 8 fds with one message"},
+       },
+       "more than 8 fds with one message"},
   };
   uint64_t errors = 0;
   for (const auto& c : cases) {

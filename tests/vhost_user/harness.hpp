@@ -64,7 +64,9 @@ class BackendRunner {
  public:
   BackendRunner(const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port, const std::string& socket,
                 Backend::Mode mode = Backend::Mode::server, std::vector<uid_t> allowed_uids = {})
-      : engine(no_relay()), device(nc, engine, std::move(port)), backend(io, socket, device, engine, mode, std::move(allowed_uids)),
+      : engine(no_relay()),
+        device(nc, engine, std::move(port)),
+        backend(io, socket, device, engine, mode, std::move(allowed_uids)),
         runner([this] { io.run(); }) {}
   ~BackendRunner() {
     io.stop();

@@ -151,7 +151,8 @@ class InflightTest : public ::testing::TestWithParam<bool> {
       } __attribute__((packed)) got{};
       std::vector<UniqueFd> fds;
       bool truncated = false;
-      ASSERT_EQ(recv_with_fds(sock.get(), &got, sizeof got, fds, MSG_WAITALL, truncated), static_cast<ssize_t>(sizeof got));
+      ASSERT_EQ(recv_with_fds(sock.get(), &got, sizeof got, fds, MSG_WAITALL, truncated),
+                static_cast<ssize_t>(sizeof got));
       ASSERT_EQ(fds.size(), 1U);
       EXPECT_EQ(got.h.flags & kFlagReply, kFlagReply);
       EXPECT_EQ(got.d.num_queues, 2);
@@ -161,19 +162,20 @@ class InflightTest : public ::testing::TestWithParam<bool> {
       inflight_fd = std::move(fds[0]);
       inflight_desc = got.d;
       inflight_size = got.d.mmap_size;
-      inflight = static_cast<uint8_t*>(::mmap(nullptr, inflight_size, PROT_READ | PROT_WRITE, MAP_SHARED, inflight_fd.get(), 0));
+      inflight = static_cast<uint8_t*>(
+          ::mmap(nullptr, inflight_size, PROT_READ | PROT_WRITE, MAP_SHARED, inflight_fd.get(), 0));
       ASSERT_NE(inflight, MAP_FAILED);
     }
     send(kSetInflightFd, &inflight_desc, sizeof inflight_desc, {inflight_fd.get()});
-    const uint64_t features =
-        virtio::kVersion1 | kFeatureProtocolFeatures | (packed() ? virtio::kRingPacked : 0);
+    const uint64_t features = virtio::kVersion1 | kFeatureProtocolFeatures | (packed() ? virtio::kRingPacked : 0);
     send(kSetFeatures, &features, 8);
     MemTable t{};
     t.nregions = 1;
     t.regions[0] = {0, kRam, 0x7f0000000000ULL, 0};
     send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
     for (unsigned q = 0; q < 2; ++q) {
-      const auto r = packed() ? (q == 0 ? rx_packed : tx_packed)->addresses() : (q == 0 ? rx_split : tx_split)->addresses();
+      const auto r =
+          packed() ? (q == 0 ? rx_packed : tx_packed)->addresses() : (q == 0 ? rx_split : tx_split)->addresses();
       VringState num{q, kQueue};
       send(kSetVringNum, &num, sizeof num);
       const uint64_t u = 0x7f0000000000ULL;
@@ -470,7 +472,7 @@ TEST_P(InflightSplitTest, RegionThatContradictsTheRingEndsTheConnection) {
   ASSERT_TRUE(port->wait_sent(1));
   sock.reset();
   ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
-  const uint16_t far = 200;  // the ring's used index is 1: 201 "behind"
+  const uint16_t far = 200;                        // the ring's used index is 1: 201 "behind"
   std::memcpy(tx_region(inflight) + 14, &far, 2);  // used_idx
   // Start the queues: the device refuses the region, the connection ends
   // with the reason, and the daemon goes on.
@@ -484,8 +486,7 @@ TEST_P(InflightSplitTest, RegionThatContradictsTheRingEndsTheConnection) {
   EXPECT_NE(last.find("inflight region left by the previous back-end is inconsistent"), std::string::npos) << last;
 }
 
-INSTANTIATE_TEST_SUITE_P(Rings, InflightSplitTest, ::testing::Values(false),
-                         [](const auto&) { return "split"; });
+INSTANTIATE_TEST_SUITE_P(Rings, InflightSplitTest, ::testing::Values(false), [](const auto&) { return "split"; });
 
 }  // namespace
 }  // namespace sriovd::vhost_user

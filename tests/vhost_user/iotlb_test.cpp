@@ -168,7 +168,7 @@ TEST_F(IotlbTest, MissIsAskedForAndTheRingResumesWhenAnswered) {
   ASSERT_TRUE(miss(iova, perm));
   EXPECT_EQ(iova, kBufIova);
   EXPECT_EQ(perm, virtio::kIotlbRead);  // the device reads a TX buffer
-  EXPECT_EQ(port->count(), 0U);          // stalled, not dropped, not broken
+  EXPECT_EQ(port->count(), 0U);         // stalled, not dropped, not broken
   EXPECT_FALSE(device->broken());
   iotlb(kIotlbUpdate, kBufIova, 0x1000, kUaddr + kBufOffset, virtio::kIotlbRead);
   ASSERT_TRUE(wait_for([&] { return port->count() == 1; }));
@@ -296,9 +296,10 @@ TEST(IotlbFrontEnd, GuestBehindAnEmulatedIommuMovesTrafficThroughMissesAndUpdate
         std::memset(frame.data(), 0, 12);
         ASSERT_TRUE(driver.send(frame.data(), frame.size())) << "frame " << i;
         const size_t got = driver.receive(out.data(), out.size(), 3000);
-        ASSERT_EQ(got, frame.size()) << "frame " << i << ": misses " << driver.stats().iotlb_misses.load() << " updates "
-                                     << driver.stats().iotlb_updates.load() << " faults " << driver.stats().iotlb_faults.load()
-                                     << " device tx " << device.stats(1).packets.load() << " rx " << device.stats(0).packets.load()
+        ASSERT_EQ(got, frame.size()) << "frame " << i << ": misses " << driver.stats().iotlb_misses.load()
+                                     << " updates " << driver.stats().iotlb_updates.load() << " faults "
+                                     << driver.stats().iotlb_faults.load() << " device tx "
+                                     << device.stats(1).packets.load() << " rx " << device.stats(0).packets.load()
                                      << " rx dropped " << device.stats(0).dropped.load();
         EXPECT_EQ(std::memcmp(out.data() + 12, frame.data() + 12, frame.size() - 12), 0) << "frame " << i;
       }

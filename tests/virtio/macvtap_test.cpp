@@ -233,10 +233,10 @@ TEST_F(MacvtapTest, ALinkLeftByACrashIsFoundByItsAlias) {
 // A macvtap of another sriovd, or any other macvlan on the lower device,
 // is not taken over: the error names it, and nothing is left behind.
 TEST_F(MacvtapTest, ALinkThatIsNotOursIsNamedAndLeftAlone) {
-  ASSERT_EQ(test::run({"/sbin/ip", "link", "add", "link", "vf0", "name", "theirs0", "type", "macvtap", "mode",
-                       "passthru"})
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      test::run({"/sbin/ip", "link", "add", "link", "vf0", "name", "theirs0", "type", "macvtap", "mode", "passthru"})
+          .exit_code,
+      0);
   ASSERT_EQ(test::run({"/sbin/ip", "link", "set", "theirs0", "alias", "sriovd:/other/instance net9"}).exit_code, 0);
   try {
     Macvtap port("vf0", kInstance, "net0", 1);

@@ -36,7 +36,8 @@ std::vector<uint8_t> gso_packet(bool v6, bool vlan, size_t payload, uint16_t mss
   } else {
     p.insert(p.end(), {0x08, 0x00, 0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2});
   }
-  const uint8_t tcp[20] = {0x13, 0x88, 0xc3, 0x50, 0x10, 0x00, 0x00, 0x00, 0, 0, 0, 1, 0x50, tcp_flags, 0xff, 0xff, 0, 0, 0, 0};
+  const uint8_t tcp[20] = {0x13, 0x88, 0xc3, 0x50,      0x10, 0x00, 0x00, 0x00, 0, 0,
+                           0,    1,    0x50, tcp_flags, 0xff, 0xff, 0,    0,    0, 0};
   p.insert(p.end(), tcp, tcp + 20);
   for (size_t i = 0; i < payload; ++i) p.push_back(static_cast<uint8_t>(i * 7 + 3));
   return p;
@@ -99,9 +100,9 @@ TEST(Segmentation, RefusesWhatIsNotTcp) {
   pkt[12 + 14 + 9] = 17;  // UDP
   TcpSegmenter cut;
   EXPECT_FALSE(cut.start(pkt.data(), pkt.size()));
-  EXPECT_FALSE(cut.start(pkt.data(), 20));                      // truncated
+  EXPECT_FALSE(cut.start(pkt.data(), 20));  // truncated
   auto no_mss = gso_packet(false, false, 3000, 0, 0x10);
-  EXPECT_FALSE(cut.start(no_mss.data(), no_mss.size()));        // gso_size 0
+  EXPECT_FALSE(cut.start(no_mss.data(), no_mss.size()));  // gso_size 0
   auto arp = gso_packet(false, false, 100, 1448, 0x10);
   arp[12 + 12] = 0x08;
   arp[12 + 13] = 0x06;
@@ -125,8 +126,8 @@ TEST(CompleteChecksum, FillsThePartialChecksumOfAUdpDatagram) {
   const uint16_t start = 14 + 20, offset = 6;
   std::memcpy(p.data() + 6, &start, 2);
   std::memcpy(p.data() + 8, &offset, 2);
-  const uint8_t eth_ip[34] = {2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0, 0, 48, 0, 0, 0, 0, 64, 17,
-                              0, 0, 10, 0, 0, 1, 10, 0, 0, 2};
+  const uint8_t eth_ip[34] = {2,  0, 0, 0, 0, 2,  2,  0, 0, 0,  0, 1, 0x08, 0x00, 0x45, 0, 0,
+                              48, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1,    10,   0,    0, 2};
   p.insert(p.end(), eth_ip, eth_ip + 34);
   const uint16_t udp_len = 28;
   p.insert(p.end(), {0x30, 0x39, 0x00, 0x35, 0, static_cast<uint8_t>(udp_len), 0, 0});

@@ -25,8 +25,8 @@
 namespace sriovd::virtio {
 namespace {
 
-using wire::kEthertype;
 using wire::frame;
+using wire::kEthertype;
 using wire::seq_of;
 
 class PacketSocketTest : public ::testing::TestWithParam<PacketRing> {

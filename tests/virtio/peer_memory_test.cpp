@@ -105,7 +105,9 @@ TEST(PeerMemory, AnIotlbEntryWhoseFrontEndRangeWrapsIsRefused) {
   Iotlb t;
   const std::string why = thrown_by([&] { t.update({0x1000, 0x10000, UINT64_MAX - 0xfff, kIotlbRead}); });
   EXPECT_NE(why.find("wrapping"), std::string::npos) << why;
-  EXPECT_NE(thrown_by([&] { t.update({UINT64_MAX - 0xfff, 0x2000, 0, kIotlbRead}); }).find("wrapping"),
+  EXPECT_NE(thrown_by([&] {
+              t.update({UINT64_MAX - 0xfff, 0x2000, 0, kIotlbRead});
+            }).find("wrapping"),
             std::string::npos);
   EXPECT_NE(thrown_by([&] { t.update({0x1000, 0x1000, 0, 0}); }).find("without permission"), std::string::npos);
   EXPECT_EQ(t.size(), 0U);

@@ -269,7 +269,7 @@ TEST(SplitRing, EventIdxAndNoInterrupt) {
   EXPECT_FALSE(r.queue->should_notify());  // used idx 1: not past 1 yet
   ASSERT_TRUE(r.queue->pop(c, r.segs));
   r.queue->push(c, 0);
-  EXPECT_TRUE(r.queue->should_notify());   // used idx 2 passed event 1
+  EXPECT_TRUE(r.queue->should_notify());  // used idx 2 passed event 1
   ASSERT_TRUE(r.queue->pop(c, r.segs));
   r.queue->push(c, 0);
   EXPECT_FALSE(r.queue->should_notify());  // already told past 1
@@ -337,7 +337,7 @@ TEST(PackedRing, EventSuppression) {
   r.add({{kData, 8, true}});
   ASSERT_TRUE(r.queue->pop(c, r.segs));
   r.queue->push(c, 0);
-  EXPECT_TRUE(r.queue->should_notify());   // used index 3 passed 2
+  EXPECT_TRUE(r.queue->should_notify());  // used index 3 passed 2
 }
 
 TEST(PackedRing, ADescriptorNotYetAvailableInAChainIsRefused) {
@@ -383,7 +383,8 @@ TYPED_TEST(Rings, TwoThreadsHandOverEveryBuffer) {
   int sent = 0, received = 0;
   uint64_t len_sum = 0;
   while (received < kBuffers && !(done && received < sent && r.queue->broken())) {
-    while (sent < kBuffers && r.add({{kData + static_cast<uint64_t>(sent % 64) * 16, static_cast<uint32_t>(sent % 97 + 1), false}}) >= 0)
+    while (sent < kBuffers &&
+           r.add({{kData + static_cast<uint64_t>(sent % 64) * 16, static_cast<uint32_t>(sent % 97 + 1), false}}) >= 0)
       ++sent;
     uint32_t id, len;
     while (r.driver.take_used(id, len)) {

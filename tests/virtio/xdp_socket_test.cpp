@@ -57,7 +57,8 @@ std::vector<uint8_t> udp_frame(uint32_t seq, uint16_t flow, size_t len = 64) {
   std::memcpy(ip + 12, &s, 4);
   std::memcpy(ip + 16, &d, 4);
   uint8_t* udp = ip + 20;
-  const uint16_t sport = htons(static_cast<uint16_t>(1000 + flow)), dport = htons(9), ulen = htons(static_cast<uint16_t>(len - 34));
+  const uint16_t sport = htons(static_cast<uint16_t>(1000 + flow)), dport = htons(9),
+                 ulen = htons(static_cast<uint16_t>(len - 34));
   std::memcpy(udp, &sport, 2);
   std::memcpy(udp + 2, &dport, 2);
   std::memcpy(udp + 4, &ulen, 2);

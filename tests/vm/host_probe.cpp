@@ -25,9 +25,13 @@ int main(int argc, char** argv) {
     host::HostControl control(sysfs, netlink);
     if (cmd == "scan") {
       for (const auto& d : host::scan_pci("/sys")) {
-        nlohmann::json j = {{"address", d.address.to_string()}, {"driver", d.driver},
-                           {"iommu_group", d.iommu_group}, {"sriov", d.sriov},
-                           {"total_vfs", d.total_vfs}, {"num_vfs", d.num_vfs}, {"vf_index", d.vf_index}};
+        nlohmann::json j = {{"address", d.address.to_string()},
+                            {"driver", d.driver},
+                            {"iommu_group", d.iommu_group},
+                            {"sriov", d.sriov},
+                            {"total_vfs", d.total_vfs},
+                            {"num_vfs", d.num_vfs},
+                            {"vf_index", d.vf_index}};
         if (d.msix) j["msix_vectors"] = d.msix->vectors;
         std::printf("%s\n", j.dump().c_str());
       }
@@ -41,14 +45,16 @@ int main(int argc, char** argv) {
     }
     if (cmd == "bind" && argc == 4) {
       const std::string driver = argv[3];
-      control.set(host::Key{host::KeyKind::binding, *addr}, {{"driver", driver}, {"override", driver == "vfio-pci" ? driver : ""}});
+      control.set(host::Key{host::KeyKind::binding, *addr},
+                  {{"driver", driver}, {"override", driver == "vfio-pci" ? driver : ""}});
       std::printf("%s\n", control.get(host::Key{host::KeyKind::binding, *addr}).dump().c_str());
       return 0;
     }
     if (cmd == "group") {
       const auto report = control.iommu_group(*addr);
       std::printf("group %d viable %d\n", report.group, report.viable() ? 1 : 0);
-      for (const auto& m : report.members) std::printf("member %s %s\n", m.address.to_string().c_str(), m.driver.c_str());
+      for (const auto& m : report.members)
+        std::printf("member %s %s\n", m.address.to_string().c_str(), m.driver.c_str());
       return report.viable() ? 0 : 1;
     }
   } catch (const std::exception& e) {

@@ -88,8 +88,7 @@ std::vector<Secondary> secondaries(int fd) {
 }
 
 void virt_mgmt(int fd, uint16_t cntlid, uint32_t action, uint32_t type, uint16_t count, const std::string& what) {
-  admin(fd, kVirtMgmt, action | (type << 8U) | (static_cast<uint32_t>(cntlid) << 16U), count, nullptr, 0,
-        what.c_str());
+  admin(fd, kVirtMgmt, action | (type << 8U) | (static_cast<uint32_t>(cntlid) << 16U), count, nullptr, 0, what.c_str());
 }
 
 }  // namespace
@@ -106,7 +105,8 @@ int main(int argc, char** argv) {
       std::printf("scid %u vfn %u online %u vq %u vi %u\n", s.scid, s.vfn, s.online, s.vq, s.vi);
     return 0;
   }
-  if (list.size() < vfs) die("the PF has " + std::to_string(list.size()) + " secondary controllers, " + std::to_string(vfs) + " asked for");
+  if (list.size() < vfs)
+    die("the PF has " + std::to_string(list.size()) + " secondary controllers, " + std::to_string(vfs) + " asked for");
   if (verb == "assign") {
     // The primary keeps none of the flexible resources (takes effect at its
     // next reset), so that the secondaries can have them.
@@ -116,16 +116,19 @@ int main(int argc, char** argv) {
     if (::ioctl(fd, NVME_IOCTL_RESET) < 0) die(std::string("resetting the PF controller: ") + std::strerror(errno));
     for (unsigned i = 0; i < vfs; ++i) {
       const std::string who = "secondary controller " + std::to_string(list[i].scid);
-      virt_mgmt(fd, list[i].scid, kSecondaryAssign, kVq, 2, "giving " + who + " 2 VQ resources");  // admin + one I/O queue
+      virt_mgmt(fd, list[i].scid, kSecondaryAssign, kVq, 2,
+                "giving " + who + " 2 VQ resources");  // admin + one I/O queue
       virt_mgmt(fd, list[i].scid, kSecondaryAssign, kVi, 1, "giving " + who + " 1 VI resource");
     }
     return 0;
   }
   if (verb == "online") {
     for (unsigned i = 0; i < vfs; ++i)
-      virt_mgmt(fd, list[i].scid, kSecondaryOnline, 0, 0, "bringing secondary controller " + std::to_string(list[i].scid) + " online");
+      virt_mgmt(fd, list[i].scid, kSecondaryOnline, 0, 0,
+                "bringing secondary controller " + std::to_string(list[i].scid) + " online");
     for (const auto& s : secondaries(fd))
-      if (s.vfn >= 1 && s.vfn <= vfs && !s.online) die("secondary controller " + std::to_string(s.scid) + " is still offline");
+      if (s.vfn >= 1 && s.vfn <= vfs && !s.online)
+        die("secondary controller " + std::to_string(s.scid) + " is still offline");
     return 0;
   }
   die("unknown verb " + verb);

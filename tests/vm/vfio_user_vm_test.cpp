@@ -42,7 +42,8 @@ class VfioUserOnVfio : public ::testing::Test {
     raw = dev.get();
     kernel = raw;
     // The operator's bar_access: mmap (these tests map BAR0 through the passed fd).
-    proxy = std::make_unique<VfProxy>(std::move(dev), engine, policy, device_address().to_string(), BarMapping::device_fd);
+    proxy =
+        std::make_unique<VfProxy>(std::move(dev), engine, policy, device_address().to_string(), BarMapping::device_fd);
     server = std::make_unique<Server>(io, socket, *proxy);
     thread = std::thread([this] { io.run(); });
     client = std::make_unique<guest::VfioUserClient>(socket);
@@ -67,7 +68,9 @@ class VfioUserOnVfio : public ::testing::Test {
     client->write32(VFIO_PCI_CONFIG_REGION_INDEX, layout.cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
     client->write32(layout.table_bir, entry + 12, 0);
   }
-  void vector_mask(unsigned v, bool m) { client->write32(layout.table_bir, layout.table_offset + 16ULL * v + 12, m ? 1 : 0); }
+  void vector_mask(unsigned v, bool m) {
+    client->write32(layout.table_bir, layout.table_offset + 16ULL * v + 12, m ? 1 : 0);
+  }
   uint64_t pba() {
     uint64_t v = 0;
     client->read(layout.pba_bir, layout.pba_offset, {reinterpret_cast<uint8_t*>(&v), 8});
@@ -97,17 +100,20 @@ TEST_F(VfioUserOnVfio, BarMappedThroughTheVfioFdExceptMsixPages) {
   ASSERT_FALSE(bar.sparse.empty());
   const uint64_t table_page = layout.table_offset & ~0xfffULL;
   for (const auto& a : bar.sparse) {
-    std::printf("sparse area [0x%llx, +0x%llx)\n", static_cast<unsigned long long>(a.offset), static_cast<unsigned long long>(a.size));
+    std::printf("sparse area [0x%llx, +0x%llx)\n", static_cast<unsigned long long>(a.offset),
+                static_cast<unsigned long long>(a.size));
     EXPECT_TRUE(a.offset + a.size <= table_page || a.offset >= table_page + 0x1000) << "the table page is mappable";
   }
   const auto& area = bar.sparse.front();
-  void* m = ::mmap(nullptr, area.size, PROT_READ, MAP_SHARED, bar.fd.get(), static_cast<off_t>(bar.info.offset + area.offset));
+  void* m = ::mmap(nullptr, area.size, PROT_READ, MAP_SHARED, bar.fd.get(),
+                   static_cast<off_t>(bar.info.offset + area.offset));
   ASSERT_NE(m, MAP_FAILED) << std::strerror(errno);
   // Memory decode on, as a guest's BIOS would have left it.
   client->write32(VFIO_PCI_CONFIG_REGION_INDEX, 0x04, 0x0006);
   const uint32_t through_map = static_cast<volatile uint32_t*>(m)[0];
   EXPECT_EQ(through_map, client->read32(layout.table_bir, area.offset));
-  std::printf("BAR%u+0x%llx: 0x%08x through the mapping\n", layout.table_bir, static_cast<unsigned long long>(area.offset), through_map);
+  std::printf("BAR%u+0x%llx: 0x%08x through the mapping\n", layout.table_bir,
+              static_cast<unsigned long long>(area.offset), through_map);
   ::munmap(m, area.size);
 }
 
@@ -122,8 +128,9 @@ TEST_F(VfioUserOnVfio, AWindowOutsideTheIommusIovaRangesIsRefusedByName) {
   start(irq::Policy::relay);
   const auto& ranges = kernel->container().iova_ranges();
   ASSERT_FALSE(ranges.empty()) << "the kernel reported no IOVA ranges";
-  for (const auto& r : ranges) std::printf("IOVA range [0x%llx, 0x%llx]\n", static_cast<unsigned long long>(r.start),
-                                           static_cast<unsigned long long>(r.end));
+  for (const auto& r : ranges)
+    std::printf("IOVA range [0x%llx, 0x%llx]\n", static_cast<unsigned long long>(r.start),
+                static_cast<unsigned long long>(r.end));
   uint64_t top = 0;
   for (const auto& r : ranges) top = std::max(top, r.end);
   UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
@@ -374,14 +381,16 @@ TEST_P(NvmeThroughTheExport, AForeignClientRunsIdentifyAndGetsTheCompletionInter
   identify(2);
   const uint64_t got = take(efd.get(), 10s);
   EXPECT_GE(got, 1U) << "the admin completion's interrupt did not reach the client's eventfd ("
-                     << irq::to_string(GetParam()) << "); the kernel's vfio vectors: " << [] {
-                          std::ifstream in("/proc/interrupts");
-                          std::string all, line;
-                          while (std::getline(in, line))
-                            if (line.find("vfio") != std::string::npos) all += "\n" + line;
-                          return all;
-                        }() << "\nproxy: vfio_enabled_vectors " << proxy->vfio_enabled_vectors()
-                     << ", route fired " << engine.stats(r).fired << ", mode " << irq::to_string(engine.mode(r));
+                     << irq::to_string(GetParam()) << "); the kernel's vfio vectors: " <<
+      [] {
+        std::ifstream in("/proc/interrupts");
+        std::string all, line;
+        while (std::getline(in, line))
+          if (line.find("vfio") != std::string::npos) all += "\n" + line;
+        return all;
+      }() << "\nproxy: vfio_enabled_vectors "
+                     << proxy->vfio_enabled_vectors() << ", route fired " << engine.stats(r).fired << ", mode "
+                     << irq::to_string(engine.mode(r));
   ASSERT_TRUE(completion(2));
   check_identify();
   if (GetParam() == irq::Policy::relay) {

@@ -47,9 +47,7 @@ struct PfRef {
   std::optional<PciAddress> address;
   std::string netdev;
 
-  [[nodiscard]] std::string to_string() const {
-    return address ? address->to_string() : netdev;
-  }
+  [[nodiscard]] std::string to_string() const { return address ? address->to_string() : netdev; }
   bool operator==(const PfRef&) const = default;
 };
 
@@ -77,9 +75,9 @@ inline constexpr uint32_t kMaxControlPollUs = 1000;
 
 struct Control {
   std::string socket = "/run/sriovd/control.sock";
-  std::string group;                  // empty: the daemon's own group
-  std::optional<gid_t> gid;           // resolved from group
-  std::vector<uid_t> allowed_uids;    // empty: any peer the socket mode admits
+  std::string group;                // empty: the daemon's own group
+  std::optional<gid_t> gid;         // resolved from group
+  std::vector<uid_t> allowed_uids;  // empty: any peer the socket mode admits
   // After work, the control thread (control API, vfio-user, vhost-user
   // messages) polls up to this long before it sleeps, while that pays
   // (util/polling_loop.hpp); 0: it sleeps at once.
@@ -94,10 +92,10 @@ struct Control {
 // credentials cannot be read is always refused.
 struct SocketAccess {
   std::vector<uid_t> allowed_uids;
-  std::string user;              // socket file owner; empty: the daemon's
-  std::optional<uid_t> uid;      // resolved from user
-  std::string group;             // socket file group; empty: the daemon's
-  std::optional<gid_t> gid;      // resolved from group
+  std::string user;          // socket file owner; empty: the daemon's
+  std::optional<uid_t> uid;  // resolved from user
+  std::string group;         // socket file group; empty: the daemon's
+  std::optional<gid_t> gid;  // resolved from group
   uint32_t mode = 0660;
   bool operator==(const SocketAccess&) const = default;
 };
@@ -105,10 +103,10 @@ struct SocketAccess {
 struct VfAssign {
   std::string owner;
   ExportKind export_kind = ExportKind::vfio_user;
-  std::string socket;                 // required when export_kind is vfio_user
+  std::string socket;  // required when export_kind is vfio_user
   MsixPolicy msix_policy = MsixPolicy::adaptive;
   BarAccess bar_access = BarAccess::trapped;
-  uint16_t max_vectors = 0;           // 0: as many as the VF has
+  uint16_t max_vectors = 0;  // 0: as many as the VF has
   // The most guest memory the VMM may map for the VF's DMA: each window is
   // pinned by the kernel and charged to the daemon (LimitMEMLOCK=infinity).
   uint64_t max_dma_mib = 256 * 1024;
@@ -214,8 +212,8 @@ struct VirtioDevice {
   // The same device with the same settings, wherever in the file it is.
   [[nodiscard]] bool same_settings(const VirtioDevice& o) const {
     auto key = [](const VirtioDevice& d) {
-      return std::tie(d.name, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed, d.mac,
-                      d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
+      return std::tie(d.name, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed, d.mac, d.mtu,
+                      d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
       // access is not part of it: a reload applies it to the running device.
     };
     return key(*this) == key(o);
@@ -232,7 +230,7 @@ struct Interrupts {
 // non-loopback address only with allow_remote (the counters name every VF,
 // owner and socket of the host).
 struct Metrics {
-  std::string listen;         // "127.0.0.1:9808" (IPv4: the HTTP server here has no IPv6); empty: off
+  std::string listen;  // "127.0.0.1:9808" (IPv4: the HTTP server here has no IPv6); empty: off
   bool allow_remote = false;
   bool operator==(const Metrics&) const = default;
 };
@@ -249,7 +247,7 @@ struct PoolVfs {
 struct PoolSelector {
   std::optional<PfRef> pf;
   std::optional<uint16_t> vendor_id, device_id;  // the PF's ids (a VF's device id follows its PF's)
-  std::optional<std::string> owner;             // assign.owner
+  std::optional<std::string> owner;              // assign.owner
   bool operator==(const PoolSelector&) const = default;
 };
 struct ResourcePool {

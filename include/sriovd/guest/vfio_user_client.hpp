@@ -23,10 +23,10 @@ namespace sriovd::guest {
 // everything it does is allowed by the spec, and none of it is what QEMU
 // does. The server tests run with both.
 struct Dialect {
-  bool version_json = true;       // VERSION carries the capabilities JSON (false: version 0.1, 4 bytes)
-  bool id_zero = false;           // every message has id 0
-  uint32_t region_info_argsz = 0; // GET_REGION_INFO's argsz and payload size (0: the fixed struct + 4064 argsz)
-  bool fd_with_unmap = false;     // DMA_UNMAP carries the window's fd back
+  bool version_json = true;        // VERSION carries the capabilities JSON (false: version 0.1, 4 bytes)
+  bool id_zero = false;            // every message has id 0
+  uint32_t region_info_argsz = 0;  // GET_REGION_INFO's argsz and payload size (0: the fixed struct + 4064 argsz)
+  bool fd_with_unmap = false;      // DMA_UNMAP carries the window's fd back
   static Dialect own() { return {}; }
   static Dialect foreign() { return {false, true, 4064, true}; }
 };

@@ -27,8 +27,8 @@ class Transport;  // how the device is reached (src/guest/transport.hpp)
 
 struct VirtioNetDriverOptions {
   uint16_t queue_size = 256;
-  bool packed = false;    // ask for VIRTIO_F_RING_PACKED (when offered)
-  bool offloads = true;   // checksum and TSO both ways (when offered)
+  bool packed = false;         // ask for VIRTIO_F_RING_PACKED (when offered)
+  bool offloads = true;        // checksum and TSO both ways (when offered)
   bool control_queue = false;  // negotiate CTRL_VQ, CTRL_RX, CTRL_MAC_ADDR and set the queue up
   // virtio-net-pci: more than one asks for VIRTIO_NET_F_MQ (and the control
   // queue), sets up min(this, the device's max_virtqueue_pairs) pairs and
@@ -124,7 +124,7 @@ class VirtioNetDriver {
   uint8_t* ram_ = nullptr;
   uint64_t ram_size_ = 0;
   uint64_t ring_bytes_ = 0;  // one ring's room in guest RAM
-  unsigned ram_pairs_ = 1;    // pairs guest RAM was laid out for
+  unsigned ram_pairs_ = 1;   // pairs guest RAM was laid out for
   std::vector<Pair> pairs_;
   std::unique_ptr<Ring> ctrl_;
   unsigned ctrl_index_ = 2;

@@ -14,9 +14,9 @@
 namespace sriovd::host {
 
 struct DriverRules {
-  bool link_state = true;       // IFLA_VF_LINK_STATE (auto/enable/disable)
-  bool min_tx_rate = true;      // a non-zero minimum rate
-  bool rate_needs_link = false; // rates only while the PF has a link
+  bool link_state = true;        // IFLA_VF_LINK_STATE (auto/enable/disable)
+  bool min_tx_rate = true;       // a non-zero minimum rate
+  bool rate_needs_link = false;  // rates only while the PF has a link
 };
 
 // nullptr: a driver not known here.

@@ -19,7 +19,7 @@ struct GroupMember {
   PciAddress address;
   std::string driver;  // "" when unbound
   bool bridge = false;
-  bool ok = false;     // does not stop the group from being viable
+  bool ok = false;  // does not stop the group from being viable
 };
 
 struct GroupReport {
@@ -30,8 +30,7 @@ struct GroupReport {
 
 class HostControl {
  public:
-  HostControl(SysfsIo& sysfs, VfLinkControl& vf_link,
-              std::chrono::milliseconds vf_timeout = std::chrono::seconds(10));
+  HostControl(SysfsIo& sysfs, VfLinkControl& vf_link, std::chrono::milliseconds vf_timeout = std::chrono::seconds(10));
 
   json get(const Key& key);
   void set(const Key& key, const json& value);

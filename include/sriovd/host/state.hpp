@@ -39,7 +39,7 @@ struct Key {
 struct Step {
   Key key;
   json after;
-  json before;             // null until read from the host
+  json before;                     // null until read from the host
   std::string status = "planned";  // planned, pending (journaled, maybe done), done
 
   [[nodiscard]] std::string describe() const;

@@ -20,7 +20,7 @@ struct PciDeviceInfo {
   int numa_node = -1;
   std::vector<std::string> netdevs;
   std::optional<pci::MsixLayout> msix;  // the MSI-X capability as the device reports it
-  bool sriov = false;  // has the SR-IOV extended capability
+  bool sriov = false;                   // has the SR-IOV extended capability
   uint16_t total_vfs = 0;
   uint16_t num_vfs = 0;
   std::optional<PciAddress> physfn;

@@ -55,7 +55,7 @@ const char* to_string(Mode);
 const char* to_string(Policy);
 
 struct RouteSpec {
-  std::string device;             // for listings: "0000:3b:02.0" or a virtio device name
+  std::string device;  // for listings: "0000:3b:02.0" or a virtio device name
   unsigned vector = 0;
   Policy policy = Policy::relay;
   SourceBinder* binder = nullptr;  // null: the source is trigger() (a device model)
@@ -69,7 +69,7 @@ struct RouteStats {
   uint64_t dropped = 0;         // fires with no sink, or a failed sink write
   uint64_t masks = 0;
   uint64_t unmasks = 0;
-  uint64_t mode_switches = 0;   // source retargeted between relay and sink
+  uint64_t mode_switches = 0;  // source retargeted between relay and sink
 };
 
 struct RouteInfo {
@@ -87,8 +87,8 @@ struct RouteInfo {
 
 struct EngineOptions {
   unsigned relay_threads = 1;
-  std::vector<int> cpus;      // relay thread i runs on cpus[i % n]; empty: no pinning
-  bool busy_poll = false;     // spin in epoll_wait(0) instead of sleeping
+  std::vector<int> cpus;   // relay thread i runs on cpus[i % n]; empty: no pinning
+  bool busy_poll = false;  // spin in epoll_wait(0) instead of sleeping
   // adaptive: a route in relay that has seen no mask/unmask for this long
   // goes back to direct at the next housekeeping().
   std::chrono::nanoseconds adaptive_quiet{std::chrono::milliseconds(200)};

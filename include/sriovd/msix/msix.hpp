@@ -51,8 +51,7 @@ class VectorControl {
 // The routing engine as VectorControl: vector i is routes[i].
 class RoutedVectors : public VectorControl {
  public:
-  RoutedVectors(irq::Engine& engine, std::vector<irq::RouteId> routes)
-      : engine_(engine), routes_(std::move(routes)) {}
+  RoutedVectors(irq::Engine& engine, std::vector<irq::RouteId> routes) : engine_(engine), routes_(std::move(routes)) {}
   void set_masked(unsigned v, bool masked) override {
     if (masked)
       engine_.mask(routes_.at(v));

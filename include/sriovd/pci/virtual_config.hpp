@@ -35,8 +35,8 @@ class VirtualConfig {
   // Forwards a write of the Command register to the device (VFIO config region).
   using CommandSink = std::function<void(uint16_t command)>;
 
-  VirtualConfig(std::span<const uint8_t> device_config, const std::array<BarInfo, 6>& bars,
-                msix::MsixState* msix, CommandSink command_sink);
+  VirtualConfig(std::span<const uint8_t> device_config, const std::array<BarInfo, 6>& bars, msix::MsixState* msix,
+                CommandSink command_sink);
 
   // Accesses of 1, 2 or 4 bytes, naturally aligned, inside the space;
   // anything else reads as all ones and writes nothing.

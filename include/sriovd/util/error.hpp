@@ -11,13 +11,10 @@ namespace sriovd {
 // that says what was being done and to which object.
 class SystemError : public std::system_error {
  public:
-  SystemError(int err, const std::string& what)
-      : std::system_error(err, std::generic_category(), what) {}
+  SystemError(int err, const std::string& what) : std::system_error(err, std::generic_category(), what) {}
 };
 
 // Throws SystemError with the current errno.
-[[noreturn]] inline void throw_errno(const std::string& what) {
-  throw SystemError(errno, what);
-}
+[[noreturn]] inline void throw_errno(const std::string& what) { throw SystemError(errno, what); }
 
 }  // namespace sriovd

@@ -27,7 +27,7 @@ struct RegionInfo {
   uint32_t index = 0;
   uint32_t flags = 0;  // VFIO_REGION_INFO_FLAG_*
   uint64_t size = 0;
-  uint64_t offset = 0;  // of the region in the device fd
+  uint64_t offset = 0;             // of the region in the device fd
   std::vector<SparseArea> sparse;  // mmap-able parts, when the region has holes
   bool msix_mappable = false;      // the kernel lets the MSI-X table be mapped
   [[nodiscard]] bool readable() const;

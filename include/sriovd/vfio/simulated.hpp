@@ -23,10 +23,10 @@ class SimulatedDevice : public Device {
   // The device's own registers, in the BAR0 page between the table and the
   // PBA (not mappable, so every access reaches the device), as a NIC has
   // an interrupt cause register for driver self-tests:
-  static constexpr uint64_t kRegIcs = 0x1000;       // write: fire the vectors whose bits are set
+  static constexpr uint64_t kRegIcs = 0x1000;         // write: fire the vectors whose bits are set
   static constexpr uint64_t kRegGenVectors = 0x1010;  // write: generator on those vectors (0: stop)
-  static constexpr uint64_t kRegGenRate = 0x1014;   // interrupts/s for the generator (0: flat out)
-  static constexpr uint64_t kRegGenerated = 0x1018;  // read: interrupts generated (64-bit)
+  static constexpr uint64_t kRegGenRate = 0x1014;     // interrupts/s for the generator (0: flat out)
+  static constexpr uint64_t kRegGenerated = 0x1018;   // read: interrupts generated (64-bit)
 
   SimulatedDevice(std::string name, uint16_t vendor, uint16_t device, uint16_t msix_vectors);
   ~SimulatedDevice() override;

@@ -31,7 +31,7 @@ class Error : public std::runtime_error {
 struct RegionDescription {
   uint32_t flags = 0;  // VFIO_REGION_INFO_FLAG_READ | _WRITE | _MMAP
   uint64_t size = 0;
-  int fd = -1;          // what the client mmaps (borrowed; -1: nothing)
+  int fd = -1;  // what the client mmaps (borrowed; -1: nothing)
   uint64_t fd_offset = 0;
   // With an fd: the parts the client may map, when not the whole region
   // (the pages of the MSI-X table and PBA are left out: they are trapped).

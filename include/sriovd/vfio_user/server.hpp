@@ -133,7 +133,7 @@ class Server {
     uint64_t size;
   };
   std::vector<RegionBounds> bounds_;  // per region, taken when the client connects
-  Reply reply_;                   // its reply (buffers kept)
+  Reply reply_;                       // its reply (buffers kept)
   std::vector<DmaWindow> windows_;
   struct Mapping {
     void* base = nullptr;
@@ -148,8 +148,8 @@ class Server {
   std::vector<Mapping> mappings_;  // parallel to windows_
   std::vector<pid_t> fd_recipients_;
   pid_t client_pid_ = 0;
-  std::vector<Mapping> held_;      // windows a device could not let go (never unmapped)
-  uint64_t faults_seen_ = 0;       // peer_mapping_faults() when last looked at
+  std::vector<Mapping> held_;  // windows a device could not let go (never unmapped)
+  uint64_t faults_seen_ = 0;   // peer_mapping_faults() when last looked at
   void log_refusal(uint16_t command, const char* why);
   static constexpr unsigned kRefusalsLogged = 10;  // a second
   std::chrono::steady_clock::time_point refusal_window_{};

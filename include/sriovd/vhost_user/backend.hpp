@@ -143,15 +143,15 @@ class Backend {
   bool protocol_negotiated_ = false;
   uint8_t status_ = 0;
   std::vector<UniqueFd> err_fds_;  // SET_VRING_ERR's, one per queue
-  UniqueFd backend_req_;            // the back-end channel (SET_BACKEND_REQ_FD)
-  virtio::Iotlb iotlb_;             // VIRTIO_F_ACCESS_PLATFORM translations
+  UniqueFd backend_req_;           // the back-end channel (SET_BACKEND_REQ_FD)
+  virtio::Iotlb iotlb_;            // VIRTIO_F_ACCESS_PLATFORM translations
   asio::posix::stream_descriptor miss_watch_;
   bool access_platform_ = false;
   // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
   uint8_t* inflight_map_ = nullptr;
   size_t inflight_map_len_ = 0;
   PeerMapping inflight_guard_;
-  uint64_t faults_seen_ = 0;  // peer_mapping_faults() when last looked at
+  uint64_t faults_seen_ = 0;      // peer_mapping_faults() when last looked at
   bool release_pending_ = false;  // a wedged worker kept the last session's memory (on_end)
   BackendStats stats_;
   // Last: they call into everything above.

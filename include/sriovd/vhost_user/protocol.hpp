@@ -83,7 +83,7 @@ static_assert(sizeof(VringState) == 8);
 struct VringAddr {
   uint32_t index;
   uint32_t flags;
-  uint64_t desc;   // front-end virtual addresses
+  uint64_t desc;  // front-end virtual addresses
   uint64_t used;
   uint64_t avail;
   uint64_t log;

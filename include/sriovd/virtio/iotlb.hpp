@@ -91,12 +91,12 @@ class Iotlb {
 
  private:
   using Table = std::vector<IotlbEntry>;  // sorted by iova, no overlaps
-  Table staging_;                  // the control plane's, changed in place
-  bool staged_ = false;            // staging_ differs from current_
+  Table staging_;                         // the control plane's, changed in place
+  bool staged_ = false;                   // staging_ differs from current_
   std::atomic<const Table*> current_;
-  std::unique_ptr<Table> owned_;   // what current_ points at
+  std::unique_ptr<Table> owned_;  // what current_ points at
   std::vector<std::unique_ptr<Table>> retired_;
-  std::atomic<uint64_t> generation_;  // from next_translation_version(): unique in the process
+  std::atomic<uint64_t> generation_;    // from next_translation_version(): unique in the process
   std::atomic<uint64_t> miss_slot_{0};  // iova | 1 (read) or | 2 (write) in the low bits; 0: none
   std::atomic<uint64_t> misses_{0};
   UniqueFd miss_fd_;

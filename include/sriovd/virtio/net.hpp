@@ -77,9 +77,9 @@ struct NetConfig {
   uint16_t mtu = 1500;
   uint16_t queue_pairs = 1;
   uint16_t max_queue_size = 1024;
-  bool packed = true;        // offer VIRTIO_F_RING_PACKED
-  bool offloads = true;      // offer checksum and TSO both ways
-  unsigned tap_offloads = 0; // TUN_F_* the tap may use (config backend.offloads)
+  bool packed = true;         // offer VIRTIO_F_RING_PACKED
+  bool offloads = true;       // offer checksum and TSO both ways
+  unsigned tap_offloads = 0;  // TUN_F_* the tap may use (config backend.offloads)
   // Serve the control virtqueue (§5.1.6.5: RX mode, MAC address and
   // filter, MQ pairs). A transport that is the whole device (virtio-pci)
   // does; over vhost-user the VMM keeps the control queue itself.
@@ -107,7 +107,7 @@ struct RxFilter {
 struct QueueStats {
   std::atomic<uint64_t> packets{0};
   std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> dropped{0};   // no room, truncated, or a tap error
+  std::atomic<uint64_t> dropped{0};  // no room, truncated, or a tap error
   std::atomic<uint64_t> kicks{0};
   std::atomic<uint64_t> notifies{0};
   std::atomic<uint64_t> resubmitted{0};  // buffers a previous back-end left in flight, handed out again

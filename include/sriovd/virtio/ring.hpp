@@ -25,8 +25,8 @@ inline constexpr uint16_t kDescWrite = 2;
 inline constexpr uint16_t kDescIndirect = 4;
 inline constexpr uint16_t kPackedAvail = 1U << 7U;
 inline constexpr uint16_t kPackedUsed = 1U << 15U;
-inline constexpr uint16_t kAvailNoInterrupt = 1;  // split avail->flags
-inline constexpr uint16_t kUsedNoNotify = 1;      // split used->flags
+inline constexpr uint16_t kAvailNoInterrupt = 1;                                // split avail->flags
+inline constexpr uint16_t kUsedNoNotify = 1;                                    // split used->flags
 inline constexpr uint16_t kEventEnable = 0, kEventDisable = 1, kEventDesc = 2;  // packed event flags
 inline constexpr uint16_t kMaxQueueSize = 32768;
 
@@ -58,13 +58,13 @@ static_assert(sizeof(EventSuppress) == 4);
 
 enum class RingError : uint8_t {
   none,
-  bad_avail_index,    // the driver claims more buffers than the ring holds
-  bad_head,           // a descriptor index >= queue size
-  chain_too_long,     // more descriptors than the queue size (a loop), or than the caller's segments
-  bad_address,        // a buffer outside guest memory
-  bad_indirect,       // INDIRECT with NEXT, nested, empty, or a length not a multiple of 16
-  write_then_read,    // a device-readable buffer after a device-writable one (§2.7.4.2)
-  iotlb_miss,         // not an error: an IOVA the IOTLB lacks; the pop is retried once it is answered
+  bad_avail_index,  // the driver claims more buffers than the ring holds
+  bad_head,         // a descriptor index >= queue size
+  chain_too_long,   // more descriptors than the queue size (a loop), or than the caller's segments
+  bad_address,      // a buffer outside guest memory
+  bad_indirect,     // INDIRECT with NEXT, nested, empty, or a length not a multiple of 16
+  write_then_read,  // a device-readable buffer after a device-writable one (§2.7.4.2)
+  iotlb_miss,       // not an error: an IOVA the IOTLB lacks; the pop is retried once it is answered
 };
 const char* to_string(RingError);
 
@@ -76,10 +76,10 @@ struct Segment {
 
 // One buffer as popped: its segments live in the caller's span.
 struct Chain {
-  uint16_t id = 0;           // split: head index; packed: buffer id
-  uint16_t slots = 0;        // ring slots it took (packed: how far to skip)
-  uint16_t readable = 0;     // segments [0, readable) are device-readable
-  uint16_t count = 0;        // segments [readable, count) are device-writable
+  uint16_t id = 0;        // split: head index; packed: buffer id
+  uint16_t slots = 0;     // ring slots it took (packed: how far to skip)
+  uint16_t readable = 0;  // segments [0, readable) are device-readable
+  uint16_t count = 0;     // segments [readable, count) are device-writable
   uint32_t readable_bytes = 0;
   uint32_t writable_bytes = 0;
   // Inflight tracking (vhost-user INFLIGHT_SHMFD): the chain came from the
