@@ -16,9 +16,9 @@ using test::kPf;
 using test::SimHost;
 using ::testing::HasSubstr;
 
-const PciAddress kVf0 = *PciAddress::parse("0000:3b:02.0");
-const PciAddress kVf1 = *PciAddress::parse("0000:3b:02.1");
-const PciAddress kVf2 = *PciAddress::parse("0000:3b:02.2");
+using test::kVf0;
+using test::kVf1;
+using test::kVf2;
 
 // VF 0 for a guest, VF 1 and 2 for the host (their own driver).
 const char* kIgb = R"(physical_functions:

@@ -16,9 +16,9 @@ using test::kThreeVfs;
 using test::SimHost;
 using ::testing::HasSubstr;
 
-const PciAddress kVf0 = *PciAddress::parse("0000:3b:02.0");
-const PciAddress kVf1 = *PciAddress::parse("0000:3b:02.1");
-const PciAddress kVf2 = *PciAddress::parse("0000:3b:02.2");
+using test::kVf0;
+using test::kVf1;
+using test::kVf2;
 
 json binding(HostControl& c, const PciAddress& dev) { return c.get(Key{KeyKind::binding, dev}); }
 

@@ -13,6 +13,10 @@
 namespace sriovd::host::test {
 
 inline const PciAddress kPf = *PciAddress::parse("0000:3b:00.0");
+// Its first VFs.
+inline const PciAddress kVf0 = *PciAddress::parse("0000:3b:02.0");
+inline const PciAddress kVf1 = *PciAddress::parse("0000:3b:02.1");
+inline const PciAddress kVf2 = *PciAddress::parse("0000:3b:02.2");
 
 inline config::SimulatedPf sim_pf() {
   config::SimulatedPf pf;

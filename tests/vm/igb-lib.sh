@@ -24,13 +24,6 @@ IGB_MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 
   drivers/net/ethernet/intel/igb/igb drivers/net/ethernet/intel/igbvf/igbvf drivers/net/tun drivers/net/veth
   drivers/net/macvlan drivers/net/tap drivers/net/macvtap"
 
-igb_mirror() {
-  local m
-  m=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [[ -n $m ]] || m=$(awk '$1 == "deb" && $2 !~ /security/ && $2 ~ /^https?:/ {print $2; exit}' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
-  echo "$m"
-}
 
 # apt-get/apt-cache over bookworm-backports only, with lists of its own.
 igb_apt() {
@@ -43,7 +36,7 @@ igb_apt() {
 igb_apt_ready() {
   if [[ -f $IGB_APT/sources.list ]] && ls "$IGB_APT"/lists/*Packages* >/dev/null 2>&1; then return 0; fi
   local mirror
-  mirror=$(igb_mirror)
+  mirror=$(vm_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in the host's apt sources"; return 1; }
   mkdir -p "$IGB_APT/lists/partial" "$IGB_APT/archives/partial"
   echo "deb $mirror bookworm-backports main" >"$IGB_APT/sources.list"

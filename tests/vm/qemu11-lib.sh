@@ -25,15 +25,6 @@ Q11_MODULES="net/core/failover drivers/net/net_failover drivers/net/virtio_net"
 q11_root() { echo "$Q11_DIR/root"; }
 q11_kernel() { echo "$Q11_DIR/kernel"; }
 
-q11_mirror() {
-  # The URI the host's own apt uses for the main archive (never written
-  # down here): deb822 sources first, then the one-line format.
-  local m
-  m=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [[ -n $m ]] || m=$(awk '$1 == "deb" && $2 !~ /security/ && $2 ~ /^https?:/ {print $2; exit}' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
-  echo "$m"
-}
 
 q11_prepare() {
   if [[ -f $Q11_DIR/stamp ]] && [[ $(cat "$Q11_DIR/stamp") == "$Q11_STAMP_VERSION" ]] &&
@@ -42,7 +33,7 @@ q11_prepare() {
   fi
   [[ $EUID -eq 0 ]] || { vm_log "building the Debian 13 root needs root"; return 1; }
   local mirror
-  mirror=$(q11_mirror)
+  mirror=$(vm_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in /etc/apt/sources.list.d/debian.sources"; return 1; }
   local pkgs=()
   for p in debootstrap busybox-static cpio kmod xz-utils; do

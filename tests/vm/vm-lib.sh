@@ -30,6 +30,16 @@ VM_QEMU_EXTRA=${VM_QEMU_EXTRA:-}
 
 vm_log() { echo "vm: $*" >&2; }
 
+# The URI the host's own apt uses for Debian's main archive (never written
+# down here): deb822 sources first, then the one-line format.
+vm_mirror() {
+  local m
+  m=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [[ -n $m ]] || m=$(awk '$1 == "deb" && $2 !~ /security/ && $2 ~ /^https?:/ {print $2; exit}' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
+  echo "$m"
+}
+
 # Installs QEMU and the initramfs tools when missing.
 vm_install_tools() {
   local missing=()
