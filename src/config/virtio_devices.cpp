@@ -25,7 +25,7 @@ std::optional<std::string> Loader::read_device_name(Mapping& m) {
 
 // Queue pairs, ring layout and size, MTU and the workers' CPUs.
 // What fits one 4096-byte AF_XDP frame after the XDP headroom (256) and a
-// VLAN-tagged Ethernet header (18); virtio/xdp_socket.cpp sizes frames so.
+// VLAN-tagged Ethernet header (18); ports/xdp_socket.cpp sizes frames so.
 constexpr unsigned kAfXdpMaxMtu = 4096 - 256 - 18;
 
 void Loader::read_queues(Mapping& m, VirtioDevice& dev) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <variant>
 
 #include <spdlog/spdlog.h>
 
@@ -14,8 +15,6 @@
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/version.hpp"
-#include "sriovd/virtio/macvtap.hpp"
-#include "sriovd/virtio/xdp_socket.hpp"
 
 namespace sriovd::daemon {
 
@@ -105,18 +104,11 @@ json Daemon::devices_json() const {
     }
     for (const auto& e : virtio_)
       if (e.name == dev.name && e.device) {
-        const auto* macvtap = dynamic_cast<const virtio::Macvtap*>(&e.device->port());
-        backend["netdev"] = macvtap ? macvtap->lower() : e.device->port().name();
+        const virtio::PacketPort& port = e.device->port();
+        backend["netdev"] = port.netdev();
         if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
-        if (macvtap) backend["macvtap"] = macvtap->name();
-        if (const auto* xdp = dynamic_cast<const virtio::XdpSocket*>(&e.device->port())) {
-          backend["xdp_mode"] = virtio::to_string(xdp->mode());
-          backend["xdp_attach"] = xdp->generic() ? "generic" : "native";
-          backend["xdp_tx_budget"] = xdp->tx_budget();
-          json per_queue = json::array();
-          for (unsigned q = 0; q < xdp->sockets(); ++q) per_queue.push_back(xdp->received_on(q));
-          backend["xdp_received"] = per_queue;
-        }
+        for (const auto& [key, value] : port.describe())
+          std::visit([&backend, &key](const auto& v) { backend[key] = v; }, value);
       }
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},

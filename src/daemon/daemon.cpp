@@ -20,10 +20,11 @@
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
-#include "sriovd/virtio/macvtap.hpp"
-#include "sriovd/virtio/xdp_socket.hpp"
-#include "sriovd/virtio/packet_socket.hpp"
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/ports/macvtap.hpp"
+#include "sriovd/ports/xdp_socket.hpp"
+#include "sriovd/ports/netdev.hpp"
+#include "sriovd/ports/packet_socket.hpp"
+#include "sriovd/ports/tap.hpp"
 
 namespace sriovd::daemon {
 
@@ -76,14 +77,14 @@ Daemon::Daemon(Options options, config::Config config)
   // Macvtap links a crashed run of this instance left behind (each carries
   // its owner in its alias); the devices configured now make theirs anew.
   try {
-    for (const auto& gone : virtio::Macvtap::remove_left_over(config_.state_dir))
+    for (const auto& gone : ports::Macvtap::remove_left_over(config_.state_dir))
       spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
   }
   // XDP programs it left on VF netdevs (each names its owner in a map).
   try {
-    for (const auto& gone : virtio::XdpSocket::remove_left_over(config_.state_dir))
+    for (const auto& gone : ports::XdpSocket::remove_left_over(config_.state_dir))
       spdlog::warn("virtio: removed the XDP program an earlier run left on {}", gone);
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for XDP programs left by an earlier run: {}", ex.what());
@@ -513,7 +514,7 @@ void Daemon::start_virtio() {
         nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
-        nc.tap_offloads = virtio::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
+        nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
         std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc);
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {
@@ -563,7 +564,7 @@ std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice
     // them, before any packet moves.
     if (auto spare = spare_taps_.extract(dev.name)) return std::move(spare.mapped());
     wait_for_previous();
-    return std::make_unique<virtio::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
+    return std::make_unique<ports::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
   }
   // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
   // AF_PACKET with virtio-net headers carries checksum and GSO metadata
@@ -578,28 +579,28 @@ std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice
   // MAC unless the config gave one (which the host layer set on the VF).
   e.vf_netdev = netdev;
   e.vf_ifindex = ::if_nametoindex(netdev.c_str());
-  virtio::netdev_set_up(netdev);
+  ports::netdev_set_up(netdev);
   if (!nc.mac) {
     MacAddress mac;
-    if (virtio::netdev_address(netdev, mac.octets) && !mac.is_zero() && !mac.is_multicast()) nc.mac = mac;
+    if (ports::netdev_address(netdev, mac.octets) && !mac.is_zero() && !mac.is_multicast()) nc.mac = mac;
   }
   if (dev.vf.via == config::VfAttach::macvtap) {
     // A macvtap is a tap: the kernel segments and checksums what the
     // driver cannot take (TUNSETOFFLOAD follows its features).
-    nc.tap_offloads = virtio::tun_offload_flags(true, true, true, false, false);
-    return std::make_unique<virtio::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
+    nc.tap_offloads = ports::tun_offload_flags(true, true, true, false, false);
+    return std::make_unique<ports::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
   }
   if (dev.vf.via == config::VfAttach::af_xdp) {
     // AF_XDP carries no checksum or GSO metadata: the driver checksums and
     // segments itself.
     nc.offloads = false;
     nc.tap_offloads = 0;
-    return std::make_unique<virtio::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
+    return std::make_unique<ports::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
   }
-  const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? virtio::PacketRing::v3
-                    : dev.vf.ring == config::PacketRingMode::v2 ? virtio::PacketRing::v2
-                                                                : virtio::PacketRing::off;
-  return std::make_unique<virtio::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
+  const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? ports::PacketRing::v3
+                    : dev.vf.ring == config::PacketRingMode::v2 ? ports::PacketRing::v2
+                                                                : ports::PacketRing::off;
+  return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
 }
 
 // A reload's socket access for a device that keeps running.

@@ -21,7 +21,7 @@
 #include "sriovd/util/error.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/ports/tap.hpp"
 #include "sriovd/version.hpp"
 
 namespace {
@@ -245,7 +245,7 @@ json virtio_net(const NetOptions& o) {
   d.bring_up();
   // One tap queue per queue pair: the kernel spreads the flows it sends
   // over them as it would over a guest NIC's TX queues.
-  sriovd::virtio::Tap tap(o.tap, d.queue_pairs(), o.netns);
+  sriovd::ports::Tap tap(o.tap, d.queue_pairs(), o.netns);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const std::string where = o.vhost_user.empty() ? o.socket : o.vhost_user + " (vhost-user)";

@@ -181,7 +181,7 @@ void VirtioNetDriver::reclaim_tx(Pair& p) {
 
 // Takes one used RX chain (gathering the num_buffers a merged packet
 // spans), hands it to the tap or copies it out, and gives the buffers back.
-size_t VirtioNetDriver::take_rx(unsigned pair, uint8_t* out, size_t size, virtio::Tap* tap, unsigned tap_queue) {
+size_t VirtioNetDriver::take_rx(unsigned pair, uint8_t* out, size_t size, ports::Tap* tap, unsigned tap_queue) {
   Ring& rx = *pairs_[pair].rx;
   auto buf = [&](uint16_t slot) { return ram_ + rx_offset(pair, slot); };
   uint16_t slot;
@@ -304,7 +304,7 @@ void VirtioNetDriver::timed_mask(unsigned vector, bool masked) {
   stats_.mask_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
 }
 
-void VirtioNetDriver::bridge(virtio::Tap& tap, const std::atomic<bool>& stop) {
+void VirtioNetDriver::bridge(ports::Tap& tap, const std::atomic<bool>& stop) {
   // What the kernel may hand us on the tap is what the device takes on TX.
   unsigned tun = 0;
   if (features_ & virtio::kNetCsum) {

@@ -20,9 +20,9 @@
 #include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
-#include "sriovd/virtio/xdp_socket.hpp"
+#include "sriovd/ports/xdp_socket.hpp"
 #include "support/temp_dir.hpp"
-#include "virtio/wire_harness.hpp"
+#include "ports/wire_harness.hpp"
 
 namespace sriovd::vfio_user {
 namespace {
@@ -47,12 +47,12 @@ std::vector<uint8_t> udp_frame(uint32_t seq, uint16_t flow) {
 }
 
 TEST(XdpMq, EveryRxQueueOfTheNetdevReachesThePairsTheDriverSet) {
-  if (const std::string why = virtio::wire::enter_private_netns(false, 1500, 4); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = ports::wire::enter_private_netns(false, 1500, 4); !why.empty()) GTEST_SKIP() << why;
   test::TempDir dir;
   const std::string socket = dir.file("xmq.sock");
   irq::Engine engine{irq::EngineOptions{}};
-  auto owned = std::make_unique<virtio::XdpSocket>("vf0", 2, 1500, dir.path(), "xmq", 512);
-  virtio::XdpSocket& port = *owned;
+  auto owned = std::make_unique<ports::XdpSocket>("vf0", 2, 1500, dir.path(), "xmq", 512);
+  ports::XdpSocket& port = *owned;
   ASSERT_EQ(port.sockets(), 4U) << "a socket per RX queue of the netdev";
   virtio::NetConfig nc;
   nc.name = "xmq";

@@ -19,7 +19,7 @@
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/ports/tap.hpp"
 
 namespace sriovd::guest {
 
@@ -77,7 +77,7 @@ class VirtioNetDriver {
   // Moves frames between the device and `tap` until `stop` is set: pair i
   // with tap queue i when the tap has one per pair, else every pair with
   // the tap's first queue.
-  void bridge(virtio::Tap& tap, const std::atomic<bool>& stop);
+  void bridge(ports::Tap& tap, const std::atomic<bool>& stop);
   // One frame (virtio-net header first) out on pair `pair`'s TX queue;
   // false when the ring is full.
   bool send(const uint8_t* frame, size_t size, unsigned pair = 0);
@@ -110,7 +110,7 @@ class VirtioNetDriver {
   void make_pairs(unsigned count);
   void post_rx(unsigned pair);
   void reclaim_tx(Pair& p);
-  size_t take_rx(unsigned pair, uint8_t* out, size_t size, virtio::Tap* tap, unsigned tap_queue);
+  size_t take_rx(unsigned pair, uint8_t* out, size_t size, ports::Tap* tap, unsigned tap_queue);
   void kick(unsigned q);
 
   VirtioNetDriverOptions options_;

@@ -1,25 +1,23 @@
 #pragma once
-// Where a virtio-net device's packets go: a tap device, or a (VF's)
-// netdev through an AF_PACKET socket, a macvtap or AF_XDP sockets. All
-// speak the 12-byte virtio_net_hdr_v1 in front of each packet to the
-// device.
+// Where a virtio-net device's packets go, as the device sees it: the
+// ports module (src/ports) has a tap device, a (VF's) netdev through an
+// AF_PACKET socket, a macvtap and AF_XDP sockets. All speak the 12-byte virtio_net_hdr_v1 in front of each packet to
+// the device.
 
 #include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 namespace sriovd::virtio {
 
-// IFF_UP and IFF_RUNNING of netdev `ifname` (its carrier), asked through
-// any socket `sock`; false when it is gone.
-bool netdev_running(int sock, const std::string& ifname);
-// Sets IFF_UP on netdev `ifname` (a VF's netdev that sriovd bridges: its
-// udev rule keeps other managers off it, so nobody else will). Throws.
-void netdev_set_up(const std::string& ifname);
-// The netdev's hardware address (6 bytes into `mac`); false when it has none.
-bool netdev_address(const std::string& ifname, uint8_t (&mac)[6]);
+// One fact a port tells about itself for status (the devices list shows
+// them under the device's backend): a name and a text, a number or a list.
+using PortFact = std::pair<std::string, std::variant<std::string, uint64_t, std::vector<uint64_t>>>;
 
 class PacketPort {
  public:
@@ -55,6 +53,10 @@ class PacketPort {
   // epoll reports level-triggered until it is taken - a worker that left
   // it would wake without end. Returns the error (0: none, or not a socket).
   virtual int take_error(unsigned /*q*/) { return 0; }
+  // The netdev the traffic goes through (a macvtap's is its lower device).
+  [[nodiscard]] virtual const std::string& netdev() const { return name(); }
+  // What else the port is, for status (a macvtap's own name, AF_XDP's mode).
+  [[nodiscard]] virtual std::vector<PortFact> describe() const { return {}; }
 };
 
 }  // namespace sriovd::virtio

@@ -6,7 +6,7 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/port.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 // The TUNSETOFFLOAD flags (TUN_F_*) for what a tap may hand the device:
 // checksum offload, TSO over IPv4 and IPv6, TSO with ECN, UFO.
@@ -15,7 +15,7 @@ unsigned tun_offload_flags(bool csum, bool tso4, bool tso6, bool tso_ecn, bool u
 // A tap device carrying virtio-net headers (IFF_VNET_HDR, 12-byte header):
 // what the guest puts in front of a packet goes to the kernel as it is, and
 // the kernel's checksum/GSO metadata comes back the same way.
-class Tap : public PacketPort {
+class Tap : public virtio::PacketPort {
  public:
   // Creates (or attaches to) tap `name`, one queue fd per queue pair
   // (IFF_MULTI_QUEUE when more than one), non-blocking. With `netns`, the
@@ -52,4 +52,4 @@ class Tap : public PacketPort {
   unsigned active_queues_;   // attached: [0, active_queues_)
 };
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/virtio/xdp_socket.hpp"
+#include "sriovd/ports/xdp_socket.hpp"
 #include "support/process.hpp"
-#include "virtio/wire_harness.hpp"
+#include "ports/wire_harness.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 namespace {
 
 constexpr unsigned kQueues = 4;
@@ -352,4 +352,4 @@ TEST_F(XdpSocketTest, AttachFailuresSayWhyAndLeaveNothing) {
 }
 
 }  // namespace
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

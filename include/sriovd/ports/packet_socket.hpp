@@ -7,7 +7,7 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/port.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 // How a PacketSocket moves frames: memory-mapped rings shared with the
 // kernel (no system call per received frame; transmitted frames queued in
@@ -25,7 +25,7 @@ const char* to_string(PacketRing);
 // struct virtio_net_hdr; the device's is the 12-byte v1 header, so the two
 // bytes of num_buffers are dropped on the way out and left for the device
 // to fill on the way in.
-class PacketSocket : public PacketPort {
+class PacketSocket : public virtio::PacketPort {
  public:
   // `queues` sockets; with more than one they form a PACKET_FANOUT_HASH
   // group, so the kernel spreads received flows over the queue pairs.
@@ -96,4 +96,4 @@ class PacketSocket : public PacketPort {
   uint64_t dropped_down_ = 0;  // worker thread only
 };
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

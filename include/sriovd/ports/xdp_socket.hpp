@@ -1,7 +1,7 @@
 #pragma once
 // The VF-to-virtio bridge through AF_XDP (`backend.via: af_xdp`): one XDP
 // socket per queue of the VF's netdev, each bound to that queue, with its
-// own UMEM; sriovd's XDP program (virtio/bpf/xsk_redirect.bpf.c) sends each
+// own UMEM; sriovd's XDP program (ports/bpf/xsk_redirect.bpf.c) sends each
 // queue's frames to its socket. Frames move through rings shared with the
 // kernel in batches: no system call per received frame, one per transmitted
 // batch (copy mode) or none while the driver runs (zero-copy, need_wakeup).
@@ -35,12 +35,12 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/port.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 enum class XdpMode : uint8_t { zero_copy, copy };
 const char* to_string(XdpMode);
 
-class XdpSocket : public PacketPort {
+class XdpSocket : public virtio::PacketPort {
  public:
   static constexpr unsigned kMaxQueues = 64;  // the program's socket map
   // Attaches the program (native XDP) to `ifname` and binds a socket to
@@ -83,6 +83,8 @@ class XdpSocket : public PacketPort {
   [[nodiscard]] unsigned tx_budget() const { return tx_budget_; }
   // Frames each socket's receive side took (where MQ steering sent them).
   [[nodiscard]] uint64_t received_on(unsigned port_queue) const;
+  // xdp_mode, xdp_attach (native or generic), xdp_tx_budget, xdp_received per socket.
+  [[nodiscard]] std::vector<virtio::PortFact> describe() const override;
 
   // Detaches every program of ours whose owner is `instance` (any
   // device) from every netdev, except on netdevs in `keep`; returns
@@ -116,4 +118,4 @@ class XdpSocket : public PacketPort {
   std::mutex steer_mutex_;  // set_active_queues: the epoll sets
 };
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/virtio/macvtap.hpp"
+#include "sriovd/ports/macvtap.hpp"
 #include "support/process.hpp"
-#include "virtio/wire_harness.hpp"
+#include "ports/wire_harness.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 namespace {
 
 using namespace std::chrono_literals;
@@ -267,4 +267,4 @@ TEST_F(MacvtapTest, AMissingLowerDeviceIsNamed) {
 }
 
 }  // namespace
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

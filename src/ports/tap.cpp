@@ -1,4 +1,4 @@
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/ports/tap.hpp"
 
 #include <fcntl.h>
 #include <linux/if.h>
@@ -16,7 +16,7 @@
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/netlink.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 unsigned tun_offload_flags(bool csum, bool tso4, bool tso6, bool tso_ecn, bool ufo) {
   return (csum ? TUN_F_CSUM : 0U) | (tso4 ? TUN_F_TSO4 : 0U) | (tso6 ? TUN_F_TSO6 : 0U) |
@@ -118,34 +118,6 @@ void move_to_netns(const std::string& ifname, const std::string& netns) {
 
 }  // namespace
 
-bool netdev_running(int sock, const std::string& ifname) {
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) return false;  // gone: no link
-  return (ifr.ifr_flags & IFF_UP) && (ifr.ifr_flags & IFF_RUNNING);
-}
-
-void netdev_set_up(const std::string& ifname) {
-  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!sock) throw_errno("socket for " + ifname);
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-  if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0) throw_errno("netdev " + ifname);
-  if (ifr.ifr_flags & IFF_UP) return;
-  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
-  if (::ioctl(sock.get(), SIOCSIFFLAGS, &ifr) != 0) throw_errno("bringing " + ifname + " up");
-}
-
-bool netdev_address(const std::string& ifname, uint8_t (&mac)[6]) {
-  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!sock) return false;
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-  if (::ioctl(sock.get(), SIOCGIFHWADDR, &ifr) != 0) return false;
-  std::memcpy(mac, ifr.ifr_hwaddr.sa_data, 6);
-  return true;
-}
-
 void Tap::set_active_queues(unsigned n) {
   if (fds_.size() < 2 || n == active_queues_) return;
   active_queues_ = ~0U;  // unknown until every queue is where it should be
@@ -159,4 +131,4 @@ void Tap::set_active_queues(unsigned n) {
   active_queues_ = n;
 }
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

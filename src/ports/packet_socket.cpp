@@ -1,4 +1,4 @@
-#include "sriovd/virtio/packet_socket.hpp"
+#include "sriovd/ports/packet_socket.hpp"
 
 #include <arpa/inet.h>
 #include <linux/if_ether.h>
@@ -15,10 +15,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "sriovd/ports/netdev.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/virtio/offload.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 namespace {
 constexpr size_t kKernelHeader = 10;  // struct virtio_net_hdr
@@ -259,7 +260,7 @@ ssize_t PacketSocket::send_ring(Queue& q, const iovec* iov, int count) {
   // may not keep user pages - copies again into a new page per frame
   // (skb_copy_ubufs: a page allocated and freed per 64-byte frame).
   // hdr_len is a hint the kernel checks against the frame (<= its length).
-  if (out[1] == kGsoNone) {
+  if (out[1] == virtio::kGsoNone) {
     const auto frame = static_cast<uint16_t>(at - kKernelHeader);
     out[2] = static_cast<uint8_t>(frame & 0xffU);
     out[3] = static_cast<uint8_t>(frame >> 8U);
@@ -412,4 +413,4 @@ ssize_t PacketSocket::recv_v2(Queue& q, uint8_t* buf, size_t size) {
 
 bool PacketSocket::link_up() const { return netdev_running(queues_[0].fd.get(), name_); }
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/virtio/packet_socket.hpp"
+#include "sriovd/ports/packet_socket.hpp"
 #include "support/process.hpp"
-#include "virtio/wire_harness.hpp"
+#include "ports/wire_harness.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 namespace {
 
 using wire::frame;
@@ -217,4 +217,4 @@ INSTANTIATE_TEST_SUITE_P(Rings, PacketRingTest, ::testing::Values(PacketRing::v3
                          [](const auto& param_info) { return std::string(to_string(param_info.param)); });
 
 }  // namespace
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

@@ -1,4 +1,4 @@
-#include "sriovd/virtio/xdp_socket.hpp"
+#include "sriovd/ports/xdp_socket.hpp"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -24,15 +24,16 @@
 
 #include <spdlog/spdlog.h>
 
+#include "sriovd/ports/netdev.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/virtio/offload.hpp"
 
-// The compiled program (virtio/bpf/xsk_redirect.bpf.c), linked in by
-// virtio/bpf/xsk_redirect_obj.S.
+// The compiled program (ports/bpf/xsk_redirect.bpf.c), linked in by
+// ports/bpf/xsk_redirect_obj.S.
 extern "C" const unsigned char sriovd_xsk_redirect_obj[];
 extern "C" const unsigned char sriovd_xsk_redirect_obj_end[];
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 namespace {
 
@@ -156,6 +157,15 @@ unsigned rx_queues_of(const std::string& ifname) {
 }  // namespace
 
 const char* to_string(XdpMode m) { return m == XdpMode::zero_copy ? "zero-copy" : "copy"; }
+
+std::vector<virtio::PortFact> XdpSocket::describe() const {
+  std::vector<uint64_t> received;
+  for (unsigned q = 0; q < sockets(); ++q) received.push_back(received_on(q));
+  return {{"xdp_mode", to_string(mode_)},
+          {"xdp_attach", generic_ ? "generic" : "native"},
+          {"xdp_tx_budget", uint64_t{tx_budget_}},
+          {"xdp_received", std::move(received)}};
+}
 
 std::string XdpSocket::owner_of(const std::string& instance, const std::string& device) {
   return kOwnerPrefix + instance + " " + device;
@@ -544,8 +554,8 @@ ssize_t XdpSocket::send(unsigned q, const iovec* iov, int count) {
     at += iov[i].iov_len;
   }
   if (at < kDeviceHeader + 14) return refuse(EINVAL);
-  if (out[1] != kGsoNone) return refuse(EMSGSIZE);
-  if ((out[0] & kHdrNeedsCsum) && !complete_checksum(out, at)) return refuse(EINVAL);
+  if (out[1] != virtio::kGsoNone) return refuse(EMSGSIZE);
+  if ((out[0] & virtio::kHdrNeedsCsum) && !virtio::complete_checksum(out, at)) return refuse(EINVAL);
   uint32_t idx = 0;
   if (xsk_ring_prod__reserve(&x.tx, 1, &idx) != 1) {
     flush(q);
@@ -607,4 +617,4 @@ std::vector<std::string> XdpSocket::remove_left_over(const std::string& instance
   return removed;
 }
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

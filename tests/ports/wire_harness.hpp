@@ -20,7 +20,7 @@
 #include "sriovd/util/fd.hpp"
 #include "support/process.hpp"
 
-namespace sriovd::virtio::wire {
+namespace sriovd::ports::wire {
 
 constexpr uint16_t kEthertype = 0x88b5;  // local experimental
 
@@ -94,4 +94,4 @@ inline bool is_test_frame(const uint8_t* f, size_t len) {
   return len >= 18 && f[12] == (kEthertype >> 8U) && f[13] == (kEthertype & 0xffU);
 }
 
-}  // namespace sriovd::virtio::wire
+}  // namespace sriovd::ports::wire

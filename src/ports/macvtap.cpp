@@ -1,4 +1,4 @@
-#include "sriovd/virtio/macvtap.hpp"
+#include "sriovd/ports/macvtap.hpp"
 
 #include <fcntl.h>
 #include <linux/if.h>
@@ -19,10 +19,11 @@
 #include <netlink/route/link/macvtap.h>
 #include <spdlog/spdlog.h>
 
+#include "sriovd/ports/netdev.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/netlink.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 namespace {
 
@@ -228,4 +229,4 @@ std::vector<std::string> Macvtap::remove_left_over(const std::string& instance, 
   return removed;
 }
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/virtio/tap.hpp"
+#include "sriovd/ports/tap.hpp"
 
-namespace sriovd::virtio {
+namespace sriovd::ports {
 
 class Macvtap : public Tap {
  public:
@@ -31,6 +31,8 @@ class Macvtap : public Tap {
   ~Macvtap() override;
 
   [[nodiscard]] const std::string& lower() const { return lower_; }
+  [[nodiscard]] const std::string& netdev() const override { return lower_; }
+  [[nodiscard]] std::vector<virtio::PortFact> describe() const override { return {{"macvtap", name()}}; }
   // The link's IFF_UP and IFF_RUNNING (a macvtap follows its lower
   // device's carrier): a VF whose link goes down.
   [[nodiscard]] bool link_up() const override;
@@ -53,4 +55,4 @@ class Macvtap : public Tap {
   UniqueFd control_;  // for SIOCGIFFLAGS
 };
 
-}  // namespace sriovd::virtio
+}  // namespace sriovd::ports
