@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sriovd/guest/virtqueue.hpp"
+#include "sriovd/virtio/net.hpp"
 
 using namespace sriovd::virtio;
 using namespace sriovd::guest;

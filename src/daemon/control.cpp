@@ -15,6 +15,7 @@
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/version.hpp"
+#include "sriovd/virtio/net.hpp"
 
 namespace sriovd::daemon {
 

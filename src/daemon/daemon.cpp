@@ -25,6 +25,7 @@
 #include "sriovd/ports/netdev.hpp"
 #include "sriovd/ports/packet_socket.hpp"
 #include "sriovd/ports/tap.hpp"
+#include "sriovd/virtio/net.hpp"
 
 namespace sriovd::daemon {
 
@@ -518,7 +519,7 @@ void Daemon::start_virtio() {
         std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc);
         e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
         if (dev.transport == config::Transport::vfio_user) {
-          e.pci = std::make_unique<vfio_user::VirtioNetPci>(*e.device, *irq_, dev.name);
+          e.pci = std::make_unique<vfio_user::VirtioPci>(*e.device, *irq_, dev.name);
           e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
           e.pci_server->set_socket_access(access_of(dev.access));
         } else {

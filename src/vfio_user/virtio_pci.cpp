@@ -55,7 +55,7 @@ uint64_t merge(uint64_t whole, uint64_t offset_in, unsigned size, uint64_t value
 
 }  // namespace
 
-VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::string name)
+VirtioPci::VirtioPci(virtio::Device& device, irq::Engine& engine, std::string name)
     : device_(device),
       engine_(engine),
       name_(std::move(name)),
@@ -67,15 +67,20 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
       }()),
       vectors_(engine, routes_),
       queues_(num_queues_) {
+  if (device.config_size() > kDeviceSize)
+    throw std::invalid_argument(name_ + ": the device's configuration (" + std::to_string(device.config_size()) +
+                                " bytes) is larger than the transport's window (" + std::to_string(kDeviceSize) + ")");
   new_doorbells();
   // Config space (§4.1.2): a non-transitional virtio-net function.
   config_bytes_.assign(4096, 0);
   auto& c = config_bytes_;
   put16(c, 0x00, 0x1af4);
-  put16(c, 0x02, 0x1041);
-  put16(c, 0x06, 0x0010);  // Status: capabilities list
-  put8(c, 0x08, 0x01);     // revision 1
-  put8(c, 0x0b, 0x02);     // class: network controller, Ethernet
+  put16(c, 0x02, static_cast<uint16_t>(0x1040 + device.device_id()));  // §4.1.2.1
+  put16(c, 0x06, 0x0010);                                              // Status: capabilities list
+  put8(c, 0x08, 0x01);                                                 // revision 1
+  put8(c, 0x09, static_cast<uint8_t>(device.pci_class()));             // class code: the device type's
+  put8(c, 0x0a, static_cast<uint8_t>(device.pci_class() >> 8U));
+  put8(c, 0x0b, static_cast<uint8_t>(device.pci_class() >> 16U));
   put16(c, 0x2c, 0x1af4);
   put16(c, 0x2e, 0x0040);
   put8(c, 0x34, kCapMsix);
@@ -99,7 +104,7 @@ VirtioNetPci::VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::
 // One eventfd per queue doorbell, handed to a client with GET_REGION_IO_FDS.
 // Each client gets its own: one that left keeps the ones it was given and
 // must not ring (or drain) the next client's queues with them.
-void VirtioNetPci::new_doorbells() {
+void VirtioPci::new_doorbells() {
   std::vector<UniqueFd> fresh;
   for (unsigned q = 0; q < num_queues_; ++q) {
     fresh.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -110,19 +115,19 @@ void VirtioNetPci::new_doorbells() {
 
 // The guest's config space: BAR0 (the virtio structures) and BAR1 (MSI-X),
 // both 64-bit-less memory BARs of fixed size, nothing placed yet.
-std::unique_ptr<pci::VirtualConfig> VirtioNetPci::make_config() {
+std::unique_ptr<pci::VirtualConfig> VirtioPci::make_config() {
   std::array<pci::BarInfo, 6> bars{};
   bars[0].size = kBar0Size;
   bars[1].size = kBar1Size;
   return std::make_unique<pci::VirtualConfig>(config_bytes_, bars, msix_.get(), nullptr);
 }
 
-VirtioNetPci::~VirtioNetPci() {
+VirtioPci::~VirtioPci() {
   device_.reset();
   for (auto r : routes_) engine_.remove(r);
 }
 
-RegionDescription VirtioNetPci::region(uint32_t index) {
+RegionDescription VirtioPci::region(uint32_t index) {
   RegionDescription d;
   constexpr uint32_t rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
   if (index == vfio::kConfigRegion) d = {rw, config_bytes_.size(), -1, 0, {}};
@@ -131,25 +136,25 @@ RegionDescription VirtioNetPci::region(uint32_t index) {
   return d;
 }
 
-std::vector<IoFd> VirtioNetPci::region_io_fds(uint32_t index) {
+std::vector<IoFd> VirtioPci::region_io_fds(uint32_t index) {
   std::vector<IoFd> out;
   if (index != 0) return out;
   for (unsigned q = 0; q < num_queues_; ++q) out.push_back({kNotifyOffset + q * kNotifyMultiplier, 0, kicks_[q].get()});
   return out;
 }
 
-void VirtioNetPci::read(uint32_t region, uint64_t offset, std::span<uint8_t> data) {
+void VirtioPci::read(uint32_t region, uint64_t offset, std::span<uint8_t> data) {
   access(region, offset, data.data(), data.size(), false);
 }
 
-void VirtioNetPci::write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) {
+void VirtioPci::write(uint32_t region, uint64_t offset, std::span<const uint8_t> data) {
   // A write only reads `data` (the same walk serves reads, hence non-const).
   access(region, offset, const_cast<uint8_t*>(data.data()), data.size(), true);
 }
 
 // Splits an access into naturally aligned pieces of up to 8 bytes (4 in
 // config space), as a CPU issues them.
-void VirtioNetPci::access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write) {
+void VirtioPci::access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write) {
   if (region != vfio::kConfigRegion && region > 1)
     throw Error(EINVAL, name_ + ": region " + std::to_string(region) + " is empty");
   const unsigned widest = region == vfio::kConfigRegion ? 4 : 8;
@@ -183,7 +188,7 @@ void VirtioNetPci::access(uint32_t region, uint64_t offset, uint8_t* data, size_
 
 // virtio_pci_cfg_cap (§4.1.4.9): cap.bar/offset/length select a window in
 // a BAR, and pci_cfg_data reads or writes it.
-uint32_t VirtioNetPci::config_read(uint32_t offset, unsigned size) {
+uint32_t VirtioPci::config_read(uint32_t offset, unsigned size) {
   const uint32_t data_at = kCapPciCfg + 16;
   if (offset >= data_at && offset < data_at + 4) {
     if (cfg_length_ == 0 || cfg_length_ > 4 || cfg_bar_ != 0) return 0;
@@ -202,7 +207,7 @@ uint32_t VirtioNetPci::config_read(uint32_t offset, unsigned size) {
   return config_->read(offset, size);
 }
 
-void VirtioNetPci::config_write(uint32_t offset, unsigned size, uint32_t value) {
+void VirtioPci::config_write(uint32_t offset, unsigned size, uint32_t value) {
   const uint32_t data_at = kCapPciCfg + 16;
   if (offset >= data_at && offset < data_at + 4) {
     if (cfg_length_ >= 1 && cfg_length_ <= 4 && cfg_bar_ == 0) bar0_write(cfg_offset_, cfg_length_, value);
@@ -223,12 +228,12 @@ void VirtioNetPci::config_write(uint32_t offset, unsigned size, uint32_t value) 
   config_->write(offset, size, value);
 }
 
-uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
+uint64_t VirtioPci::bar0_read(uint64_t offset, unsigned size) {
   if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize)
     return common_read(offset - kCommonOffset, size);
   if (offset == kIsrOffset) return 0;  // MSI-X in use: the ISR status is not used (§4.1.4.5)
   if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
-    // struct virtio_net_config (§5.1.4), as the device model keeps it.
+    // The device type's configuration (virtio-net: §5.1.4), as the device keeps it.
     uint8_t bytes[8] = {};
     device_.read_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
     uint64_t v = 0;
@@ -238,7 +243,7 @@ uint64_t VirtioNetPci::bar0_read(uint64_t offset, unsigned size) {
   return 0;  // notify area and holes read as zero
 }
 
-void VirtioNetPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
+void VirtioPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
   if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize) {
     common_write(offset - kCommonOffset, size, value);
     return;
@@ -249,13 +254,20 @@ void VirtioNetPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
     // the client holds that one too and may have made it blocking, and
     // this is the control thread - but the worker's own wake-up.
     device_.kick(static_cast<unsigned>((offset - kNotifyOffset) / kNotifyMultiplier));
+    return;
   }
-  // The device configuration is read-only for virtio-net (no writable fields offered).
+  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
+    // The device's configuration: writable where its type says so
+    // (virtio-net has no writable field and ignores it).
+    uint8_t bytes[8] = {};
+    std::memcpy(bytes, &value, size);
+    device_.write_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
+  }
 }
 
 // struct virtio_pci_common_cfg as the driver sees it now, so an access of
 // any width at any offset reads what the same bytes of the structure hold.
-uint64_t VirtioNetPci::common_read(uint64_t off, unsigned size) {
+uint64_t VirtioPci::common_read(uint64_t off, unsigned size) {
   std::array<uint8_t, kCommonSize> c{};
   auto put = [&c](unsigned at, uint64_t v, unsigned width) { std::memcpy(c.data() + at, &v, width); };
   const QueueRegs* q = queue_select_ < num_queues_ ? &queues_[queue_select_] : nullptr;
@@ -281,7 +293,7 @@ uint64_t VirtioNetPci::common_read(uint64_t off, unsigned size) {
   return v;
 }
 
-void VirtioNetPci::common_write(uint64_t off, unsigned size, uint64_t value) {
+void VirtioPci::common_write(uint64_t off, unsigned size, uint64_t value) {
   QueueRegs* q = queue_select_ < num_queues_ ? &queues_[queue_select_] : nullptr;
   const bool live = status_ & kDriverOk;
   // The ring addresses, 64-bit, written whole or in 32-bit halves.
@@ -304,7 +316,7 @@ void VirtioNetPci::common_write(uint64_t off, unsigned size, uint64_t value) {
     case 0x14: set_status(static_cast<uint8_t>(value)); break;
     case 0x16: queue_select_ = static_cast<uint16_t>(value); break;
     case 0x18:
-      if (q && !live) q->size = static_cast<uint16_t>(std::min<uint64_t>(value, device_.config().max_queue_size));
+      if (q && !live) q->size = static_cast<uint16_t>(std::min<uint64_t>(value, device_.max_queue_size()));
       break;
     case 0x1a:
       // A vector the device does not have reads back as NO_VECTOR (§4.1.5.1.2).
@@ -317,7 +329,7 @@ void VirtioNetPci::common_write(uint64_t off, unsigned size, uint64_t value) {
   }
 }
 
-void VirtioNetPci::set_status(uint8_t status) {
+void VirtioPci::set_status(uint8_t status) {
   if (status == 0) {
     virtio_reset();
     return;
@@ -348,7 +360,7 @@ void VirtioNetPci::set_status(uint8_t status) {
 
 // Where a ring part lies in a window shared without an fd, what is wrong
 // (empty: nowhere of that kind).
-std::string VirtioNetPci::in_unmapped_window(uint64_t iova) const {
+std::string VirtioPci::in_unmapped_window(uint64_t iova) const {
   for (const auto& w : windows_)
     if (!w.host && iova >= w.iova && iova - w.iova < w.size)
       return "lies in the DMA window [" + hex(w.iova) + ", +" + hex(w.size) +
@@ -356,7 +368,7 @@ std::string VirtioNetPci::in_unmapped_window(uint64_t iova) const {
   return {};
 }
 
-void VirtioNetPci::start_device() {
+void VirtioPci::start_device() {
   device_.stop();
   rebuild_memory();
   for (unsigned i = 0; i < num_queues_; ++i) {
@@ -379,17 +391,17 @@ void VirtioNetPci::start_device() {
   spdlog::info("virtio-pci {}: driver ready, features 0x{:x}", name_, device_.features());
 }
 
-void VirtioNetPci::virtio_reset() {
+void VirtioPci::virtio_reset() {
   device_.reset();
   device_feature_select_ = driver_feature_select_ = 0;
   driver_features_ = 0;
   config_msix_vector_ = kNoVector;
   status_ = 0;
   queue_select_ = 0;
-  for (auto& q : queues_) q = QueueRegs{device_.config().max_queue_size};
+  for (auto& q : queues_) q = QueueRegs{device_.max_queue_size()};
 }
 
-void VirtioNetPci::rebuild_memory() {
+void VirtioPci::rebuild_memory() {
   device_.set_memory(nullptr);
   memory_.clear();
   // Each window keeps the client's permissions: a read-only window (mapped
@@ -403,33 +415,33 @@ void VirtioNetPci::rebuild_memory() {
   device_.set_memory(&memory_);
 }
 
-void VirtioNetPci::config_changed() {
+void VirtioPci::config_changed() {
   ++config_generation_;
   if (config_msix_vector_ != kNoVector && (status_ & kDriverOk)) engine_.trigger(routes_[config_msix_vector_]);
 }
 
-vfio::IrqInfo VirtioNetPci::irq(uint32_t index) {
+vfio::IrqInfo VirtioPci::irq(uint32_t index) {
   if (index == vfio::kMsixIrq)
     return {index, VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_MASKABLE, static_cast<uint32_t>(routes_.size())};
   return {index, 0, 0};
 }
 
-void VirtioNetPci::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) {
+void VirtioPci::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) {
   if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
   for (uint32_t i = 0; i < fds.size(); ++i) engine_.set_sink(routes_[start + i], std::move(fds[i]));
 }
 
-void VirtioNetPci::disable_irqs(uint32_t index) {
+void VirtioPci::disable_irqs(uint32_t index) {
   if (index != vfio::kMsixIrq) return;
   for (auto r : routes_) engine_.set_sink(r, UniqueFd());
 }
 
-void VirtioNetPci::mask_irq(uint32_t index, uint32_t vector, bool masked) {
+void VirtioPci::mask_irq(uint32_t index, uint32_t vector, bool masked) {
   if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
   msix_->set_vector_mask(vector, masked);
 }
 
-void VirtioNetPci::trigger_irq(uint32_t index, uint32_t vector) {
+void VirtioPci::trigger_irq(uint32_t index, uint32_t vector) {
   if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
   engine_.trigger(routes_[vector]);
 }
@@ -438,12 +450,12 @@ void VirtioNetPci::trigger_irq(uint32_t index, uint32_t vector) {
 // is kept but is not guest memory here: the rings and buffers are reached
 // by mapping, so a queue that lies in one is refused when the driver
 // starts the device (start_device names the window), never at DMA_MAP.
-void VirtioNetPci::dma_mapped(const DmaWindow& w) {
+void VirtioPci::dma_mapped(const DmaWindow& w) {
   windows_.push_back(w);
   if (w.host) remap_running_device();
 }
 
-void VirtioNetPci::dma_unmapped(const DmaWindow& w) {
+void VirtioPci::dma_unmapped(const DmaWindow& w) {
   std::erase_if(windows_, [&](const DmaWindow& x) { return x.iova == w.iova && x.size == w.size; });
   // The server unmaps the window once this returns: the workers must not
   // touch it after that.
@@ -453,7 +465,7 @@ void VirtioNetPci::dma_unmapped(const DmaWindow& w) {
 // The workers see a new memory map from a stopped state; the rings go on
 // where they stood. If they cannot (a ring left with the window), the
 // device needs a reset (§2.1.2 DEVICE_NEEDS_RESET) - the window still goes.
-void VirtioNetPci::remap_running_device() {
+void VirtioPci::remap_running_device() {
   if (!device_.running()) return;
   stop_device();
   rebuild_memory();
@@ -467,7 +479,7 @@ void VirtioNetPci::remap_running_device() {
 }
 
 // DEVICE_RESET: a PCI function reset, so the virtio state and MSI-X (§6.8.2).
-void VirtioNetPci::reset() {
+void VirtioPci::reset() {
   virtio_reset();
   msix_->reset();
 }
@@ -475,13 +487,13 @@ void VirtioNetPci::reset() {
 // Stops the workers before the memory map changes; a worker that does not
 // stop (NetDevice::wedged) still reads the windows, so they must stay: the
 // server keeps a window mapped when unmapping it throws.
-void VirtioNetPci::stop_device() {
+void VirtioPci::stop_device() {
   device_.stop();
   if (device_.wedged())
     throw Error(EBUSY, name_ + ": the device's worker did not stop; its DMA windows stay mapped until it does");
 }
 
-void VirtioNetPci::client_gone() {
+void VirtioPci::client_gone() {
   virtio_reset();
   windows_.clear();
   if (device_.wedged()) {

@@ -93,9 +93,9 @@ namespace {
 constexpr std::chrono::milliseconds kMessageDeadline{1000};
 }  // namespace
 
-Backend::CallRoutes::CallRoutes(irq::Engine& e, virtio::NetDevice& device) : engine(e) {
+Backend::CallRoutes::CallRoutes(irq::Engine& e, virtio::Device& device) : engine(e) {
   for (unsigned q = 0; q < device.num_queues(); ++q) {
-    ids.push_back(engine.add({device.config().name, q, irq::Policy::relay, nullptr}));
+    ids.push_back(engine.add({device.name(), q, irq::Policy::relay, nullptr}));
     device.set_queue_interrupt(q, ids.back());
   }
 }
@@ -120,8 +120,8 @@ void Backend::CallRoutes::clear() {
   }
 }
 
-Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine,
-                 Mode mode, std::vector<uid_t> allowed_uids)
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine, Mode mode,
+                 std::vector<uid_t> allowed_uids)
     : path_(std::move(socket_path)),
       device_(device),
       calls_(engine, device),
@@ -149,19 +149,19 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::NetDevic
           [this] { publish_translations(); }) {
   watch_misses();
   if (mode_ == Mode::client) {
-    spdlog::info("vhost-user: {} connecting to {}", device_.config().name, path_);
+    spdlog::info("vhost-user: {} connecting to {}", device_.name(), path_);
     try_connect();
     return;
   }
   listener_ = std::make_unique<UnixListener>(
       io, path_,
-      UnixListener::Options{"vhost-user: " + device_.config().name, "the device's allowed_uids", 0660, allowed_uids_},
+      UnixListener::Options{"vhost-user: " + device_.name(), "the device's allowed_uids", 0660, allowed_uids_},
       [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); }, [this] { return conn_.connected(); },
       [this](UniqueFd, const std::string& why) {
         ++stats_.refused_peers;
         stats_.last_error = why;
       });
-  spdlog::info("vhost-user: {} listening on {}", device_.config().name, path_);
+  spdlog::info("vhost-user: {} listening on {}", device_.name(), path_);
 }
 
 void Backend::set_allowed_uids(std::vector<uid_t> uids) {
@@ -194,7 +194,7 @@ void Backend::try_connect() {
   if (!why.empty()) {
     ++stats_.refused_peers;
     stats_.last_error = why;
-    spdlog::warn("vhost-user: {}: {}", device_.config().name, why);
+    spdlog::warn("vhost-user: {}: {}", device_.name(), why);
     connect_later(std::chrono::seconds(1));
     return;
   }
@@ -203,7 +203,7 @@ void Backend::try_connect() {
 
 void Backend::adopt(UniqueFd fd) {
   ++stats_.connections;
-  spdlog::info("vhost-user: {}: front-end connected", device_.config().name);
+  spdlog::info("vhost-user: {}: front-end connected", device_.name());
   conn_.adopt(std::move(fd));
 }
 
@@ -312,7 +312,7 @@ std::string Backend::what(const Message& m) {
 }
 
 void Backend::handle(Message& m) {
-  spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.config().name, request_name(m.hdr.request), m.hdr.size,
+  spdlog::debug("vhost-user: {}: {} ({} bytes, {} fds)", device_.name(), request_name(m.hdr.request), m.hdr.size,
                 m.fds.size());
   // Any other request sees the translations the updates before it gave
   // (a burst of IOTLB updates is still one publish).
@@ -463,7 +463,7 @@ bool Backend::set_vring_fd(Message& m) {
 }
 
 bool Backend::get_queue_num(Message& m) {
-  const uint64_t n = device_.config().queue_pairs;
+  const uint64_t n = device_.queue_groups();
   reply(m, &n, sizeof n);
   return true;
 }
@@ -559,7 +559,7 @@ bool Backend::get_inflight(Message& m) {
   const uint64_t bytes = want.num_queues * virtio::inflight_queue_bytes(want.queue_size);
   UniqueFd fd(::memfd_create("sriovd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
-    throw SystemError(errno, device_.config().name + ": inflight buffer of " + std::to_string(bytes) + " bytes");
+    throw SystemError(errno, device_.name() + ": inflight buffer of " + std::to_string(bytes) + " bytes");
   // Its size is fixed: no front-end can shrink it under a mapping (a
   // worker touching a page past the end would take SIGBUS).
   (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
@@ -583,13 +583,13 @@ bool Backend::set_inflight(Message& m) {
   const int seals = ::fcntl(m.fds[0].get(), F_GET_SEALS);
   if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
     if (::fcntl(m.fds[0].get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0)
-      spdlog::warn("vhost-user: {}: the inflight buffer cannot be sealed against shrinking: {}", device_.config().name,
+      spdlog::warn("vhost-user: {}: the inflight buffer cannot be sealed against shrinking: {}", device_.name(),
                    std::strerror(errno));
   }
   drop_inflight();
   const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
-  if (p == MAP_FAILED) throw SystemError(errno, device_.config().name + ": mapping the inflight buffer");
+  if (p == MAP_FAILED) throw SystemError(errno, device_.name() + ": mapping the inflight buffer");
   try {
     // Sealed or not, a fault there fails this connection, not the daemon.
     inflight_guard_ = PeerMapping(p, len);
@@ -600,8 +600,7 @@ bool Backend::set_inflight(Message& m) {
   inflight_map_ = static_cast<uint8_t*>(p);
   inflight_map_len_ = len;
   device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
-  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.config().name, d.num_queues,
-               d.queue_size);
+  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.name(), d.num_queues, d.queue_size);
   return false;
 }
 
@@ -620,10 +619,10 @@ void Backend::drop_inflight() {
 // forgets the session.
 void Backend::on_end(const std::string& why) {
   if (why == kPeerClosed) {
-    spdlog::info("vhost-user: {}: front-end disconnected", device_.config().name);
+    spdlog::info("vhost-user: {}: front-end disconnected", device_.name());
   } else {
     ++stats_.protocol_errors;
-    spdlog::warn("vhost-user: {}: connection ended: {}", device_.config().name, why);
+    spdlog::warn("vhost-user: {}: connection ended: {}", device_.name(), why);
   }
   stats_.last_error = why;
   protocol_features_ = 0;
@@ -661,8 +660,8 @@ void Backend::release_session() {
 // start; an invalidation takes effect with the workers stopped, so no
 // translation from before it is in use once it is acknowledged.
 void Backend::iotlb_message(const IotlbMsg& msg) {
-  spdlog::debug("vhost-user: {}: IOTLB type {} iova 0x{:x} size 0x{:x} uaddr 0x{:x} perm {}", device_.config().name,
-                msg.type, msg.iova, msg.size, msg.uaddr, msg.perm);
+  spdlog::debug("vhost-user: {}: IOTLB type {} iova 0x{:x} size 0x{:x} uaddr 0x{:x} perm {}", device_.name(), msg.type,
+                msg.iova, msg.size, msg.uaddr, msg.perm);
   // Without ACCESS_PLATFORM ring addresses are not IOVAs: a table nobody
   // reads would only be memory and work the peer makes the daemon spend.
   if (!access_platform_) throw ProtocolError("IOTLB_MSG without VIRTIO_F_ACCESS_PLATFORM negotiated");
@@ -682,8 +681,7 @@ void Backend::iotlb_message(const IotlbMsg& msg) {
       break;
     }
     case kIotlbAccessFail:
-      spdlog::warn("vhost-user: {}: front-end reports an IOTLB access failure at 0x{:x}", device_.config().name,
-                   msg.iova);
+      spdlog::warn("vhost-user: {}: front-end reports an IOTLB access failure at 0x{:x}", device_.name(), msg.iova);
       break;
     default: throw ProtocolError("IOTLB message of type " + std::to_string(msg.type));
   }
@@ -713,7 +711,7 @@ void Backend::config_changed() {
   if (!backend_req_ || !(protocol_features_ & kProtoConfig)) return;
   const Header h{kBackendConfigChange, kVersion, 0};
   if (::send(backend_req_.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof h))
-    spdlog::warn("vhost-user: {}: cannot send a config change: {}", device_.config().name, std::strerror(errno));
+    spdlog::warn("vhost-user: {}: cannot send a config change: {}", device_.name(), std::strerror(errno));
 }
 
 void Backend::watch_misses() {
@@ -730,9 +728,9 @@ void Backend::send_miss() {
   uint64_t iova = 0;
   uint8_t perm = 0;
   if (!iotlb_.take_miss(iova, perm)) return;
-  spdlog::debug("vhost-user: {}: IOTLB miss at 0x{:x} (perm {})", device_.config().name, iova, perm);
+  spdlog::debug("vhost-user: {}: IOTLB miss at 0x{:x} (perm {})", device_.name(), iova, perm);
   if (!backend_req_) {
-    spdlog::warn("vhost-user: {}: IOTLB miss at 0x{:x} and no back-end channel to ask on", device_.config().name, iova);
+    spdlog::warn("vhost-user: {}: IOTLB miss at 0x{:x} and no back-end channel to ask on", device_.name(), iova);
     return;
   }
   struct {
@@ -740,7 +738,7 @@ void Backend::send_miss() {
     IotlbMsg msg;
   } __attribute__((packed)) out{{kBackendIotlbMsg, kVersion, sizeof(IotlbMsg)}, {iova, 4096, 0, perm, kIotlbMiss, {}}};
   if (::send(backend_req_.get(), &out, sizeof out, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof out))
-    spdlog::warn("vhost-user: {}: cannot send an IOTLB miss: {}", device_.config().name, std::strerror(errno));
+    spdlog::warn("vhost-user: {}: cannot send an IOTLB miss: {}", device_.name(), std::strerror(errno));
 }
 
 }  // namespace sriovd::vhost_user

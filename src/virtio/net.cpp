@@ -95,14 +95,8 @@ struct NetDevice::RxHold {
 // looks at its events again.
 constexpr unsigned kPassBudget = 256;
 
-struct NetDevice::Worker {
-  unsigned pair = 0;
+struct NetDevice::Worker : QueueDevice::Worker {
   UniqueFd epoll;
-  UniqueFd stop;
-  // The daemon's own wake-up ("look at the rings"): the control thread
-  // never writes a kick eventfd, which the driver shares and can make
-  // blocking.
-  UniqueFd poke;
   int tap_fd = -1;
   int room_fd = -1;           // the port's fd for room after a full transmit: tap_fd, or its own
   bool room_watched = false;  // room_fd (its own) in the epoll set
@@ -112,12 +106,7 @@ struct NetDevice::Worker {
   // look at the stop event, without waiting for a kick.
   bool tx_more = false, rx_more = false, ctrl_more = false;
   uint64_t faults_seen = 0;  // peer_mapping_faults() when last looked at
-  std::thread thread;
-  // Set by the thread as its last act, so stop() can wait with a deadline.
-  std::mutex exit_mutex;
-  std::condition_variable exit_cv;
-  bool exited = false;
-  RxHold* rx = nullptr;  // the pair's received packet waiting for buffers (outlives the worker)
+  RxHold* rx = nullptr;      // the pair's received packet waiting for buffers (outlives the worker)
   // Preallocated: nothing on the data path allocates.
   std::array<Chain, kMaxChains> chains{};
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
@@ -128,7 +117,10 @@ struct NetDevice::Worker {
 };
 
 NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<PacketPort> port)
-    : config_(std::move(config)), engine_(engine), tap_(std::move(port)), queues_(num_queues()) {
+    : QueueDevice(config.name, 2U * config.queue_pairs + (config.control_queue ? 1U : 0U), config.max_queue_size,
+                  engine),
+      config_(std::move(config)),
+      tap_(std::move(port)) {
   if (config_.mac) filter_.mac.store(mac_bits(config_.mac->octets));
   if (tap_->queues() < config_.queue_pairs)
     throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
@@ -164,19 +156,14 @@ NetDevice::~NetDevice() {
   wait_for_workers();  // everything a stuck worker uses is this object's
 }
 
+void NetDevice::queue_enabled_changed(unsigned q) {
+  if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();  // an RX vring: the pairs in use change
+}
+
 std::unique_ptr<PacketPort> NetDevice::release_port() {
   stop();
   if (wedged_) return nullptr;
   return std::move(tap_);
-}
-
-void NetDevice::wait_for_workers() {
-  if (!wedged_) return;
-  spdlog::critical("{}: waiting for its stuck worker before what it uses is freed", config_.name);
-  for (auto& w : workers_) w->thread.join();
-  workers_.clear();
-  wedged_ = false;
-  for (Queue& queue : queues_) queue.ring.reset();
 }
 
 uint64_t NetDevice::offered_features() const {
@@ -232,97 +219,28 @@ void NetDevice::set_features(uint64_t features) {
   tap_->set_offloads(tun & config_.tap_offloads);
 }
 
-void NetDevice::set_queue_size(unsigned q, uint16_t size) {
-  if (size == 0 || size > config_.max_queue_size)
-    throw std::invalid_argument(config_.name + ": queue " + std::to_string(q) + " size " + std::to_string(size) +
-                                " outside 1.." + std::to_string(config_.max_queue_size));
-  queues_.at(q).size = size;
-}
-void NetDevice::set_queue_rings(unsigned q, const RingAddresses& rings) {
-  queues_.at(q).rings = rings;
-  queues_.at(q).rings_set = true;
-}
-void NetDevice::set_queue_base(unsigned q, uint32_t base) { queues_.at(q).base = base; }
-void NetDevice::set_queue_kick(unsigned q, UniqueFd kick) { queues_.at(q).kick = std::move(kick); }
-void NetDevice::set_queue_enabled(unsigned q, bool enabled) {
-  queues_.at(q).enabled = enabled;
-  if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();  // an RX vring: the pairs in use change
-}
-void NetDevice::set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route) {
-  if (running()) throw std::logic_error(config_.name + ": queue interrupt changed while running");
-  queues_.at(q).interrupt = route;
-}
-
-bool NetDevice::queue_ready(const Queue& q) const {
-  return memory_ && q.size > 0 && q.rings_set && q.enabled && q.kick.valid();
-}
-
-uint32_t NetDevice::stop_queue(unsigned q) {
-  stop();
-  Queue& queue = queues_.at(q);
-  queue.enabled = false;
-  if (q % 2 == 0 && q < 2U * config_.queue_pairs) (void)steer_port();
-  return queue.base;
-}
-
-void NetDevice::set_inflight(uint8_t* base, uint16_t queues, uint16_t queue_size) {
-  if (running()) throw std::logic_error(config_.name + ": inflight buffer changed while running");
-  inflight_ = base;
-  inflight_queues_ = base ? queues : 0;
-  inflight_queue_size_ = base ? queue_size : 0;
-}
-
-std::unique_ptr<Virtqueue> NetDevice::make_ring(unsigned index) {
-  Queue& q = queues_[index];
-  uint8_t* region = nullptr;
-  if (index < inflight_queues_) {
-    if (q.size > inflight_queue_size_)
-      throw std::invalid_argument(config_.name + ": queue " + std::to_string(index) + " has " + std::to_string(q.size) +
-                                  " entries, the inflight buffer room for " + std::to_string(inflight_queue_size_));
-    region = inflight_ + index * inflight_queue_bytes(inflight_queue_size_);
-  }
-  const bool event_idx = features_ & kRingEventIdx;
-  auto ring = (features_ & kRingPacked)
-                  ? make_packed_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region)
-                  : make_split_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region);
-  q.stats->resubmitted.fetch_add(ring->recovered(), std::memory_order_relaxed);
-  return ring;
-}
-
 void NetDevice::start() {
   if (running() || broken_ || wedged_) return;
-  const bool packed = features_ & kRingPacked;
   waiting_rings_ = false;
-  // With an IOTLB the ring parts may not be translated yet: the misses are
-  // reported and the pair starts when they are answered.
-  auto translated = [&](const Queue& q) {
-    const RingLayout l = packed ? packed_layout(q.size) : split_layout(q.size);
-    bool ok = true;
-    for (auto [addr, len, write] :
-         {std::tuple{q.rings.desc, l.desc_bytes, false}, std::tuple{q.rings.driver, l.driver_bytes, false},
-          std::tuple{q.rings.device, l.device_bytes, true}})
-      if (!memory_->translate(addr, len, write) && memory_->iotlb_miss(addr, len, write)) ok = false;
-    return ok;
-  };
   for (unsigned p = 0; p < config_.queue_pairs; ++p) {
     Queue& rx = queues_[2 * p];
     Queue& tx = queues_[2 * p + 1];
     if (!queue_ready(rx) || !queue_ready(tx)) continue;
-    if (memory_->has_iotlb() && (!translated(rx) || !translated(tx))) {
+    // With an IOTLB the pair starts when both rings are translated.
+    if (memory_->has_iotlb() && (!rings_translated(rx) || !rings_translated(tx))) {
       waiting_rings_ = true;
       continue;
     }
     rx.ring = make_ring(2 * p);
     tx.ring = make_ring(2 * p + 1);
     auto w = std::make_unique<Worker>();
-    w->pair = p;
+    w->group = p;
     w->rx = rx_hold_[p].get();
     w->tap_fd = tap_->fd(p);
     w->room_fd = tap_->room_fd(p);
+    prepare_worker(*w);
     w->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
-    w->stop.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    w->poke.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!w->epoll || !w->stop || !w->poke) throw_errno(config_.name + ": worker setup");
+    if (!w->epoll) throw_errno(config_.name + ": worker setup");
     auto watch = [&](int fd, uint64_t tag) {
       epoll_event ev{};
       ev.events = EPOLLIN;
@@ -342,158 +260,98 @@ void NetDevice::start() {
       }
     }
     Worker* raw = w.get();
-    w->thread = std::thread([this, raw] {
-      run_pair(*raw);
-      {
-        std::lock_guard lock(raw->exit_mutex);
-        raw->exited = true;
-      }
-      raw->exit_cv.notify_all();
-    });
-    pthread_setname_np(w->thread.native_handle(), ("sriovd-q" + std::to_string(p)).c_str());
-    if (!config_.cpus.empty()) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(config_.cpus[p % config_.cpus.size()], &set);
-      if (int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof set, &set); rc != 0) {
-        workers_.push_back(std::move(w));
-        stop();
-        throw SystemError(rc, config_.name + ": pinning the worker of queue pair " + std::to_string(p) + " to CPU " +
-                                  std::to_string(config_.cpus[p % config_.cpus.size()]));
-      }
-    }
-    workers_.push_back(std::move(w));
+    const int cpu = config_.cpus.empty() ? -1 : config_.cpus[p % config_.cpus.size()];
+    launch(
+        std::move(w), [this, raw] { run_pair(*raw); }, "sriovd-q" + std::to_string(p), cpu);
   }
 }
 
-void NetDevice::stop() { (void)stop_within(kStopDeadline); }
-
-bool NetDevice::reap() { return stop_within(std::chrono::milliseconds(0)); }
-
-// Tells every worker to stop and waits for each until `limit` has passed.
-// A worker is never stuck on a peer (its fds are non-blocking, its passes
-// have a budget, peer memory is refused on filesystems that page in from a
-// process or the network), so one that does not come out is a fault of
-// the daemon: the device is broken and wedged - it keeps the rings and
-// everything else the worker may still touch, serves nothing, and the
-// caller goes on; reap() finishes the stop once the worker is out.
-bool NetDevice::stop_within(std::chrono::milliseconds limit) {
-  if (wedged_) limit = std::chrono::milliseconds(0);  // waited once already: only look
-  for (auto& w : workers_) {
-    const uint64_t one = 1;
-    (void)::write(w->stop.get(), &one, sizeof one);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  std::vector<std::unique_ptr<Worker>> stuck;
-  for (auto& w : workers_) {
-    {
-      std::unique_lock lock(w->exit_mutex);
-      if (!w->exit_cv.wait_until(lock, deadline, [&] { return w->exited; })) {
-        stuck.push_back(std::move(w));
-        continue;
-      }
-    }
-    w->thread.join();
-  }
-  workers_ = std::move(stuck);
-  if (!workers_.empty()) {
-    if (!wedged_)
-      spdlog::error(
-          "{}: the worker of queue pair {} did not stop within {} ms: the device is out of service until it does",
-          config_.name, workers_.front()->pair, kStopDeadline.count());
-    wedged_ = true;
-    broken_ = true;
-    return false;
-  }
-  if (wedged_) spdlog::warn("{}: its worker stopped at last", config_.name);
-  wedged_ = false;
-  // Only queues a worker served have a ring: each keeps where it stood.
-  for (Queue& queue : queues_) {
-    if (queue.ring) {
-      queue.ring->publish_used();  // every pass publishes its burst; this only makes sure
-      queue.base = queue.ring->base();
-    }
-    queue.ring.reset();
-  }
-  return true;
-}
-
-void NetDevice::reset() {
-  stop();
-  if (wedged_) return;  // its worker may still use all of it
-  for (unsigned q = 0; q < queues_.size(); ++q) {
-    Queue& queue = queues_[q];
-    queue.size = 0;
-    queue.rings_set = false;
-    queue.base = 0;
-    queue.kick.reset();
-    queue.enabled = false;
-  }
+void NetDevice::reset_device() {
   for (auto& hold : rx_hold_) {  // a reset device has no packet in hand
     hold->pending = 0;
     hold->cutter.stop();
   }
-  features_ = 0;
-  memory_ = nullptr;
-  inflight_ = nullptr;
-  inflight_queues_ = inflight_queue_size_ = 0;
-  broken_ = false;
   filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
   active_pairs_.store(1);
   (void)steer_port();  // a reset device uses its first pair (vhost-user: none enabled yet)
 }
 
-void NetDevice::kick_all() {
-  const uint64_t one = 1;
-  for (auto& w : workers_) (void)::write(w->poke.get(), &one, sizeof one);
-}
-
-void NetDevice::kick(unsigned q) {
-  const unsigned pair = q == control_queue_index() ? 0 : q / 2;
-  const uint64_t one = 1;
-  for (auto& w : workers_)
-    if (w->pair == pair) (void)::write(w->poke.get(), &one, sizeof one);
-}
-
-// A worker found the device unusable (NEEDS_RESET): said once, with why;
-// the worker stops serving it.
-void NetDevice::fail_device(const std::string& why) {
-  if (!broken_.exchange(true)) spdlog::error("{}: {}; the device needs a reset", config_.name, why);
-}
-
-void NetDevice::fail_queue(unsigned index, const Queue& q) {
-  fail_device("queue " + std::to_string(index) + ": " + to_string(q.ring->error()));
-}
-
-// The end of a burst: its used buffers published at once, then the
-// driver interrupted if it asked to be.
-void NetDevice::notify(Queue& q) {
-  q.ring->publish_used();
-  if (q.ring->should_notify() && q.interrupt) {
-    engine_.trigger(*q.interrupt);
-    q.stats->notifies.fetch_add(1, std::memory_order_relaxed);
+std::vector<uint8_t> NetDevice::save_device() const {
+  StateWriter w;
+  w.u64(filter_.mac.load());
+  w.u8(filter_.promisc.load() ? 1 : 0);
+  w.u8(filter_.allmulti.load() ? 1 : 0);
+  w.u16(static_cast<uint16_t>(active_pairs_.load()));
+  for (const auto* table : {&filter_.unicast, &filter_.multicast}) {
+    const bool uni = table == &filter_.unicast;
+    const uint32_t n = (uni ? filter_.unicast_count : filter_.multicast_count).load();
+    w.u8((uni ? filter_.unicast_overflow : filter_.multicast_overflow).load() ? 1 : 0);
+    w.u32(n);
+    for (uint32_t i = 0; i < n; ++i) w.u64((*table)[i].load());
   }
+  // A packet taken from the port that found no buffers yet goes with the
+  // device (a GSO packet being cut in software: the segment in hand; the
+  // rest was counted as dropped).
+  w.u16(static_cast<uint16_t>(rx_hold_.size()));
+  for (const auto& hold : rx_hold_) w.blob({hold->data, hold->pending});
+  return w.take();
 }
 
-// A kick's count read back (the driver shares the eventfd: a read it made
-// blocking is cut short by the peer I/O watchdog). false: the driver made
-// it blocking, and the device stops (NEEDS_RESET).
-bool NetDevice::take_kick(unsigned q) {
-  uint64_t count = 0;
-  if (!peer_eventfd_read(queues_[q].kick.get(), count) && errno == EINTR) {
-    fail_device("queue " + std::to_string(q) + ": the driver made its kick eventfd blocking");
-    return false;
+void NetDevice::restore_device(std::span<const uint8_t> bytes) {
+  StateReader r(bytes, config_.name + ": virtio-net state");
+  const uint64_t mac = r.u64();
+  const bool promisc = r.u8() != 0, allmulti = r.u8() != 0;
+  const uint16_t pairs = r.u16();
+  if (pairs == 0 || pairs > config_.queue_pairs)
+    r.fail(std::to_string(pairs) + " queue pairs in use, the device has " + std::to_string(config_.queue_pairs));
+  struct Table {
+    bool overflow = false;
+    std::vector<uint64_t> macs;
+  } tables[2];
+  for (Table& t : tables) {
+    t.overflow = r.u8() != 0;
+    const uint32_t n = r.u32();
+    if (n > RxFilter::kMaxMacs) r.fail(std::to_string(n) + " filter addresses (at most 32)");
+    for (uint32_t i = 0; i < n; ++i) t.macs.push_back(r.u64());
   }
-  queues_[q].stats->kicks.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  if (const uint16_t holds = r.u16(); holds != rx_hold_.size())
+    r.fail(std::to_string(holds) + " queue pairs' received packets, the device has " + std::to_string(rx_hold_.size()));
+  std::vector<std::vector<uint8_t>> held;
+  for (size_t p = 0; p < rx_hold_.size(); ++p) {
+    held.push_back(r.blob(kMaxPacket));
+    if (!held.back().empty() && held.back().size() < kHeader) r.fail("a held packet shorter than its header");
+  }
+  r.end();
+  // All read and checked: now the device changes.
+  filter_.mac.store(mac);
+  filter_.promisc.store(promisc);
+  filter_.allmulti.store(allmulti);
+  for (int t = 0; t < 2; ++t) {
+    auto& count = t == 0 ? filter_.unicast_count : filter_.multicast_count;
+    auto& slots = t == 0 ? filter_.unicast : filter_.multicast;
+    (t == 0 ? filter_.unicast_overflow : filter_.multicast_overflow).store(tables[t].overflow);
+    for (size_t i = 0; i < tables[t].macs.size(); ++i) slots[i].store(tables[t].macs[i]);
+    count.store(static_cast<uint32_t>(tables[t].macs.size()));
+  }
+  active_pairs_.store(pairs);
+  for (size_t p = 0; p < rx_hold_.size(); ++p) {
+    RxHold& hold = *rx_hold_[p];
+    hold.cutter.stop();
+    std::memcpy(hold.bounce.data(), held[p].data(), held[p].size());
+    hold.data = hold.bounce.data();
+    hold.pending = held[p].size();
+  }
+  (void)steer_port();
 }
+
+void NetDevice::kick(unsigned q) { poke(q == control_queue_index() ? 0 : q / 2); }
 
 void NetDevice::run_pair(Worker& w) {
   enroll_peer_io_thread();
   // Buffers may have been posted before the kick fds were watched.
   do_tx(w);
   do_rx(w);
-  if (w.pair == 0) do_ctrl(w);
+  if (w.group == 0) do_ctrl(w);
   epoll_event events[8];
   for (;;) {
     // Work left over from a pass that hit its budget: look for events (the
@@ -508,14 +366,14 @@ void NetDevice::run_pair(Worker& w) {
           (void)::read(w.poke.get(), &count, sizeof count);
           do_tx(w);
           do_rx(w);
-          if (w.pair == 0) do_ctrl(w);
+          if (w.group == 0) do_ctrl(w);
           break;
         case kEvTxKick:
-          if (!take_kick(2 * w.pair + 1)) return;
+          if (!take_kick(2 * w.group + 1)) return;
           do_tx(w);
           break;
         case kEvRxKick:
-          if (!take_kick(2 * w.pair)) return;
+          if (!take_kick(2 * w.group)) return;
           do_rx(w);
           break;
         case kEvRoom:
@@ -523,7 +381,7 @@ void NetDevice::run_pair(Worker& w) {
           // A socket's pending error (AF_PACKET: ENETDOWN when its netdev
           // goes down) is reported level-triggered until it is taken: left
           // there, it would wake this worker without end.
-          if (events[i].events & EPOLLERR) (void)tap_->take_error(w.pair);
+          if (events[i].events & EPOLLERR) (void)tap_->take_error(w.group);
           if ((events[i].events & EPOLLOUT) && w.tx_blocked) {
             w.tx_blocked = false;
             watch_port(w);
@@ -553,7 +411,7 @@ void NetDevice::run_pair(Worker& w) {
 }
 
 bool NetDevice::do_tx(Worker& w) {
-  const unsigned pair = w.pair;
+  const unsigned pair = w.group;
   Queue& q = queues_[2 * pair + 1];
   auto& segs = w.tx_segs;
   auto& iov = w.tx_iov;
@@ -630,7 +488,7 @@ NetDevice::RxTake NetDevice::take_rx_packet(Worker& w, Queue& q) {
     rx.data = rx.piece.data();
     if (rx.pending) return RxTake::packet;
   }
-  const ssize_t n = tap_->recv(w.pair, rx.bounce.data(), rx.bounce.size());
+  const ssize_t n = tap_->recv(w.group, rx.bounce.data(), rx.bounce.size());
   if (n <= static_cast<ssize_t>(kHeader)) return RxTake::none;  // EAGAIN, or nothing usable
   if ((features_ & kNetCtrlRx) && static_cast<size_t>(n) >= kHeader + 6 &&
       !filter_.accepts(rx.bounce.data() + kHeader)) {
@@ -684,10 +542,10 @@ void NetDevice::deliver_rx(Worker& w, Queue& q, unsigned used) {
 }
 
 bool NetDevice::do_rx(Worker& w) {
-  Queue& q = queues_[2 * w.pair];
+  Queue& q = queues_[2 * w.group];
   const bool mergeable = features_ & kNetMrgRxbuf;
   // A pair the driver did not activate (MQ) takes nothing.
-  if ((features_ & kNetCtrlVq) && w.pair >= active_pairs_.load(std::memory_order_relaxed)) return false;
+  if ((features_ & kNetCtrlVq) && w.group >= active_pairs_.load(std::memory_order_relaxed)) return false;
   bool delivered = false;
   for (unsigned budget = kPassBudget;; --budget) {
     if (budget == 0) {
@@ -711,9 +569,9 @@ bool NetDevice::do_rx(Worker& w) {
       if (!mergeable) break;
     }
     if (q.ring->broken()) {
-      tap_->rx_done(w.pair);
+      tap_->rx_done(w.group);
       q.ring->publish_used();  // what was delivered before
-      fail_queue(2 * w.pair, q);
+      fail_queue(2 * w.group, q);
       return delivered;
     }
     if (room < w.rx->pending) {
@@ -740,7 +598,7 @@ bool NetDevice::do_rx(Worker& w) {
     deliver_rx(w, q, used);
     delivered = true;
   }
-  tap_->rx_done(w.pair);
+  tap_->rx_done(w.group);
   if (delivered) notify(q);
   if (!w.tap_armed && w.rx->pending == 0) {
     w.tap_armed = true;

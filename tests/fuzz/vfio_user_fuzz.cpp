@@ -68,7 +68,7 @@ struct World {
     nc.name = "fuzz-pci";
     nc.control_queue = true;
     device = std::make_unique<virtio::NetDevice>(nc, *engine, std::make_unique<NullPort>());
-    pci = std::make_unique<VirtioNetPci>(*device, *engine, "fuzz-pci");
+    pci = std::make_unique<VirtioPci>(*device, *engine, "fuzz-pci");
     pci_socket = (dir / "pci.sock").string();
     pci_server = std::make_unique<Server>(io, pci_socket, *pci);
     ram.reset(::memfd_create("fuzz-ram", MFD_CLOEXEC));
@@ -82,7 +82,7 @@ struct World {
   std::string vf_socket;
   std::unique_ptr<Server> vf_server;
   std::unique_ptr<virtio::NetDevice> device;
-  std::unique_ptr<VirtioNetPci> pci;
+  std::unique_ptr<VirtioPci> pci;
   std::string pci_socket;
   std::unique_ptr<Server> pci_server;
   UniqueFd ram;

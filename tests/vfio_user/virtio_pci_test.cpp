@@ -26,6 +26,7 @@
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -87,7 +88,7 @@ struct Exported {
   Exported& operator=(const Exported&) = delete;
   irq::Engine engine{irq::EngineOptions{}};
   virtio::NetDevice net;
-  VirtioNetPci pci;
+  VirtioPci pci;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   Server server;
@@ -107,7 +108,7 @@ class VirtioPciTest : public ::testing::Test {
     nc.control_queue = true;
     nc.cpus = {0};  // the queue pair's worker is pinned (checked below)
     net = std::make_unique<virtio::NetDevice>(nc, engine, std::move(p));
-    pci = std::make_unique<VirtioNetPci>(*net, engine, "vnet-test");
+    pci = std::make_unique<VirtioPci>(*net, engine, "vnet-test");
     server = std::make_unique<Server>(io, socket, *pci);
     thread = std::thread([this] { io.run(); });
   }
@@ -135,7 +136,7 @@ class VirtioPciTest : public ::testing::Test {
   irq::Engine engine{irq::EngineOptions{}};
   PairPort* port = nullptr;
   std::unique_ptr<virtio::NetDevice> net;
-  std::unique_ptr<VirtioNetPci> pci;
+  std::unique_ptr<VirtioPci> pci;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   std::unique_ptr<Server> server;
@@ -205,26 +206,26 @@ TEST(VirtioPciMq, TwoPairsTurnedOnByTheControlQueueCarryTrafficBothWays) {
   EXPECT_TRUE(test::wait_until([&] { return port.active.load() == 1U; }, 2s));
 }
 
-TEST_F(VirtioPciTest, LooksLikeAVirtioNetPciFunction) {
+TEST_F(VirtioPciTest, LooksLikeAVirtioPciFunction) {
   guest::VfioUserClient c(socket);
   const uint32_t id = c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0);
   EXPECT_EQ(id & 0xffff, 0x1af4U);
   EXPECT_EQ(id >> 16U, 0x1041U);  // 0x1040 + virtio-net (§4.1.2.1)
   EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, 0x08) >> 8U, 0x020000U);
-  EXPECT_EQ(c.region(0).info.size, VirtioNetPci::kBar0Size);
-  EXPECT_EQ(c.region(1).info.size, VirtioNetPci::kBar1Size);
+  EXPECT_EQ(c.region(0).info.size, VirtioPci::kBar0Size);
+  EXPECT_EQ(c.region(1).info.size, VirtioPci::kBar1Size);
   EXPECT_EQ(c.irq_info(VFIO_PCI_MSIX_IRQ_INDEX).count, 4U);  // RX, TX, control queue, config
   // One doorbell eventfd per queue, each at its own notify address.
   const auto io_fds = c.region_io_fds(0);
   ASSERT_EQ(io_fds.entries.size(), 3U);
   EXPECT_EQ(io_fds.fds.size(), 3U);
-  EXPECT_EQ(io_fds.entries[0].offset, VirtioNetPci::kNotifyOffset);
-  EXPECT_EQ(io_fds.entries[1].offset, VirtioNetPci::kNotifyOffset + VirtioNetPci::kNotifyMultiplier);
+  EXPECT_EQ(io_fds.entries[0].offset, VirtioPci::kNotifyOffset);
+  EXPECT_EQ(io_fds.entries[1].offset, VirtioPci::kNotifyOffset + VirtioPci::kNotifyMultiplier);
   // The PCI configuration access capability reaches BAR0: num_queues.
-  c.write(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 4, std::vector<uint8_t>{0});
-  c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 8, 0x12);
-  c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 12, 2);
-  EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioNetPci::kCapPciCfg + 16) & 0xffff, 3U);
+  c.write(VFIO_PCI_CONFIG_REGION_INDEX, VirtioPci::kCapPciCfg + 4, std::vector<uint8_t>{0});
+  c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioPci::kCapPciCfg + 8, 0x12);
+  c.write32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioPci::kCapPciCfg + 12, 2);
+  EXPECT_EQ(c.read32(VFIO_PCI_CONFIG_REGION_INDEX, VirtioPci::kCapPciCfg + 16) & 0xffff, 3U);
 }
 
 TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
@@ -303,8 +304,8 @@ TEST_F(VirtioPciTest, QueueInterruptHonoursTheVectorMask) {
   c.write32(1, 0 * 16 + 12, 1);  // mask vector 0 (RX)
   auto f = frame(64, 0x55);
   ASSERT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
-  for (int i = 0; i < 200 && !(c.read32(1, VirtioNetPci::kPbaOffset) & 1U); ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(c.read32(1, VirtioNetPci::kPbaOffset) & 1U, 1U);
+  for (int i = 0; i < 200 && !(c.read32(1, VirtioPci::kPbaOffset) & 1U); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(c.read32(1, VirtioPci::kPbaOffset) & 1U, 1U);
   const auto before = engine.stats(pci->vector_route(0));
   EXPECT_EQ(before.masked_pending, 1U);
   c.write32(1, 0 * 16 + 12, 0);
@@ -336,8 +337,8 @@ TEST_F(VirtioPciTest, PostedMaskWritesTakeEffectInOrderWithoutReplies) {
   // delivers it.
   auto f = frame(64, 0x56);
   ASSERT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
-  for (int i = 0; i < 200 && !(c.read32(1, VirtioNetPci::kPbaOffset) & 1U); ++i) std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(c.read32(1, VirtioNetPci::kPbaOffset) & 1U, 1U);
+  for (int i = 0; i < 200 && !(c.read32(1, VirtioPci::kPbaOffset) & 1U); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(c.read32(1, VirtioPci::kPbaOffset) & 1U, 1U);
   mask(0);
   EXPECT_TRUE(test::wait_until([&] { return engine.stats(pci->vector_route(0)).replayed == 1U; }, 2s));
   std::vector<uint8_t> out(2048);
@@ -435,7 +436,7 @@ TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
   c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
   c.write32(1, 3 * 16 + 12, 0);
   c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
-  auto status = [&] { return c.read32(0, VirtioNetPci::kDeviceOffset + 4) >> 16U; };
+  auto status = [&] { return c.read32(0, VirtioPci::kDeviceOffset + 4) >> 16U; };
   auto generation = [&] {
     uint8_t g = 0;
     c.read(0, 0x15, {&g, 1});
@@ -488,7 +489,7 @@ TEST_F(VirtioPciTest, TableKeepingClientMasksWithSetIrqs) {
   c.mask(VFIO_PCI_MSIX_IRQ_INDEX, 0, true);
   auto f = frame(64, 0x33);
   ASSERT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
-  ASSERT_TRUE(test::wait_until([&] { return (c.read32(1, VirtioNetPci::kPbaOffset) & 1U) != 0; }, 2s));
+  ASSERT_TRUE(test::wait_until([&] { return (c.read32(1, VirtioPci::kPbaOffset) & 1U) != 0; }, 2s));
   EXPECT_EQ(engine.stats(pci->vector_route(0)).delivered, 0U);
   c.mask(VFIO_PCI_MSIX_IRQ_INDEX, 0, false);
   EXPECT_EQ(engine.stats(pci->vector_route(0)).replayed, 1U);

@@ -21,6 +21,7 @@
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/ports/xdp_socket.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "support/temp_dir.hpp"
 #include "ports/wire_harness.hpp"
 
@@ -60,7 +61,7 @@ TEST(XdpMq, EveryRxQueueOfTheNetdevReachesThePairsTheDriverSet) {
   nc.offloads = false;
   nc.control_queue = true;
   virtio::NetDevice net(nc, engine, std::move(owned));
-  VirtioNetPci pci(net, engine, "xmq");
+  VirtioPci pci(net, engine, "xmq");
   asio::io_context io;
   auto work = asio::make_work_guard(io);
   Server server(io, socket, pci);

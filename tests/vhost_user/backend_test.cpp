@@ -19,6 +19,7 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "vhost_user/harness.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"

@@ -17,6 +17,7 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
+#include "sriovd/virtio/net.hpp"
 
 namespace sriovd::vhost_user::test {
 

@@ -26,6 +26,7 @@
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/guest/virtqueue.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "vhost_user/harness.hpp"

@@ -22,6 +22,7 @@
 #include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
+#include "sriovd/virtio/net.hpp"
 #include "vhost_user/harness.hpp"
 #include "support/temp_dir.hpp"
 #include "support/process.hpp"

@@ -21,6 +21,7 @@
 #include "sriovd/util/polling_loop.hpp"
 #include "sriovd/util/retirer.hpp"
 #include "sriovd/util/asio.hpp"
+#include "sriovd/virtio/net.hpp"
 
 namespace prometheus {
 struct MetricFamily;
@@ -109,7 +110,7 @@ class Daemon {
     std::unique_ptr<virtio::NetDevice> device;
     std::unique_ptr<vhost_user::Backend> backend;
     // transport: vfio-user - the PCI transport and its server instead.
-    std::unique_ptr<vfio_user::VirtioNetPci> pci;
+    std::unique_ptr<vfio_user::VirtioPci> pci;
     std::unique_ptr<vfio_user::Server> pci_server;
     std::string not_served;  // why it is not served, when it is not
     // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.

@@ -1,6 +1,7 @@
 #pragma once
-// virtio-net-pci over vfio-user: the virtio 1.2 PCI transport (§4.1) in
-// front of the transport-agnostic virtio::NetDevice. BAR0 holds the common,
+// virtio-pci over vfio-user: the virtio 1.2 PCI transport (§4.1) in front of
+// a virtio::Device (virtio/device.hpp), whose type gives the PCI device id
+// (0x1040 + its virtio id) and class code; virtio-net-pci today. BAR0 holds the common,
 // ISR, device and notify structures; every queue has its own doorbell
 // (notify_off_multiplier 4), so a client can wire one zero-length
 // ioeventfd per queue (GET_REGION_IO_FDS) and the queue is known from the
@@ -19,12 +20,12 @@
 #include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/virtual_config.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
-#include "sriovd/virtio/net.hpp"
+#include "sriovd/virtio/device.hpp"
 #include "sriovd/vfio_user/device.hpp"
 
 namespace sriovd::vfio_user {
 
-class VirtioNetPci : public ExportedDevice {
+class VirtioPci : public ExportedDevice {
  public:
   // BAR0 layout.
   static constexpr uint64_t kBar0Size = 0x4000;
@@ -32,7 +33,7 @@ class VirtioNetPci : public ExportedDevice {
   static constexpr uint64_t kCommonSize = 0x40;
   static constexpr uint64_t kIsrOffset = 0x1000;
   static constexpr uint64_t kDeviceOffset = 0x2000;
-  static constexpr uint64_t kDeviceSize = 0x20;
+  static constexpr uint64_t kDeviceSize = 0x20;  // room for the device's configuration
   static constexpr uint64_t kNotifyOffset = 0x3000;
   static constexpr uint32_t kNotifyMultiplier = 4;
   // BAR1: MSI-X.
@@ -43,8 +44,8 @@ class VirtioNetPci : public ExportedDevice {
   static constexpr uint32_t kCapMsix = 0x40;
   static constexpr uint32_t kCapPciCfg = 0x90;
 
-  VirtioNetPci(virtio::NetDevice& device, irq::Engine& engine, std::string name);
-  ~VirtioNetPci() override;
+  VirtioPci(virtio::Device& device, irq::Engine& engine, std::string name);
+  ~VirtioPci() override;
 
   [[nodiscard]] const std::string& name() const override { return name_; }
   RegionDescription region(uint32_t index) override;
@@ -92,7 +93,7 @@ class VirtioNetPci : public ExportedDevice {
   [[nodiscard]] std::string in_unmapped_window(uint64_t iova) const;
   void access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
 
-  virtio::NetDevice& device_;
+  virtio::Device& device_;
   irq::Engine& engine_;
   std::string name_;
   unsigned num_queues_;

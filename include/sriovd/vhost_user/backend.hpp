@@ -24,7 +24,7 @@
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
-#include "sriovd/virtio/net.hpp"
+#include "sriovd/virtio/device.hpp"
 
 namespace sriovd::vhost_user {
 
@@ -43,7 +43,7 @@ class Backend {
   // in client mode the VMM that listens is checked.
   // Makes one route per queue on `engine` for the device's used-buffer
   // notifications (the front-end's call eventfds are their sinks).
-  Backend(asio::io_context& io, std::string socket_path, virtio::NetDevice& device, irq::Engine& engine,
+  Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine,
           Mode mode = Mode::server, std::vector<uid_t> allowed_uids = {});
   ~Backend();
   Backend(const Backend&) = delete;
@@ -122,7 +122,7 @@ class Backend {
   // (SET_VRING_CALL), unmasked while there is one - vhost-user has no
   // vector masking. The transport's, as virtio-pci's MSI-X routes are.
   struct CallRoutes {
-    CallRoutes(irq::Engine& e, virtio::NetDevice& device);
+    CallRoutes(irq::Engine& e, virtio::Device& device);
     ~CallRoutes();
     CallRoutes(const CallRoutes&) = delete;
     CallRoutes& operator=(const CallRoutes&) = delete;
@@ -133,7 +133,7 @@ class Backend {
   };
 
   std::string path_;
-  virtio::NetDevice& device_;
+  virtio::Device& device_;
   CallRoutes calls_;
   Mode mode_;
   std::vector<uid_t> allowed_uids_;
