@@ -401,6 +401,7 @@ void Engine::trigger(RouteId id) {
 bool Engine::pending(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kPending; }
 bool Engine::masked(RouteId id) const { return at(id).flags.load(std::memory_order_acquire) & kMasked; }
 void Engine::clear_pending(RouteId id) { at(id).flags.fetch_and(~kPending, std::memory_order_acq_rel); }
+void Engine::set_pending(RouteId id) { latch(at(id)); }
 Mode Engine::mode(RouteId id) const { return at(id).mode.load(std::memory_order_acquire); }
 
 void Engine::housekeeping(std::chrono::steady_clock::time_point now) {

@@ -1,6 +1,7 @@
 #include "sriovd/msix/msix.hpp"
 
 #include <stdexcept>
+#include <string>
 
 namespace sriovd::msix {
 
@@ -146,6 +147,31 @@ void MsixState::set_vector_mask(unsigned vector, bool masked) {
   irq_masked_[vector] = masked ? 1 : 0;
   const bool now = effectively_masked(vector);
   if (now != before) control_if_.set_masked(vector, now);
+}
+
+MsixState::Snapshot MsixState::snapshot() const {
+  Snapshot s{control_, table_forwarded_, entries_, irq_masked_, {}};
+  for (unsigned v = 0; v < entries_.size(); ++v) s.pending.push_back(control_if_.pending(v));
+  return s;
+}
+
+void MsixState::restore(const Snapshot& s) {
+  const size_t n = entries_.size();
+  if (s.entries.size() != n || s.irq_masked.size() != n || s.pending.size() != n)
+    throw std::invalid_argument("MSI-X state of " + std::to_string(s.entries.size()) + " vectors for a function of " +
+                                std::to_string(n));
+  const auto before = masks();
+  control_ = s.control & (kEnable | kFunctionMask);
+  table_forwarded_ = s.table_forwarded;
+  entries_ = s.entries;
+  for (auto& e : entries_) e.control &= kVectorMasked;  // bits 31:1 are reserved
+  irq_masked_ = s.irq_masked;
+  for (unsigned v = 0; v < n; ++v) control_if_.clear_pending(v);
+  sync(before);
+  for (unsigned v = 0; v < n; ++v) {
+    control_if_.message_changed(v, entries_[v].address, entries_[v].data);
+    if (s.pending[v] && effectively_masked(v)) control_if_.set_pending(v);
+  }
 }
 
 void MsixState::reset() {

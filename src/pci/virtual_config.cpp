@@ -1,6 +1,7 @@
 #include "sriovd/pci/virtual_config.hpp"
 
 #include <stdexcept>
+#include <string>
 
 #include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/config_space.hpp"
@@ -103,6 +104,15 @@ void VirtualConfig::write(uint32_t offset, unsigned size, uint32_t value) {
   }
   if (msix_control) msix_->write_message_control(mc);
   if (command && command_sink_) command_sink_(static_cast<uint16_t>(bytes_[kCommand] | (bytes_[kCommand + 1] << 8U)));
+}
+
+void VirtualConfig::load(std::span<const uint8_t> saved) {
+  if (saved.size() != bytes_.size())
+    throw std::invalid_argument("config space of " + std::to_string(saved.size()) + " bytes for one of " +
+                                std::to_string(bytes_.size()));
+  for (size_t at = 0; at < bytes_.size(); ++at)
+    bytes_[at] = static_cast<uint8_t>((bytes_[at] & ~writable_[at]) | (saved[at] & writable_[at]));
+  if (command_sink_) command_sink_(static_cast<uint16_t>(bytes_[kCommand] | (bytes_[kCommand + 1] << 8U)));
 }
 
 uint64_t VirtualConfig::bar_address(unsigned i) const {

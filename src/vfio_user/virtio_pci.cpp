@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -391,7 +392,128 @@ void VirtioPci::start_device() {
   spdlog::info("virtio-pci {}: driver ready, features 0x{:x}", name_, device_.features());
 }
 
+void VirtioPci::resume_device() {
+  resume_pending_ = false;
+  device_.stop();
+  rebuild_memory();
+  for (unsigned i = 0; i < num_queues_; ++i) {
+    const QueueRegs& q = queues_[i];
+    if (!q.enabled) continue;
+    for (const uint64_t at : {q.desc, q.driver, q.device})
+      if (const std::string why = in_unmapped_window(at); !why.empty())
+        throw Error(EFAULT, "queue " + std::to_string(i) + " at " + hex(at) + " " + why);
+    UniqueFd kick(::dup(kicks_[i].get()));
+    if (!kick) throw_errno(name_ + ": dup of a doorbell");
+    device_.set_queue_kick(i, std::move(kick));
+    device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
+  }
+  device_.start();
+  spdlog::info("virtio-pci {}: resumed from a saved state, features 0x{:x}", name_, device_.features());
+}
+
+virtio::DeviceState VirtioPci::save_state() {
+  virtio::DeviceState state = device_.save_state();
+  virtio::StateWriter w;
+  w.u32(device_feature_select_);
+  w.u32(driver_feature_select_);
+  w.u64(driver_features_);
+  w.u16(config_msix_vector_);
+  w.u8(status_);
+  w.u8(config_generation_);
+  w.u16(queue_select_);
+  w.u32(num_queues_);
+  for (const QueueRegs& q : queues_) {
+    w.u16(q.size);
+    w.u16(q.msix_vector);
+    w.u8(q.enabled ? 1 : 0);
+    w.u64(q.desc);
+    w.u64(q.driver);
+    w.u64(q.device);
+  }
+  w.u8(cfg_bar_);
+  w.u32(cfg_offset_);
+  w.u32(cfg_length_);
+  w.blob(config_->bytes());
+  const msix::MsixState::Snapshot m = msix_->snapshot();
+  w.u16(m.control);
+  w.u8(m.table_forwarded ? 1 : 0);
+  w.u32(static_cast<uint32_t>(m.entries.size()));
+  for (size_t v = 0; v < m.entries.size(); ++v) {
+    w.u64(m.entries[v].address);
+    w.u32(m.entries[v].data);
+    w.u32(m.entries[v].control);
+    w.u8(m.irq_masked[v]);
+    w.u8(m.pending[v] ? 1 : 0);
+  }
+  state.transport = w.take();
+  return state;
+}
+
+void VirtioPci::restore_state(const virtio::DeviceState& state) {
+  if (status_ != 0) throw std::logic_error(name_ + ": restoring a state under a driver (status " + hex(status_) + ")");
+  virtio::StateReader r(state.transport, name_ + ": virtio-pci state");
+  const uint32_t dfs = r.u32(), drfs = r.u32();
+  const uint64_t driver_features = r.u64();
+  const uint16_t config_vector = r.u16();
+  const uint8_t status = r.u8(), generation = r.u8();
+  const uint16_t select = r.u16();
+  if (const uint32_t n = r.u32(); n != num_queues_)
+    r.fail(std::to_string(n) + " queues, this device has " + std::to_string(num_queues_));
+  auto vector_ok = [&](uint16_t v) { return v == kNoVector || v < routes_.size(); };
+  if (!vector_ok(config_vector)) r.fail("configuration vector " + std::to_string(config_vector));
+  std::vector<QueueRegs> queues(num_queues_);
+  for (unsigned i = 0; i < num_queues_; ++i) {
+    QueueRegs& q = queues[i];
+    q.size = r.u16();
+    q.msix_vector = r.u16();
+    q.enabled = r.u8() != 0;
+    q.desc = r.u64();
+    q.driver = r.u64();
+    q.device = r.u64();
+    if (q.size > device_.max_queue_size()) r.fail("queue " + std::to_string(i) + " size " + std::to_string(q.size));
+    if (!vector_ok(q.msix_vector)) r.fail("queue " + std::to_string(i) + " vector " + std::to_string(q.msix_vector));
+  }
+  const uint8_t cfg_bar = r.u8();
+  const uint32_t cfg_offset = r.u32(), cfg_length = r.u32();
+  const std::vector<uint8_t> config = r.blob(config_bytes_.size());
+  if (config.size() != config_bytes_.size()) r.fail("a config space of " + std::to_string(config.size()) + " bytes");
+  msix::MsixState::Snapshot m;
+  m.control = r.u16();
+  m.table_forwarded = r.u8() != 0;
+  if (const uint32_t n = r.u32(); n != routes_.size())
+    r.fail(std::to_string(n) + " MSI-X vectors, this device has " + std::to_string(routes_.size()));
+  for (size_t v = 0; v < routes_.size(); ++v) {
+    m.entries.push_back({r.u64(), r.u32(), r.u32()});
+    m.irq_masked.push_back(r.u8() != 0 ? 1 : 0);
+    m.pending.push_back(r.u8() != 0);
+  }
+  r.end();
+  if ((status & kFeaturesOk) && driver_features != state.features)
+    r.fail("driver features " + hex(driver_features) + " but the device negotiated " + hex(state.features));
+
+  device_.restore_state(state);  // checks its own part before it changes anything
+  device_feature_select_ = dfs;
+  driver_feature_select_ = drfs;
+  driver_features_ = driver_features;
+  config_msix_vector_ = config_vector;
+  status_ = static_cast<uint8_t>(status & ~kNeedsReset);
+  config_generation_ = generation;
+  queue_select_ = select;
+  queues_ = std::move(queues);
+  cfg_bar_ = cfg_bar;
+  cfg_offset_ = cfg_offset;
+  cfg_length_ = cfg_length;
+  config_->load(config);
+  msix_->restore(m);
+  if ((status_ & kDriverOk) && (status_ & kFeaturesOk)) {
+    resume_pending_ = true;
+    if (std::any_of(windows_.begin(), windows_.end(), [](const DmaWindow& w) { return w.host != nullptr; }))
+      resume_device();
+  }
+}
+
 void VirtioPci::virtio_reset() {
+  resume_pending_ = false;
   device_.reset();
   device_feature_select_ = driver_feature_select_ = 0;
   driver_features_ = 0;
@@ -452,7 +574,18 @@ void VirtioPci::trigger_irq(uint32_t index, uint32_t vector) {
 // starts the device (start_device names the window), never at DMA_MAP.
 void VirtioPci::dma_mapped(const DmaWindow& w) {
   windows_.push_back(w);
-  if (w.host) remap_running_device();
+  if (!w.host) return;
+  if (resume_pending_) {
+    try {
+      resume_device();
+    } catch (const std::exception& e) {
+      spdlog::error("virtio-pci {}: cannot resume the restored device: {}", name_, e.what());
+      device_.reset();
+      status_ |= kNeedsReset;
+    }
+    return;
+  }
+  remap_running_device();
 }
 
 void VirtioPci::dma_unmapped(const DmaWindow& w) {

@@ -22,11 +22,13 @@
 #include <thread>
 
 #include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/virtio/net.hpp"
+#include "support/pair_port.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -35,42 +37,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A port of `queues` queues, each one end of a socketpair whose other end
-// (peer(q)) stands for the wire behind that queue.
-class PairPort : public virtio::PacketPort {
- public:
-  explicit PairPort(unsigned queues = 1) : ours_(queues), peers_(queues) {
-    for (unsigned q = 0; q < queues; ++q) {
-      int sv[2];
-      if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
-        throw std::runtime_error("socketpair");
-      ours_[q].reset(sv[0]);
-      peers_[q].reset(sv[1]);
-    }
-  }
-  const std::string& name() const override { return name_; }
-  unsigned queues() const override { return static_cast<unsigned>(ours_.size()); }
-  int fd(unsigned q) const override { return ours_.at(q).get(); }
-  ssize_t send(unsigned q, const iovec* iov, int count) override {
-    msghdr m{};
-    m.msg_iov = const_cast<iovec*>(iov);
-    m.msg_iovlen = static_cast<size_t>(count);
-    return ::sendmsg(ours_[q].get(), &m, MSG_DONTWAIT);
-  }
-  ssize_t recv(unsigned q, uint8_t* buf, size_t size) override {
-    return ::recv(ours_[q].get(), buf, size, MSG_DONTWAIT);
-  }
-  void set_offloads(unsigned) override {}
-  void set_active_queues(unsigned n) override { active.store(n); }
-  bool link_up() const override { return link.load(); }
-  int peer(unsigned q = 0) const { return peers_.at(q).get(); }
-  std::atomic<bool> link{true};
-  std::atomic<unsigned> active{0};  // the last set_active_queues
-
- private:
-  std::string name_ = "pair0";
-  std::vector<UniqueFd> ours_, peers_;
-};
+using test::PairPort;
 
 // A device exported over vfio-user on `socket`, served on an io thread of
 // its own; stopped when it goes.
@@ -237,6 +204,89 @@ TEST_F(VirtioPciTest, FeaturesOutsideTheOfferDoNotStick) {
   uint8_t status = 0;
   c.read(0, 0x14, {&status, 1});
   EXPECT_FALSE(status & 8);
+}
+
+// The transport's state with the device's (a migration's payload): a
+// driver's running device saved, restored into a fresh transport, reads back
+// the same through config space, every queue's common configuration and the
+// MSI-X table and PBA; it waits for guest memory, then runs from where it
+// stood: a frame the driver sent while neither ran goes out, and one from
+// the wire reaches the driver's ring.
+TEST_F(VirtioPciTest, ItsStateRestoredIntoAFreshTransportReadsBackTheSameAndRunsOn) {
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  auto f = frame(80, 0x11);
+  ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_EQ(from_peer(), f);
+  ASSERT_EQ(::send(port->peer(), f.data(), f.size(), 0), static_cast<ssize_t>(f.size()));
+  std::vector<uint8_t> out(4096);
+  ASSERT_EQ(d.receive(out.data(), out.size(), 2000), f.size());
+  // A vector masked with a message waiting (its pending bit set).
+  c.write32(1, 2 * msix::kEntryBytes + 12, msix::kVectorMasked);  // the control queue's vector
+  auto on_io = [this](auto fn) {
+    std::promise<decltype(fn())> p;
+    asio::post(io, [&] { p.set_value(fn()); });
+    return p.get_future().get();
+  };
+  engine.set_pending(pci->vector_route(2));
+
+  const auto [state, windows] = on_io([&] { return std::pair(pci->save_state(), pci->dma_windows()); });
+  EXPECT_FALSE(net->running()) << "the source stops";
+  EXPECT_EQ(state.device_id, virtio::kDeviceIdNet);
+  EXPECT_EQ(state.queues.at(1).base, 1U) << "one frame sent";
+  // The driver sends while neither device runs: the frame must not be lost.
+  auto in_flight = frame(90, 0x22);
+  ASSERT_TRUE(d.send(in_flight.data(), in_flight.size()));
+
+  auto owned = std::make_unique<PairPort>();
+  PairPort& wire = *owned;
+  irq::Engine engine_b{irq::EngineOptions{}};
+  virtio::NetConfig nc;
+  nc.name = "vnet-test";
+  nc.mac = MacAddress::parse("02:5a:00:00:01:02");
+  nc.offloads = false;
+  nc.control_queue = true;
+  virtio::NetDevice net_b(nc, engine_b, std::move(owned));
+  VirtioPci pci_b(net_b, engine_b, "vnet-b");
+  pci_b.restore_state(virtio::DeviceState::parse(state.serialize(), "the saved state"));
+  EXPECT_FALSE(net_b.running()) << "no guest memory yet";
+  EXPECT_EQ(net_b.features(), state.features);
+  EXPECT_TRUE(engine_b.pending(pci_b.vector_route(2))) << "the pending bit came along";
+
+  auto read = [](VirtioPci& p, uint32_t region, uint64_t off, size_t size) {
+    std::vector<uint8_t> b(size);
+    p.read(region, off, b);
+    return b;
+  };
+  on_io([&] {
+    EXPECT_EQ(read(*pci, vfio::kConfigRegion, 0, 256), read(pci_b, vfio::kConfigRegion, 0, 256)) << "config space";
+    for (uint16_t q = 0; q < 3; ++q) {
+      const uint8_t sel[2] = {static_cast<uint8_t>(q), 0};
+      pci->write(0, 0x16, sel);
+      pci_b.write(0, 0x16, sel);
+      EXPECT_EQ(read(*pci, 0, 0, VirtioPci::kCommonSize), read(pci_b, 0, 0, VirtioPci::kCommonSize)) << "queue " << q;
+    }
+    EXPECT_EQ(read(*pci, 1, 0, 4 * msix::kEntryBytes), read(pci_b, 1, 0, 4 * msix::kEntryBytes)) << "MSI-X table";
+    EXPECT_EQ(read(*pci, 1, VirtioPci::kPbaOffset, 8).at(0), 0x04) << "vector 2 pending";
+    EXPECT_EQ(read(*pci, 1, VirtioPci::kPbaOffset, 8), read(pci_b, 1, VirtioPci::kPbaOffset, 8)) << "PBA";
+    return 0;
+  });
+
+  for (const DmaWindow& w : windows) pci_b.dma_mapped(w);  // the client's memory, as its DMA_MAP gives it
+  ASSERT_TRUE(net_b.running()) << "restored as started, memory mapped: it runs";
+  pollfd p{wire.peer(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 2000), 1) << "the frame sent in between goes out";
+  std::vector<uint8_t> got(4096);
+  ASSERT_EQ(::recv(wire.peer(), got.data(), got.size(), 0), static_cast<ssize_t>(in_flight.size()));
+  got.resize(in_flight.size());
+  EXPECT_EQ(got, in_flight);
+  auto inbound = frame(70, 0x33);
+  ASSERT_EQ(::send(wire.peer(), inbound.data(), inbound.size(), 0), static_cast<ssize_t>(inbound.size()));
+  ASSERT_TRUE(test::wait_until([&] { return net_b.stats(0).packets.load() == 1; }, 2s));
+  ASSERT_EQ(d.receive(out.data(), out.size(), 0), inbound.size()) << "in the driver's ring";
+  EXPECT_EQ(0, std::memcmp(out.data() + 12, inbound.data() + 12, inbound.size() - 12));
+  net_b.stop();  // before the windows go with the client
 }
 
 void run_traffic(VirtioPciTest& t, guest::VfioUserClient& c, bool packed, bool keeps_msix_table = false) {

@@ -123,6 +123,9 @@ class Engine {
   [[nodiscard]] bool masked(RouteId id) const;
   // Function reset: drops the pending bit.
   void clear_pending(RouteId id);
+  // A restored state's pending bit, set at once (trigger() may go through a
+  // relay thread): latched on a masked route, delivered on an unmasked one.
+  void set_pending(RouteId id);
 
   // --- observation ---
   [[nodiscard]] Mode mode(RouteId id) const;

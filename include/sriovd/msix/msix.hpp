@@ -22,6 +22,7 @@
 // A TRIGGER eventfd only names where messages go; it never unmasks.
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "sriovd/irq/engine.hpp"
@@ -44,6 +45,11 @@ class VectorControl {
   virtual void set_masked(unsigned vector, bool masked) = 0;
   [[nodiscard]] virtual bool pending(unsigned vector) const = 0;
   virtual void clear_pending(unsigned vector) = 0;
+  // Sets the pending bit of a vector that is masked (a restored state's);
+  // where pending bits live in hardware they cannot be set: throws.
+  virtual void set_pending(unsigned /*vector*/) {
+    throw std::logic_error("MSI-X: these vectors' pending bits cannot be set");
+  }
   // The guest programmed an entry (for a device model that needs it).
   virtual void message_changed(unsigned /*vector*/, uint64_t /*address*/, uint32_t /*data*/) {}
 };
@@ -60,6 +66,7 @@ class RoutedVectors : public VectorControl {
   }
   [[nodiscard]] bool pending(unsigned v) const override { return engine_.pending(routes_.at(v)); }
   void clear_pending(unsigned v) override { engine_.clear_pending(routes_.at(v)); }
+  void set_pending(unsigned v) override { engine_.set_pending(routes_.at(v)); }
   [[nodiscard]] irq::RouteId route(unsigned v) const { return routes_.at(v); }
 
  private:
@@ -99,6 +106,21 @@ class MsixState {
   // A mask from outside the table: vfio-user SET_IRQS MASK/UNMASK. It
   // does not change the table's Mask Bit (the guest's, or nobody's).
   void set_vector_mask(unsigned vector, bool masked);
+
+  // Everything a function's MSI-X holds, for a saved device state: Message
+  // Control, the table, SET_IRQS masks, the pending bits.
+  struct Snapshot {
+    uint16_t control = 0;
+    bool table_forwarded = false;
+    std::vector<Entry> entries;
+    std::vector<uint8_t> irq_masked;
+    std::vector<bool> pending;
+  };
+  [[nodiscard]] Snapshot snapshot() const;
+  // Into a function with as many vectors (std::invalid_argument otherwise);
+  // the masks reach the interrupt side, then the pending bits of vectors
+  // that are masked are set again.
+  void restore(const Snapshot& s);
 
   // Function reset: every vector masked, MSI-X disabled, no pending bits,
   // no SET_IRQS masks, and the table governs again only once written.

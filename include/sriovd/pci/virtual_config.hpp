@@ -46,6 +46,12 @@ class VirtualConfig {
   // Where the guest placed BAR i (0 until programmed).
   [[nodiscard]] uint64_t bar_address(unsigned i) const;
   [[nodiscard]] size_t size() const { return bytes_.size(); }
+  // The space as it is (Message Control excluded: MSI-X state has it), and
+  // a saved one loaded back: only its guest-writable bits are taken (BAR
+  // addresses, Command), the rest stays this device's. Throws
+  // std::invalid_argument on a space of another size.
+  [[nodiscard]] const std::vector<uint8_t>& bytes() const { return bytes_; }
+  void load(std::span<const uint8_t> saved);
 
  private:
   [[nodiscard]] bool in_msix_control(uint32_t offset) const;

@@ -68,6 +68,20 @@ class VirtioPci : public ExportedDevice {
   void config_changed();
   [[nodiscard]] const msix::MsixState& msix() const { return *msix_; }
   [[nodiscard]] irq::RouteId vector_route(unsigned v) const { return routes_.at(v); }
+  // The DMA windows the client has mapped.
+  [[nodiscard]] const std::vector<DmaWindow>& dma_windows() const { return windows_; }
+
+  // The device's state with this transport's in DeviceState::transport
+  // (common configuration, each queue's registers, the config space's
+  // writable bits, the MSI-X table, masks and pending bits). The device
+  // stops; it stays stopped (the source of a migration does not go on).
+  [[nodiscard]] virtio::DeviceState save_state();
+  // Into a transport whose client has not started a driver (a migration's
+  // destination: its DMA windows come before the state). Everything is
+  // checked before anything changes (std::invalid_argument names what is
+  // wrong); a device the driver had started then runs from where it stood,
+  // once guest memory is mapped.
+  void restore_state(const virtio::DeviceState& state);
 
  private:
   struct QueueRegs {
@@ -84,6 +98,9 @@ class VirtioPci : public ExportedDevice {
   void config_write(uint32_t offset, unsigned size, uint32_t value);
   void set_status(uint8_t status);
   void start_device();
+  // Kicks and interrupts of the enabled queues wired, the device started
+  // (queue registers and bases are the device's own: a restored state's).
+  void resume_device();
   void virtio_reset();
   void rebuild_memory();
   std::unique_ptr<pci::VirtualConfig> make_config();
@@ -117,6 +134,7 @@ class VirtioPci : public ExportedDevice {
   uint32_t cfg_offset_ = 0, cfg_length_ = 0;
   // DMA windows, as guest memory for the rings and buffers.
   std::vector<DmaWindow> windows_;
+  bool resume_pending_ = false;  // restored as started, waiting for guest memory
   virtio::GuestMemory memory_;
 };
 

@@ -94,6 +94,7 @@ struct RingAddresses {
   uint64_t desc = 0;
   uint64_t driver = 0;  // split: avail ring; packed: driver event suppression
   uint64_t device = 0;  // split: used ring; packed: device event suppression
+  friend bool operator==(const RingAddresses&, const RingAddresses&) = default;
 };
 
 enum class Barriers { one_way, full_fence };
