@@ -433,7 +433,9 @@ virtio::DeviceState VirtioPci::save_state() {
   w.u8(cfg_bar_);
   w.u32(cfg_offset_);
   w.u32(cfg_length_);
-  w.blob(config_->bytes());
+  // The first 256 bytes: the header and every capability (nothing past
+  // them is writable: no extended capability).
+  w.blob(std::span(config_->bytes()).first(kConfigSaved));
   const msix::MsixState::Snapshot m = msix_->snapshot();
   w.u16(m.control);
   w.u8(m.table_forwarded ? 1 : 0);
@@ -475,8 +477,8 @@ void VirtioPci::restore_state(const virtio::DeviceState& state) {
   }
   const uint8_t cfg_bar = r.u8();
   const uint32_t cfg_offset = r.u32(), cfg_length = r.u32();
-  const std::vector<uint8_t> config = r.blob(config_bytes_.size());
-  if (config.size() != config_bytes_.size()) r.fail("a config space of " + std::to_string(config.size()) + " bytes");
+  const std::vector<uint8_t> config = r.blob(kConfigSaved);
+  if (config.size() != kConfigSaved) r.fail("a config space of " + std::to_string(config.size()) + " bytes");
   msix::MsixState::Snapshot m;
   m.control = r.u16();
   m.table_forwarded = r.u8() != 0;

@@ -48,8 +48,8 @@ class VirtualConfig {
   [[nodiscard]] size_t size() const { return bytes_.size(); }
   // The space as it is (Message Control excluded: MSI-X state has it), and
   // a saved one loaded back: only its guest-writable bits are taken (BAR
-  // addresses, Command), the rest stays this device's. Throws
-  // std::invalid_argument on a space of another size.
+  // addresses, Command), the rest stays this device's; a shorter one is
+  // the space's start. Throws std::invalid_argument on a larger one.
   [[nodiscard]] const std::vector<uint8_t>& bytes() const { return bytes_; }
   void load(std::span<const uint8_t> saved);
 

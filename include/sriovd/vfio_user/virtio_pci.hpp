@@ -43,6 +43,7 @@ class VirtioPci : public ExportedDevice {
   // Where the capabilities sit in config space.
   static constexpr uint32_t kCapMsix = 0x40;
   static constexpr uint32_t kCapPciCfg = 0x90;
+  static constexpr size_t kConfigSaved = 256;  // config space in a saved state
 
   VirtioPci(virtio::Device& device, irq::Engine& engine, std::string name);
   ~VirtioPci() override;
