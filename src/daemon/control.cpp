@@ -23,19 +23,14 @@ using control::json;
 
 namespace {
 
-// Per-queue counters of a virtio-net device, as sriovctl shows them.
-json queue_stats(const virtio::NetDevice& device) {
+// Per-queue counters of a virtio device, as sriovctl shows them.
+json queue_stats(const virtio::Device& device) {
+  const virtio::DeviceStats stats = device.stats();
   json queues = json::array();
-  for (unsigned q = 0; q < device.num_queues(); ++q) {
-    const auto& st = device.stats(q);
-    queues.push_back({{"queue", q},
-                      {"packets", st.packets.load()},
-                      {"bytes", st.bytes.load()},
-                      {"dropped", st.dropped.load()},
-                      {"kicks", st.kicks.load()},
-                      {"notifies", st.notifies.load()},
-                      {"sw_offload", st.sw_offload.load()},
-                      {"resubmitted", st.resubmitted.load()}});
+  for (unsigned q = 0; q < stats.queues.size(); ++q) {
+    json j = counters_json(stats.queues[q], virtio::kQueueCounters);
+    j["queue"] = q;
+    queues.push_back(std::move(j));
   }
   return queues;
 }
@@ -108,8 +103,8 @@ json Daemon::devices_json() const {
         const virtio::PacketPort& port = e.device->port();
         backend["netdev"] = port.netdev();
         if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
-        for (const auto& [key, value] : port.describe())
-          std::visit([&backend, &key](const auto& v) { backend[key] = v; }, value);
+        for (const auto& fact : port.describe())
+          std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);
       }
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},
@@ -130,11 +125,8 @@ json Daemon::devices_json() const {
         j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
         j["features"] = e.device->features();
         j["needs_reset"] = e.device->broken();
-        j["vfio_user"] = {{"connections", st.connections},
-                          {"messages", st.messages},
-                          {"error_replies", st.error_replies},
-                          {"protocol_errors", st.protocol_errors},
-                          {"last_error", st.last_error}};
+        j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
+        j["vfio_user"]["last_error"] = st.last_error;
         j["queues"] = queue_stats(*e.device);
         continue;
       }
@@ -145,10 +137,8 @@ json Daemon::devices_json() const {
       j["features"] = e.device->features();
       j["needs_reset"] = e.device->broken();
       j["queues"] = queue_stats(*e.device);
-      j["vhost_user"] = {{"connections", e.backend->stats().connections},
-                         {"messages", e.backend->stats().messages},
-                         {"protocol_errors", e.backend->stats().protocol_errors},
-                         {"last_error", e.backend->stats().last_error}};
+      j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
+      j["vhost_user"]["last_error"] = e.backend->stats().last_error;
     }
     virtio.push_back(std::move(j));
   }
@@ -200,20 +190,11 @@ json Daemon::vf_exports_json() const {
     } else {
       const auto& st = e.server->stats();
       j["state"] = e.server->connected() ? "connected" : "listening";
-      j["vfio_user"] = {{"connections", st.connections},     {"messages", st.messages},
-                        {"error_replies", st.error_replies}, {"protocol_errors", st.protocol_errors},
-                        {"refused_peers", st.refused_peers}, {"last_error", st.last_error}};
+      j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
+      j["vfio_user"]["last_error"] = st.last_error;
       j["dma_windows"] = e.proxy->dma_windows();
       if (!e.server->fd_recipients().empty()) j["device_fd_holders"] = surveyed_holders(e.vf);
-      const irq::RouteStats t = e.proxy->interrupt_totals();
-      j["interrupts"] = {{"fired", t.fired},
-                         {"delivered", t.delivered},
-                         {"masked_pending", t.masked_pending},
-                         {"replayed", t.replayed},
-                         {"dropped", t.dropped},
-                         {"masks", t.masks},
-                         {"unmasks", t.unmasks},
-                         {"mode_switches", t.mode_switches}};
+      j["interrupts"] = counters_json(e.proxy->interrupt_totals(), irq::kRouteCounters);
       j["msix"] = {{"vectors", e.proxy->msix().vectors()},
                    {"enabled", e.proxy->msix().enabled()},
                    {"function_masked", e.proxy->msix().function_masked()},
@@ -227,40 +208,32 @@ json Daemon::vf_exports_json() const {
 
 json Daemon::routes_json() const {
   json routes = json::array();
-  for (const auto& r : irq_->list())
-    routes.push_back({{"id", r.id},
-                      {"device", r.device},
-                      {"vector", r.vector},
-                      {"policy", irq::to_string(r.policy)},
-                      {"mode", irq::to_string(r.mode)},
-                      {"masked", r.masked},
-                      {"pending", r.pending},
-                      {"sink", r.has_sink},
-                      {"sink_blocked", r.sink_blocked},
-                      {"fired", r.stats.fired},
-                      {"delivered", r.stats.delivered},
-                      {"masked_pending", r.stats.masked_pending},
-                      {"replayed", r.stats.replayed},
-                      {"dropped", r.stats.dropped},
-                      {"masks", r.stats.masks},
-                      {"unmasks", r.stats.unmasks},
-                      {"mode_switches", r.stats.mode_switches}});
+  for (const auto& r : irq_->list()) {
+    json j = counters_json(r.stats, irq::kRouteCounters);
+    j.update({{"id", r.id},
+              {"device", r.device},
+              {"vector", r.vector},
+              {"policy", irq::to_string(r.policy)},
+              {"mode", irq::to_string(r.mode)},
+              {"masked", r.masked},
+              {"pending", r.pending},
+              {"sink", r.has_sink},
+              {"sink_blocked", r.sink_blocked}});
+    routes.push_back(std::move(j));
+  }
   return {
       {"routes", routes}, {"relay_threads", irq_->options().relay_threads}, {"busy_poll", irq_->options().busy_poll}};
 }
 
 json Daemon::stats_json() const {
-  json totals = {{"routes", 0},   {"fired", 0},   {"delivered", 0},    {"masked_pending", 0},
-                 {"replayed", 0}, {"dropped", 0}, {"mode_switches", 0}};
+  irq::RouteStats sum;
+  uint64_t count = 0;
   for (const auto& r : irq_->list()) {
-    totals["routes"] = totals["routes"].get<uint64_t>() + 1;
-    totals["fired"] = totals["fired"].get<uint64_t>() + r.stats.fired;
-    totals["delivered"] = totals["delivered"].get<uint64_t>() + r.stats.delivered;
-    totals["masked_pending"] = totals["masked_pending"].get<uint64_t>() + r.stats.masked_pending;
-    totals["replayed"] = totals["replayed"].get<uint64_t>() + r.stats.replayed;
-    totals["dropped"] = totals["dropped"].get<uint64_t>() + r.stats.dropped;
-    totals["mode_switches"] = totals["mode_switches"].get<uint64_t>() + r.stats.mode_switches;
+    ++count;
+    for (const auto& c : irq::kRouteCounters) sum.*c.field += r.stats.*c.field;
   }
+  json totals = counters_json(sum, irq::kRouteCounters);
+  totals["routes"] = count;
   const auto& c = control_->stats();
   return {{"control",
            {{"connections", c.connections},

@@ -2,9 +2,14 @@
 // What daemon.cpp and control.cpp (the control views) share, and nothing
 // outside src/daemon uses.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "sriovd/config/config.hpp"
+#include "sriovd/control/client.hpp"
+#include "sriovd/util/counters.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vhost_user/backend.hpp"
 
 namespace sriovd::daemon {
 
@@ -12,5 +17,31 @@ namespace sriovd::daemon {
 size_t count_vfs(const config::Config& cfg);
 // "1 PF(s), 2 VF(s), 0 virtio device(s), host simulated"
 std::string summary(const config::Config& cfg);
+
+// A stats struct as JSON, one key per counter of its table.
+template <typename T, size_t N>
+control::json counters_json(const T& value, const Counter<T> (&table)[N]) {
+  control::json j = control::json::object();
+  for (const Counter<T>& c : table) j[c.name] = value.*c.field;
+  return j;
+}
+
+// What a virtio device's VMM connection counts, whichever transport: the
+// counters vhost-user's back-end and the vfio-user server have in common.
+struct PeerCounters {
+  uint64_t connections = 0, messages = 0, protocol_errors = 0, refused_peers = 0;
+  static PeerCounters of(const vhost_user::BackendStats& s) {
+    return {s.connections, s.messages, s.protocol_errors, s.refused_peers};
+  }
+  static PeerCounters of(const vfio_user::ServerStats& s) {
+    return {s.connections, s.messages, s.protocol_errors, s.refused_peers};
+  }
+};
+inline constexpr Counter<PeerCounters> kPeerCounters[] = {
+    {"connections", "VMM connections", &PeerCounters::connections},
+    {"messages", "protocol messages handled", &PeerCounters::messages},
+    {"protocol_errors", "connections ended for a malformed message", &PeerCounters::protocol_errors},
+    {"refused_peers", "connections refused (peer credentials, one VMM at a time)", &PeerCounters::refused_peers},
+};
 
 }  // namespace sriovd::daemon

@@ -8,6 +8,7 @@
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon_internal.hpp"
 #include "host_service.hpp"
 #include "control_server.hpp"
 #include "sriovd/daemon/daemon.hpp"
@@ -250,6 +251,27 @@ struct CounterSet {
   }
 };
 
+// A family per counter of a stats struct's table (util/counters.hpp),
+// named PREFIX_NAME_total, each sample read from the struct by its field.
+template <typename T, size_t N>
+class TypedCounters {
+ public:
+  TypedCounters(const std::string& prefix, const Counter<T> (&table)[N]) : table_(table) {
+    for (const Counter<T>& c : table)
+      families_.emplace_back(prefix + "_" + c.name + "_total", c.help, MetricType::Counter);
+  }
+  void add(const std::vector<std::pair<std::string, std::string>>& labels, const T& value) {
+    for (size_t i = 0; i < N; ++i) families_[i].add(labels, static_cast<double>(value.*table_[i].field));
+  }
+  void into(std::vector<MetricFamily>& out) {
+    for (auto& fam : families_) out.push_back(std::move(fam.f));
+  }
+
+ private:
+  const Counter<T> (&table_)[N];
+  std::vector<Family> families_;
+};
+
 void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
   Family info("sriovd_vf_info", "a VF of a configured PF: its address, driver, owner, export and state (value 1)",
               MetricType::Gauge);
@@ -270,82 +292,6 @@ void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
   out.push_back(std::move(pf_present.f));
 }
 
-void export_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
-  Family connected("sriovd_export_connected", "1 while a VMM is connected to the VF's vfio-user export",
-                   MetricType::Gauge);
-  CounterSet proto("sriovd_export",
-                   {{"connections", "VMM connections accepted"},
-                    {"messages", "vfio-user messages handled"},
-                    {"error_replies", "requests refused with an error reply"},
-                    {"protocol_errors", "connections ended for a malformed message"},
-                    {"refused_peers", "connections refused (peer credentials, one client at a time)"}});
-  CounterSet irq("sriovd_export_interrupts", {{"fired", "interrupts the VF raised"},
-                                              {"delivered", "interrupts delivered to the VMM"},
-                                              {"masked_pending", "interrupts held while masked"},
-                                              {"replayed", "held interrupts delivered at unmask"},
-                                              {"dropped", "interrupts with nowhere to go"},
-                                              {"mode_switches", "adaptive policy switches"}});
-  for (const auto& e : devices["vfio_user_exports"]) {
-    const std::vector<std::pair<std::string, std::string>> labels = {
-        {"pf", str(e, "pf")}, {"vf", str(e, "vf_index")}, {"device", str(e, "vf")}};
-    connected.add(labels, str(e, "state") == "connected" ? 1 : 0);
-    if (e.contains("vfio_user")) proto.add(labels, e["vfio_user"]);
-    if (e.contains("interrupts")) irq.add(labels, e["interrupts"]);
-  }
-  out.push_back(std::move(connected.f));
-  proto.into(out);
-  irq.into(out);
-}
-
-void virtio_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
-  Family connected("sriovd_virtio_connected", "1 while the device's VMM (front-end or vfio-user client) is connected",
-                   MetricType::Gauge);
-  CounterSet peer("sriovd_virtio", {{"connections", "VMM connections"},
-                                    {"messages", "protocol messages handled"},
-                                    {"protocol_errors", "connections ended for a malformed message"}});
-  CounterSet queues("sriovd_virtio_queue",
-                    {{"packets", "packets through the queue"},
-                     {"bytes", "bytes through the queue"},
-                     {"dropped", "packets dropped (no room, truncated, or a port error)"},
-                     {"kicks", "driver notifications taken"},
-                     {"notifies", "used-buffer notifications sent"},
-                     {"sw_offload", "RX packets segmented or checksummed in software for the driver"},
-                     {"resubmitted", "buffers a previous back-end left in flight, handed out again"}});
-  for (const auto& d : devices["virtio_devices"]) {
-    const std::string name = str(d, "name");
-    const std::string state = str(d, "state");
-    connected.add({{"device", name}}, state == "running" || state == "connected" ? 1 : 0);
-    for (const char* key : {"vhost_user", "vfio_user"})
-      if (d.contains(key)) peer.add({{"device", name}}, d[key]);
-    if (d.contains("queues"))
-      for (const auto& q : d["queues"]) queues.add({{"device", name}, {"queue", str(q, "queue")}}, q);
-  }
-  out.push_back(std::move(connected.f));
-  peer.into(out);
-  queues.into(out);
-}
-
-void route_metrics(const control::json& routes, std::vector<MetricFamily>& out) {
-  CounterSet c("sriovd_route", {{"fired", "source signals taken"},
-                                {"delivered", "interrupts delivered to the sink"},
-                                {"masked_pending", "interrupts held while masked"},
-                                {"replayed", "held interrupts delivered at unmask"},
-                                {"dropped", "interrupts with no sink"},
-                                {"mode_switches", "direct/relay switches (adaptive)"}});
-  Family masked("sriovd_route_masked", "1 while the route's vector is masked", MetricType::Gauge);
-  Family direct("sriovd_route_direct", "1 while the route is bound kernel-to-VMM (no relay)", MetricType::Gauge);
-  for (const auto& r : routes["routes"]) {
-    const std::vector<std::pair<std::string, std::string>> labels = {{"device", str(r, "device")},
-                                                                     {"vector", str(r, "vector")}};
-    c.add(labels, r);
-    masked.add(labels, r.value("masked", false) ? 1 : 0);
-    direct.add(labels, str(r, "mode") == "direct" ? 1 : 0);
-  }
-  c.into(out);
-  out.push_back(std::move(masked.f));
-  out.push_back(std::move(direct.f));
-}
-
 }  // namespace
 
 std::vector<MetricFamily> Daemon::metrics_snapshot() const {
@@ -355,9 +301,9 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   out.push_back(std::move(build.f));
   const control::json devices = devices_json();
   vf_metrics(devices, out);
-  export_metrics(devices, out);
-  virtio_metrics(devices, out);
-  route_metrics(routes_json(), out);
+  export_metrics(out);
+  virtio_metrics(out);
+  route_metrics(out);
   Family reloads("sriovd_reloads_total", "configuration reloads, by result", MetricType::Counter);
   reloads.add({{"result", "ok"}}, static_cast<double>(reloads_.ok))
       .add({{"result", "failed"}}, static_cast<double>(reloads_.failed));
@@ -402,6 +348,64 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
     out.push_back(std::move(closed.f));
   }
   return out;
+}
+
+// The counters below come from the stats structs themselves, by their
+// tables (util/counters.hpp), not from the control views' JSON.
+void Daemon::export_metrics(std::vector<MetricFamily>& out) const {
+  Family connected("sriovd_export_connected", "1 while a VMM is connected to the VF's vfio-user export",
+                   MetricType::Gauge);
+  TypedCounters proto("sriovd_export", vfio_user::kServerCounters);
+  TypedCounters irq("sriovd_export_interrupts", irq::kRouteCounters);
+  for (const auto& e : vf_exports_) {
+    const std::vector<std::pair<std::string, std::string>> labels = {
+        {"pf", e.pf.to_string()}, {"vf", std::to_string(e.index)}, {"device", e.vf}};
+    connected.add(labels, e.server && e.server->connected() ? 1 : 0);
+    if (!e.server) continue;
+    proto.add(labels, e.server->stats());
+    irq.add(labels, e.proxy->interrupt_totals());
+  }
+  out.push_back(std::move(connected.f));
+  proto.into(out);
+  irq.into(out);
+}
+
+void Daemon::virtio_metrics(std::vector<MetricFamily>& out) const {
+  Family connected("sriovd_virtio_connected", "1 while the device's VMM (front-end or vfio-user client) is connected",
+                   MetricType::Gauge);
+  TypedCounters peer("sriovd_virtio", kPeerCounters);
+  TypedCounters queues("sriovd_virtio_queue", virtio::kQueueCounters);
+  for (const auto& e : virtio_) {
+    if (!e.device || (!e.backend && !e.pci_server)) {
+      connected.add({{"device", e.name}}, 0);
+      continue;
+    }
+    connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
+    peer.add({{"device", e.name}},
+             e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
+    const virtio::DeviceStats stats = e.device->stats();
+    for (unsigned q = 0; q < stats.queues.size(); ++q)
+      queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
+  }
+  out.push_back(std::move(connected.f));
+  peer.into(out);
+  queues.into(out);
+}
+
+void Daemon::route_metrics(std::vector<MetricFamily>& out) const {
+  TypedCounters c("sriovd_route", irq::kRouteCounters);
+  Family masked("sriovd_route_masked", "1 while the route's vector is masked", MetricType::Gauge);
+  Family direct("sriovd_route_direct", "1 while the route is bound kernel-to-VMM (no relay)", MetricType::Gauge);
+  for (const auto& r : irq_->list()) {
+    const std::vector<std::pair<std::string, std::string>> labels = {{"device", r.device},
+                                                                     {"vector", std::to_string(r.vector)}};
+    c.add(labels, r.stats);
+    masked.add(labels, r.masked ? 1 : 0);
+    direct.add(labels, r.mode == irq::Mode::direct ? 1 : 0);
+  }
+  c.into(out);
+  out.push_back(std::move(masked.f));
+  out.push_back(std::move(direct.f));
 }
 
 }  // namespace sriovd::daemon

@@ -337,7 +337,7 @@ void NetDevice::restore_device(std::span<const uint8_t> bytes) {
   for (size_t p = 0; p < rx_hold_.size(); ++p) {
     RxHold& hold = *rx_hold_[p];
     hold.cutter.stop();
-    std::memcpy(hold.bounce.data(), held[p].data(), held[p].size());
+    if (!held[p].empty()) std::memcpy(hold.bounce.data(), held[p].data(), held[p].size());
     hold.data = hold.bounce.data();
     hold.pending = held[p].size();
   }

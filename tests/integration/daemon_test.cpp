@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -24,6 +25,11 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/guest/virtio_net_driver.hpp"
+#include "sriovd/irq/engine.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/virtio/device.hpp"
 #include "integration/daemon_fixture.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -1086,6 +1092,72 @@ TEST_F(Daemon, SlowAndOversizedMetricsClientsDoNotBlindTheEndpoint) {
   char buf[64] = {};
   ASSERT_GT(::recv(other.get(), buf, sizeof buf - 1, 0), 0);
   EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 405", 0), 0U) << buf;
+}
+
+// Issue 26: counters go by their tables (util/counters.hpp). Every counter
+// of a virtio device's queues, of its vhost-user connection, of a VF
+// export's vfio-user server and interrupts is in the devices JSON and in
+// Prometheus under the same name with the same value - none on one side only,
+// none reading 0 there for a key renamed here.
+TEST_F(Daemon, EveryCounterIsInTheDevicesJsonAndInPrometheusAlike) {
+  const std::string ns = "sriovd-ct" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for a tap backend";
+  const std::string vfb = dir_.file("run/vfb0.sock");
+  dir_.write("sriovd.yaml", config_text(socket(), 2) + "metrics: {listen: \"127.0.0.1:0\"}\n" +
+                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + vfb +
+                                ", backend: {type: tap, name: ct" + std::to_string(::getpid() % 100000) +
+                                ", netns: " + ns + "}}\n");
+  start();
+  const int port = request({{"cmd", "status"}})["result"]["metrics"].value("port", 0);
+  ASSERT_GT(port, 0);
+  guest::VfioUserClient vf(socket() + ".vf0");  // the export counts a connection and its messages
+  guest::VirtioNetDriver d(vfb, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  std::vector<uint8_t> f(12 + 60, 0xff);
+  std::memset(f.data(), 0, 12);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  auto devices = [&] { return request({{"cmd", "devices"}})["result"]; };
+  ASSERT_TRUE(
+      test::wait_until([&] { return devices()["virtio_devices"][0]["queues"][1].value("packets", 0) == 5; }, 5s))
+      << devices()["virtio_devices"][0].dump();
+  const json now = devices();
+  const std::string metrics = scrape(port);
+  // The value of the series `name` whose labels include every one given.
+  auto sample = [&](const std::string& name, const std::vector<std::string>& labels) -> std::optional<double> {
+    std::istringstream lines(metrics);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(name + "{", 0) != 0) continue;
+      const std::string set = line.substr(0, line.find('}') + 1);
+      if (std::all_of(labels.begin(), labels.end(),
+                      [&](const std::string& l) { return set.find(l) != std::string::npos; }))
+        return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return std::nullopt;
+  };
+  auto same = [&](const json& values, const std::string& key, const std::string& metric,
+                  const std::vector<std::string>& labels) {
+    ASSERT_TRUE(values.contains(key)) << key << " missing from " << values.dump();
+    const auto m = sample(metric, labels);
+    ASSERT_TRUE(m.has_value()) << metric << " missing";
+    EXPECT_EQ(*m, values[key].get<double>()) << metric;
+  };
+  const json& dev = now["virtio_devices"][0];
+  for (unsigned q = 0; q < 2; ++q)
+    for (const auto& c : virtio::kQueueCounters)
+      same(dev["queues"][q], c.name, std::string("sriovd_virtio_queue_") + c.name + "_total",
+           {"device=\"vfb0\"", "queue=\"" + std::to_string(q) + "\""});
+  for (const auto& c : vhost_user::kBackendCounters)
+    same(dev["vhost_user"], c.name, std::string("sriovd_virtio_") + c.name + "_total", {"device=\"vfb0\""});
+  const json& exp = now["vfio_user_exports"][0];
+  for (const auto& c : vfio_user::kServerCounters)
+    same(exp["vfio_user"], c.name, std::string("sriovd_export_") + c.name + "_total", {"vf=\"0\""});
+  for (const auto& c : irq::kRouteCounters)
+    same(exp["interrupts"], c.name, std::string("sriovd_export_interrupts_") + c.name + "_total", {"vf=\"0\""});
+  EXPECT_EQ(dev["queues"][1]["packets"], 5);
+  EXPECT_GT(exp["vfio_user"]["messages"].get<int>(), 0);
+  EXPECT_GT(*sample("sriovd_virtio_queue_kicks_total", {"device=\"vfb0\"", "queue=\"1\""}), 0);
 }
 
 // The metrics endpoint keeps nothing pending on the control thread's

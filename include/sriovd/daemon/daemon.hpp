@@ -193,6 +193,10 @@ class Daemon {
   // of sriovd's hands before the host layer may unbind or destroy it.
   void drop_vf_exports(const config::Config* next);
   control::json vf_exports_json() const;
+  // Prometheus families of the exports, the virtio devices and the routes.
+  void export_metrics(std::vector<prometheus::MetricFamily>& out) const;
+  void virtio_metrics(std::vector<prometheus::MetricFamily>& out) const;
+  void route_metrics(std::vector<prometheus::MetricFamily>& out) const;
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;
   std::map<std::string, Command> commands_;

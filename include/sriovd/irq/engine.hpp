@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "sriovd/irq/source_binder.hpp"
+#include "sriovd/util/counters.hpp"
 #include "sriovd/util/fd.hpp"
 
 namespace sriovd::irq {
@@ -70,6 +71,17 @@ struct RouteStats {
   uint64_t masks = 0;
   uint64_t unmasks = 0;
   uint64_t mode_switches = 0;  // source retargeted between relay and sink
+};
+
+inline constexpr Counter<RouteStats> kRouteCounters[] = {
+    {"fired", "interrupts the source raised (relay or trigger)", &RouteStats::fired},
+    {"delivered", "interrupts delivered to the sink (the VMM)", &RouteStats::delivered},
+    {"masked_pending", "interrupts held while the vector was masked", &RouteStats::masked_pending},
+    {"replayed", "held interrupts delivered at unmask", &RouteStats::replayed},
+    {"dropped", "interrupts with no sink, or a failed sink write", &RouteStats::dropped},
+    {"masks", "vector masks", &RouteStats::masks},
+    {"unmasks", "vector unmasks", &RouteStats::unmasks},
+    {"mode_switches", "switches between direct and relay (adaptive policy)", &RouteStats::mode_switches},
 };
 
 struct RouteInfo {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/counters.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_session.hpp"
@@ -37,6 +38,14 @@ struct ServerStats {
   uint64_t protocol_errors = 0;  // connections ended for a malformed message
   uint64_t refused_peers = 0;    // SO_PEERCRED not on the allow-list, or a second client
   std::string last_error;
+};
+
+inline constexpr Counter<ServerStats> kServerCounters[] = {
+    {"connections", "VMM connections accepted", &ServerStats::connections},
+    {"messages", "vfio-user messages handled", &ServerStats::messages},
+    {"error_replies", "requests refused with an error reply", &ServerStats::error_replies},
+    {"protocol_errors", "connections ended for a malformed message", &ServerStats::protocol_errors},
+    {"refused_peers", "connections refused (peer credentials, one client at a time)", &ServerStats::refused_peers},
 };
 
 class Server {

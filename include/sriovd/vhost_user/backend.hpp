@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/counters.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
@@ -34,6 +35,13 @@ struct BackendStats {
   uint64_t protocol_errors = 0;
   uint64_t refused_peers = 0;  // not admitted by allowed_uids, unknown credentials, or a second front-end
   std::string last_error;
+};
+
+inline constexpr Counter<BackendStats> kBackendCounters[] = {
+    {"connections", "front-end connections accepted", &BackendStats::connections},
+    {"messages", "vhost-user messages handled", &BackendStats::messages},
+    {"protocol_errors", "connections ended for a malformed message", &BackendStats::protocol_errors},
+    {"refused_peers", "connections refused (peer credentials, one front-end at a time)", &BackendStats::refused_peers},
 };
 
 class Backend {

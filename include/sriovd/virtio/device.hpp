@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "sriovd/irq/engine.hpp"
+#include "sriovd/util/counters.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/ring.hpp"
@@ -128,6 +129,15 @@ struct QueueStats {
 // The same, read once: what sriovctl and Prometheus show, by field.
 struct QueueCounters {
   uint64_t packets = 0, bytes = 0, dropped = 0, kicks = 0, notifies = 0, resubmitted = 0, sw_offload = 0;
+};
+inline constexpr Counter<QueueCounters> kQueueCounters[] = {
+    {"packets", "packets through the queue", &QueueCounters::packets},
+    {"bytes", "bytes through the queue", &QueueCounters::bytes},
+    {"dropped", "packets dropped (no room, truncated, or a port error)", &QueueCounters::dropped},
+    {"kicks", "driver notifications taken", &QueueCounters::kicks},
+    {"notifies", "used-buffer notifications sent", &QueueCounters::notifies},
+    {"sw_offload", "RX packets segmented or checksummed in software for the driver", &QueueCounters::sw_offload},
+    {"resubmitted", "buffers a previous back-end left in flight, handed out again", &QueueCounters::resubmitted},
 };
 struct DeviceStats {
   std::vector<QueueCounters> queues;
