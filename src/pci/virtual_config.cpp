@@ -110,7 +110,7 @@ void VirtualConfig::load(std::span<const uint8_t> saved) {
   if (saved.size() > bytes_.size())
     throw std::invalid_argument("config space of " + std::to_string(saved.size()) + " bytes for one of " +
                                 std::to_string(bytes_.size()));
-  for (size_t at = 0; at < bytes_.size(); ++at)
+  for (size_t at = 0; at < saved.size(); ++at)
     bytes_[at] = static_cast<uint8_t>((bytes_[at] & ~writable_[at]) | (saved[at] & writable_[at]));
   if (command_sink_) command_sink_(static_cast<uint16_t>(bytes_[kCommand] | (bytes_[kCommand + 1] << 8U)));
 }

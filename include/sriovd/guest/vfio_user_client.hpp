@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "sriovd/util/fd.hpp"
-#include "sriovd/vfio_user/device.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 
 namespace sriovd::guest {

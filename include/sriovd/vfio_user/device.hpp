@@ -16,17 +16,9 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/vfio/device.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
 
 namespace sriovd::vfio_user {
-
-class Error : public std::runtime_error {
- public:
-  Error(int err, const std::string& what) : std::runtime_error(what), errno_(err) {}
-  [[nodiscard]] int code() const { return errno_; }
-
- private:
-  int errno_;
-};
 
 struct RegionDescription {
   uint32_t flags = 0;  // VFIO_REGION_INFO_FLAG_READ | _WRITE | _MMAP

@@ -4,8 +4,20 @@
 // structures of linux/vfio.h. All fields are in host byte order.
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace sriovd::vfio_user {
+
+// A request refused with an errno (a server's error reply, or a client's).
+class Error : public std::runtime_error {
+ public:
+  Error(int err, const std::string& what) : std::runtime_error(what), errno_(err) {}
+  [[nodiscard]] int code() const { return errno_; }
+
+ private:
+  int errno_;
+};
 
 inline constexpr uint16_t kMajor = 0;
 inline constexpr uint16_t kMinor = 1;
