@@ -12,6 +12,7 @@
 #include "host_service.hpp"
 #include "metrics.hpp"
 #include "notify.hpp"
+#include "virtio_exports.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/version.hpp"
@@ -22,18 +23,6 @@ namespace sriovd::daemon {
 using control::json;
 
 namespace {
-
-// Per-queue counters of a virtio device, as sriovctl shows them.
-json queue_stats(const virtio::Device& device) {
-  const virtio::DeviceStats stats = device.stats();
-  json queues = json::array();
-  for (unsigned q = 0; q < stats.queues.size(); ++q) {
-    json j = counters_json(stats.queues[q], virtio::kQueueCounters);
-    j["queue"] = q;
-    queues.push_back(std::move(j));
-  }
-  return queues;
-}
 
 // The binary this process runs was replaced or removed since it started
 // (a package upgrade: the daemon is not restarted under running VMs).
@@ -87,62 +76,7 @@ json Daemon::control_loop_json() const {
 
 json Daemon::devices_json() const {
   json out = host_->devices_json(config_);
-  json virtio = json::array();
-  for (const auto& dev : config_.virtio_devices) {
-    json backend = {{"type", config::to_string(dev.backend_kind)}};
-    if (dev.backend_kind == config::BackendKind::tap) {
-      backend["name"] = dev.tap.name;
-      if (!dev.tap.netns.empty()) backend["netns"] = dev.tap.netns;
-    } else {
-      backend["pf"] = dev.vf.pf.to_string();
-      backend["vf"] = dev.vf.vf;
-      backend["via"] = config::to_string(dev.vf.via);
-    }
-    for (const auto& e : virtio_)
-      if (e.name == dev.name && e.device) {
-        const virtio::PacketPort& port = e.device->port();
-        backend["netdev"] = port.netdev();
-        if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
-        for (const auto& fact : port.describe())
-          std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);
-      }
-    json j = {{"name", dev.name},
-              {"transport", config::to_string(dev.transport)},
-              {"socket", dev.socket},
-              {"queue_pairs", dev.queue_pairs},
-              {"queue_size", dev.queue_size},
-              {"packed", config::to_string(dev.packed)},
-              {"backend", backend}};
-    for (const auto& e : virtio_) {
-      if (e.name != dev.name) continue;
-      if (!e.backend && !e.pci_server) {
-        j["state"] = "not served";
-        j["reason"] = e.not_served;
-        continue;
-      }
-      if (e.pci_server) {
-        const auto& st = e.pci_server->stats();
-        j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
-        j["features"] = e.device->features();
-        j["needs_reset"] = e.device->broken();
-        j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
-        j["vfio_user"]["last_error"] = st.last_error;
-        j["queues"] = queue_stats(*e.device);
-        continue;
-      }
-      j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
-                   : dev.socket_mode == config::SocketMode::client ? "connecting"
-                                                                   : "listening";
-      j["socket_mode"] = config::to_string(dev.socket_mode);
-      j["features"] = e.device->features();
-      j["needs_reset"] = e.device->broken();
-      j["queues"] = queue_stats(*e.device);
-      j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
-      j["vhost_user"]["last_error"] = e.backend->stats().last_error;
-    }
-    virtio.push_back(std::move(j));
-  }
-  out["virtio_devices"] = virtio;
+  out["virtio_devices"] = virtio_->devices_json(config_);
   out["vfio_user_exports"] = vf_exports_json();
   // VFs no export serves any more whose device fd a VMM still holds: they
   // stay on vfio-pci, out of use, until it lets go.

@@ -14,17 +14,13 @@
 #include "host_service.hpp"
 #include "metrics.hpp"
 #include "notify.hpp"
+#include "virtio_exports.hpp"
 #include "sriovd/config/loader.hpp"
 #include "logging.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/host/sysfs.hpp"
 #include "sriovd/version.hpp"
-#include "sriovd/ports/macvtap.hpp"
-#include "sriovd/ports/xdp_socket.hpp"
-#include "sriovd/ports/netdev.hpp"
-#include "sriovd/ports/packet_socket.hpp"
-#include "sriovd/ports/tap.hpp"
 #include "sriovd/virtio/net.hpp"
 
 namespace sriovd::daemon {
@@ -58,8 +54,11 @@ Daemon::Daemon(Options options, config::Config config)
       notifier_(std::make_unique<SystemdNotifier>()),
       started_(std::chrono::steady_clock::now()) {
   register_commands();
-  retirer_.set_on_gone(
-      [this](const std::string& key) { asio::post(io_, [this, key] { start_virtio_waiting_for(key); }); });
+  retirer_.set_on_gone([this](const std::string& key) {
+    asio::post(io_, [this, key] {
+      if (!stopping_) virtio_->start_waiting_for(key, config_);
+    });
+  });
   irq::EngineOptions irq_options;
   irq_options.relay_threads = config_.interrupts.relay_threads;
   irq_options.busy_poll = config_.interrupts.busy_poll;
@@ -72,25 +71,12 @@ Daemon::Daemon(Options options, config::Config config)
   if (!config_.metrics.listen.empty())  // before the host is touched: a port in use fails the start cleanly
     metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
+  virtio_ = std::make_unique<VirtioExports>(io_, *irq_, retirer_, *host_);
   host_->set_release_check([this](const PciAddress& vf) { return release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
   sync_vf_exports();
-  // Macvtap links a crashed run of this instance left behind (each carries
-  // its owner in its alias); the devices configured now make theirs anew.
-  try {
-    for (const auto& gone : ports::Macvtap::remove_left_over(config_.state_dir))
-      spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
-  } catch (const std::exception& ex) {
-    spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
-  }
-  // XDP programs it left on VF netdevs (each names its owner in a map).
-  try {
-    for (const auto& gone : ports::XdpSocket::remove_left_over(config_.state_dir))
-      spdlog::warn("virtio: removed the XDP program an earlier run left on {}", gone);
-  } catch (const std::exception& ex) {
-    spdlog::error("virtio: looking for XDP programs left by an earlier run: {}", ex.what());
-  }
-  start_virtio();
+  VirtioExports::remove_left_over(config_.state_dir);
+  virtio_->start(config_);
   update_k8s();
 }
 
@@ -138,46 +124,11 @@ void Daemon::arm_housekeeping() {
     irq_->housekeeping();
     // The device plugin's health follows the host twice a second.
     if (config_.kubernetes.enabled && ++k8s_ticks_ % 10 == 0) update_k8s();
-    if (++housekeeping_ticks_ % 20 == 0) follow_vf_netdevs();
+    if (++housekeeping_ticks_ % 20 == 0) virtio_->follow_vf_netdevs(config_);
     // Link status follows the backend's carrier (a VF whose link drops).
-    for (auto& e : virtio_) {
-      if (!e.device || !e.device->poll_link()) continue;
-      spdlog::info("virtio {}: link {}", e.name, e.device->link_up() ? "up" : "down");
-      if (e.pci) e.pci->config_changed();
-      if (e.backend) e.backend->config_changed();
-    }
+    virtio_->poll_links();
     arm_housekeeping();
   });
-}
-
-void Daemon::follow_vf_netdevs() {
-  std::vector<std::string> restart;
-  for (const auto& e : virtio_) {
-    if (e.config.backend_kind != config::BackendKind::vf || e.waiting) continue;
-    std::string name;
-    unsigned ifindex = 0;
-    try {
-      name = host_->vf_netdev(e.config.vf.pf, e.config.vf.vf);
-      ifindex = ::if_nametoindex(name.c_str());
-    } catch (const std::exception&) {
-      // No netdev now (its driver unbound): the device stops, saying why.
-    }
-    // The same netdev as when the device (or its last try) opened it.
-    if (name == e.vf_netdev && ifindex == e.vf_ifindex) continue;
-    if (!e.device && ifindex == 0) continue;  // not served, and still nothing to serve on
-    spdlog::warn("virtio {}: its VF's netdev {} ({} {}): restarting the device on it", e.name,
-                 ifindex == 0 ? "is gone" : "was re-created",
-                 e.vf_netdev.empty() ? std::string("none") : e.vf_netdev + " #" + std::to_string(e.vf_ifindex),
-                 ifindex == 0 ? std::string("-> none") : "-> " + name + " #" + std::to_string(ifindex));
-    restart.push_back(e.name);
-  }
-  if (restart.empty()) return;
-  config::Config next = config_;
-  std::erase_if(next.virtio_devices, [&](const config::VirtioDevice& d) {
-    return std::find(restart.begin(), restart.end(), d.name) != restart.end();
-  });
-  drop_virtio(&next);
-  start_virtio();
 }
 
 void Daemon::shutdown(const char* why) {
@@ -189,8 +140,8 @@ void Daemon::shutdown(const char* why) {
   // Before the host is released: a VF's netdev must outlive the device
   // bridged to it (and the device's macvtap is deleted by sriovd, not by
   // the VF going away).
-  drop_virtio(nullptr);
-  wait_for_vf_ports();
+  virtio_->drop(nullptr);
+  virtio_->wait_for_vf_ports();
   try {
     const auto steps = host_->release_all();
     spdlog::info("host released: {} change(s) undone", steps.size());
@@ -231,14 +182,14 @@ json Daemon::reload(const std::string& trigger) {
     if (next.metrics != config_.metrics)
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
     drop_vf_exports(&next);
-    drop_virtio(&next);
-    wait_for_vf_ports();
+    virtio_->drop(&next);
+    virtio_->wait_for_vf_ports();
     std::vector<host::Step> steps;
     try {
       steps = host_->apply(next);
     } catch (...) {
       sync_vf_exports();  // the host is as it was: so are the exports
-      start_virtio();
+      virtio_->start(config_);
       throw;
     }
     control_->update_access(next.control);
@@ -246,7 +197,7 @@ json Daemon::reload(const std::string& trigger) {
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
     sync_vf_exports();
-    start_virtio();
+    virtio_->start(config_);
     ++reloads_.ok;
     reloads_.last_error.clear();
     update_k8s();
@@ -338,7 +289,6 @@ namespace {
 // A socket a VMM connects to gets the file owner, group and mode its config
 // asks for (a VMM running as libvirt-qemu:kvm connects without root) -
 // given to the file the server made, whatever its path holds by now.
-SocketAccess access_of(const config::SocketAccess& a) { return {a.uid, a.gid, a.mode}; }
 }  // namespace
 
 void Daemon::drop_vf_exports(const config::Config* next) {
@@ -436,190 +386,6 @@ void Daemon::sync_vf_exports() {
   }
 }
 
-void Daemon::drop_virtio(const config::Config* next) {
-  std::vector<VirtioExport> kept;
-  for (auto& e : virtio_) {
-    const bool served = e.backend || e.pci_server;
-    const bool keep = next && served &&
-                      std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
-                                  [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
-    if (keep) {
-      kept.push_back(std::move(e));
-      continue;
-    }
-    // A device that could not be served is tried again by start_virtio.
-    if (served)
-      spdlog::info("virtio {}: stopped ({})", e.name, next ? "changed or removed by the reload" : "shutting down");
-    // Users before what they use: the server and transport hold the device
-    // (a moved-over element would drop the device first).
-    e.pci_server.reset();
-    e.pci.reset();
-    e.backend.reset();
-    std::unique_ptr<virtio::PacketPort> port = e.device ? e.device->release_port() : nullptr;
-    e.device.reset();
-    if (!port) continue;
-    // The same tap for the device that replaces this one: nothing to close.
-    const auto& c = e.config;
-    const auto takes_this_tap = [&](const config::VirtioDevice& d) {
-      return d.name == c.name && d.backend_kind == config::BackendKind::tap &&
-             c.backend_kind == config::BackendKind::tap && d.tap.name == c.tap.name && d.tap.netns == c.tap.netns &&
-             d.queue_pairs == c.queue_pairs;
-    };
-    const bool same_tap = next && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(), takes_this_tap);
-    if (same_tap)
-      spare_taps_[e.name] = std::move(port);
-    else
-      retirer_.retire(e.port_key, std::move(port));
-  }
-  virtio_ = std::move(kept);
-}
-
-void Daemon::start_virtio_waiting_for(const std::string& key) {
-  if (stopping_) return;
-  const auto waited = std::erase_if(virtio_, [&](const VirtioExport& e) { return e.waiting && e.port_key == key; });
-  if (waited != 0) start_virtio();
-}
-
-void Daemon::wait_for_vf_ports() {
-  if (!retirer_.wait_gone("vf:", std::chrono::seconds(10), true))
-    spdlog::error("virtio: a VF netdev's socket or macvtap is still being closed after 10 s; going on");
-}
-
-// Serves every virtio device the config asks for and that is not running,
-// over vhost-user or as virtio-net-pci over vfio-user, on a tap or a VF's
-// netdev. A device that cannot be served says why in `devices`; it does not
-// stop the others.
-void Daemon::start_virtio() {
-  for (const auto& dev : config_.virtio_devices) {
-    if (auto running =
-            std::find_if(virtio_.begin(), virtio_.end(), [&](const VirtioExport& e) { return e.name == dev.name; });
-        running != virtio_.end()) {
-      update_access(*running, dev.access);
-      continue;
-    }
-    VirtioExport e;
-    e.name = dev.name;
-    e.config = dev;
-    {
-      try {
-        virtio::NetConfig nc;
-        nc.name = dev.name;
-        nc.mac = dev.mac;
-        nc.mtu = dev.mtu;
-        nc.queue_pairs = dev.queue_pairs;
-        nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
-        nc.packed = dev.packed != config::PackedRing::off;
-        // As virtio-pci, sriovd is the whole device, control queue included.
-        nc.control_queue = dev.transport == config::Transport::vfio_user;
-        nc.access_platform = dev.iommu_platform;
-        nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
-        const auto& o = dev.tap.offloads;
-        nc.offloads = o.csum;
-        nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
-        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc);
-        e.device = std::make_unique<virtio::NetDevice>(nc, *irq_, std::move(port));
-        if (dev.transport == config::Transport::vfio_user) {
-          e.pci = std::make_unique<vfio_user::VirtioPci>(*e.device, *irq_, dev.name);
-          e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
-          e.pci_server->set_socket_access(access_of(dev.access));
-        } else {
-          e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device, *irq_,
-                                                            dev.socket_mode == config::SocketMode::client
-                                                                ? vhost_user::Backend::Mode::client
-                                                                : vhost_user::Backend::Mode::server,
-                                                            dev.access.allowed_uids);
-          e.backend->set_socket_access(access_of(dev.access));
-        }
-      } catch (const std::exception& ex) {
-        e.pci_server.reset();
-        e.pci.reset();
-        e.backend.reset();
-        e.device.reset();
-        e.not_served = ex.what();
-        spdlog::error("virtio {}: not served: {}", dev.name, ex.what());
-      }
-    }
-    virtio_.push_back(std::move(e));
-  }
-  for (auto& [name, tap] : spare_taps_) retirer_.retire("tap:" + tap->name(), std::move(tap));
-  spare_taps_.clear();
-}
-
-namespace {
-// How long a device's start waits for the previous holder of its netdev to
-// be closed; past it, the device says so and starts when that is done.
-constexpr std::chrono::milliseconds kPortCloseWait{200};
-}  // namespace
-
-std::unique_ptr<virtio::PacketPort> Daemon::open_port(const config::VirtioDevice& dev, VirtioExport& e,
-                                                      virtio::NetConfig& nc) {
-  const auto wait_for_previous = [&] {
-    if (retirer_.wait_gone(e.port_key, kPortCloseWait)) return;
-    e.waiting = true;
-    throw std::runtime_error("the device that held " + e.port_key +
-                             " before is still being closed; it starts when that is done");
-  };
-  if (dev.backend_kind == config::BackendKind::tap) {
-    e.port_key = "tap:" + dev.tap.name;
-    // Its offloads stay as they were until the new driver's features set
-    // them, before any packet moves.
-    if (auto spare = spare_taps_.extract(dev.name)) return std::move(spare.mapped());
-    wait_for_previous();
-    return std::make_unique<ports::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
-  }
-  // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
-  // AF_PACKET with virtio-net headers carries checksum and GSO metadata
-  // both ways: TSO segments go out whole, and what the driver cannot take
-  // is cut in software (virtio/offload.hpp).
-  nc.offloads = true;
-  const std::string netdev = host_->vf_netdev(dev.vf.pf, dev.vf.vf);
-  e.port_key = "vf:" + netdev;
-  wait_for_previous();
-  // The VF's netdev carries the guest's frames: it must be up (sriovd's
-  // udev rule keeps network managers off it), and the guest speaks with its
-  // MAC unless the config gave one (which the host layer set on the VF).
-  e.vf_netdev = netdev;
-  e.vf_ifindex = ::if_nametoindex(netdev.c_str());
-  ports::netdev_set_up(netdev);
-  if (!nc.mac) {
-    MacAddress mac;
-    if (ports::netdev_address(netdev, mac.octets) && !mac.is_zero() && !mac.is_multicast()) nc.mac = mac;
-  }
-  if (dev.vf.via == config::VfAttach::macvtap) {
-    // A macvtap is a tap: the kernel segments and checksums what the
-    // driver cannot take (TUNSETOFFLOAD follows its features).
-    nc.tap_offloads = ports::tun_offload_flags(true, true, true, false, false);
-    return std::make_unique<ports::Macvtap>(netdev, config_.state_dir, dev.name, dev.queue_pairs);
-  }
-  if (dev.vf.via == config::VfAttach::af_xdp) {
-    // AF_XDP carries no checksum or GSO metadata: the driver checksums and
-    // segments itself.
-    nc.offloads = false;
-    nc.tap_offloads = 0;
-    return std::make_unique<ports::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, config_.state_dir, dev.name);
-  }
-  const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? ports::PacketRing::v3
-                    : dev.vf.ring == config::PacketRingMode::v2 ? ports::PacketRing::v2
-                                                                : ports::PacketRing::off;
-  return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
-}
-
-// A reload's socket access for a device that keeps running.
-void Daemon::update_access(VirtioExport& e, const config::SocketAccess& access) {
-  e.config.access = access;
-  try {
-    if (e.pci_server) {
-      e.pci_server->set_allowed_uids(access.allowed_uids);
-      e.pci_server->set_socket_access(access_of(access));
-    } else if (e.backend) {
-      e.backend->set_allowed_uids(access.allowed_uids);
-      e.backend->set_socket_access(access_of(access));
-    }
-  } catch (const std::exception& ex) {
-    spdlog::error("virtio {}: {}", e.name, ex.what());
-  }
-}
-
 // Gives VFs back to the host until the next reload: one VF (by its own
 // address, or PF and index), or every VF of a PF the config assigns (PF
 // alone). A PF is named as the config names it, by address or by netdev,
@@ -667,7 +433,7 @@ json Daemon::release(const json& req) {
   });
   std::vector<host::Step> steps;
   try {
-    wait_for_vf_ports();
+    virtio_->wait_for_vf_ports();
     steps = host_->release_vfs(config_, pf_addr, indices);
   } catch (...) {
     sync_vf_exports();

@@ -8,6 +8,7 @@
 #include "sriovd/config/config.hpp"
 #include "sriovd/control/client.hpp"
 #include "sriovd/util/counters.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 
@@ -17,6 +18,9 @@ namespace sriovd::daemon {
 size_t count_vfs(const config::Config& cfg);
 // "1 PF(s), 2 VF(s), 0 virtio device(s), host simulated"
 std::string summary(const config::Config& cfg);
+
+// A config's socket access as the socket code takes it.
+inline SocketAccess access_of(const config::SocketAccess& a) { return {a.uid, a.gid, a.mode}; }
 
 // A stats struct as JSON, one key per counter of its table.
 template <typename T, size_t N>

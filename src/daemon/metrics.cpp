@@ -10,6 +10,7 @@
 
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
+#include "virtio_exports.hpp"
 #include "control_server.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/version.hpp"
@@ -251,27 +252,6 @@ struct CounterSet {
   }
 };
 
-// A family per counter of a stats struct's table (util/counters.hpp),
-// named PREFIX_NAME_total, each sample read from the struct by its field.
-template <typename T, size_t N>
-class TypedCounters {
- public:
-  TypedCounters(const std::string& prefix, const Counter<T> (&table)[N]) : table_(table) {
-    for (const Counter<T>& c : table)
-      families_.emplace_back(prefix + "_" + c.name + "_total", c.help, MetricType::Counter);
-  }
-  void add(const std::vector<std::pair<std::string, std::string>>& labels, const T& value) {
-    for (size_t i = 0; i < N; ++i) families_[i].add(labels, static_cast<double>(value.*table_[i].field));
-  }
-  void into(std::vector<MetricFamily>& out) {
-    for (auto& fam : families_) out.push_back(std::move(fam.f));
-  }
-
- private:
-  const Counter<T> (&table_)[N];
-  std::vector<Family> families_;
-};
-
 void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
   Family info("sriovd_vf_info", "a VF of a configured PF: its address, driver, owner, export and state (value 1)",
               MetricType::Gauge);
@@ -302,7 +282,7 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   const control::json devices = devices_json();
   vf_metrics(devices, out);
   export_metrics(out);
-  virtio_metrics(out);
+  virtio_->metrics(out);
   route_metrics(out);
   Family reloads("sriovd_reloads_total", "configuration reloads, by result", MetricType::Counter);
   reloads.add({{"result", "ok"}}, static_cast<double>(reloads_.ok))
@@ -368,28 +348,6 @@ void Daemon::export_metrics(std::vector<MetricFamily>& out) const {
   out.push_back(std::move(connected.f));
   proto.into(out);
   irq.into(out);
-}
-
-void Daemon::virtio_metrics(std::vector<MetricFamily>& out) const {
-  Family connected("sriovd_virtio_connected", "1 while the device's VMM (front-end or vfio-user client) is connected",
-                   MetricType::Gauge);
-  TypedCounters peer("sriovd_virtio", kPeerCounters);
-  TypedCounters queues("sriovd_virtio_queue", virtio::kQueueCounters);
-  for (const auto& e : virtio_) {
-    if (!e.device || (!e.backend && !e.pci_server)) {
-      connected.add({{"device", e.name}}, 0);
-      continue;
-    }
-    connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
-    peer.add({{"device", e.name}},
-             e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
-    const virtio::DeviceStats stats = e.device->stats();
-    for (unsigned q = 0; q < stats.queues.size(); ++q)
-      queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
-  }
-  out.push_back(std::move(connected.f));
-  peer.into(out);
-  queues.into(out);
 }
 
 void Daemon::route_metrics(std::vector<MetricFamily>& out) const {

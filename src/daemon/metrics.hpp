@@ -26,6 +26,8 @@
 
 #include <prometheus/metric_family.h>
 
+#include "sriovd/util/counters.hpp"
+
 #include "sriovd/util/asio.hpp"
 
 namespace sriovd::daemon {
@@ -74,6 +76,27 @@ struct Family {
   prometheus::MetricFamily f;
   Family(std::string name, std::string help, prometheus::MetricType type);
   Family& add(std::vector<std::pair<std::string, std::string>> labels, double value);
+};
+
+// A family per counter of a stats struct's table (util/counters.hpp),
+// named PREFIX_NAME_total, each sample read from the struct by its field.
+template <typename T, size_t N>
+class TypedCounters {
+ public:
+  TypedCounters(const std::string& prefix, const Counter<T> (&table)[N]) : table_(table) {
+    for (const Counter<T>& c : table)
+      families_.emplace_back(prefix + "_" + c.name + "_total", c.help, prometheus::MetricType::Counter);
+  }
+  void add(const std::vector<std::pair<std::string, std::string>>& labels, const T& value) {
+    for (size_t i = 0; i < N; ++i) families_[i].add(labels, static_cast<double>(value.*table_[i].field));
+  }
+  void into(std::vector<prometheus::MetricFamily>& out) {
+    for (auto& fam : families_) out.push_back(std::move(fam.f));
+  }
+
+ private:
+  const Counter<T> (&table_)[N];
+  std::vector<Family> families_;
 };
 
 }  // namespace sriovd::daemon

@@ -15,13 +15,9 @@
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
-#include "sriovd/vfio_user/virtio_pci.hpp"
-#include "sriovd/vhost_user/backend.hpp"
-#include "sriovd/virtio/net.hpp"
 #include "sriovd/util/polling_loop.hpp"
 #include "sriovd/util/retirer.hpp"
 #include "sriovd/util/asio.hpp"
-#include "sriovd/virtio/net.hpp"
 
 namespace prometheus {
 struct MetricFamily;
@@ -35,6 +31,7 @@ class ControlServer;
 class HostService;
 class MetricsServer;
 class SystemdNotifier;
+class VirtioExports;
 struct PeerCredentials;
 
 struct Options {
@@ -103,56 +100,9 @@ class Daemon {
   std::unique_ptr<SystemdNotifier> notifier_;
   std::unique_ptr<irq::Engine> irq_;
   std::unique_ptr<HostService> host_;
-  // One per configured virtio device, in config order.
-  struct VirtioExport {
-    std::string name;
-    config::VirtioDevice config;  // what it was started from
-    std::unique_ptr<virtio::NetDevice> device;
-    std::unique_ptr<vhost_user::Backend> backend;
-    // transport: vfio-user - the PCI transport and its server instead.
-    std::unique_ptr<vfio_user::VirtioPci> pci;
-    std::unique_ptr<vfio_user::Server> pci_server;
-    std::string not_served;  // why it is not served, when it is not
-    // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.
-    std::string port_key;
-    // Not served while the port of the device it replaces is being closed
-    // (port_key): started when that is done.
-    bool waiting = false;
-    // backend: vf - the VF's netdev the port was opened on (name, ifindex;
-    // 0: none), to see it re-created under the port (follow_vf_netdevs).
-    std::string vf_netdev;
-    unsigned vf_ifindex = 0;
-  };
-  std::vector<VirtioExport> virtio_;
-  // A device bridged to a VF whose netdev was re-created (its driver
-  // rebound: a new ifindex), went or came is restarted on the netdev as it
-  // is now; one look per second from housekeeping.
-  void follow_vf_netdevs();
+  // The virtio devices, their transports and ports (src/daemon/virtio_exports.hpp).
+  std::unique_ptr<VirtioExports> virtio_;
   unsigned housekeeping_ticks_ = 0;
-  // A changed device's tap, kept for the device that replaces it when the
-  // tap's settings are the same (name, namespace, queues): the tap, its
-  // addresses and its bridge stay; by device name, until start_virtio.
-  std::map<std::string, std::unique_ptr<virtio::PacketPort>> spare_taps_;
-  // Starts every configured virtio device that is not running, and gives
-  // the running ones the config's socket access.
-  void start_virtio();
-  // The port for a device to start: its spare tap, or a new one once the
-  // previous holder of its netdev is closed.
-  std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, VirtioExport& e,
-                                                virtio::NetConfig& nc);
-  void update_access(VirtioExport& e, const config::SocketAccess& access);
-  // Stops the devices `next` no longer has or has with other settings
-  // (all of them when next is null), and forgets those not served (the
-  // next start_virtio tries them again). Their ports are closed by the
-  // retirer, or kept in spare_taps_.
-  void drop_virtio(const config::Config* next);
-  // The devices waiting for `key` to be closed, started (on the control
-  // thread, posted by the retirer).
-  void start_virtio_waiting_for(const std::string& key);
-  // Before the host changes a VF: the sockets and macvtaps on VF netdevs
-  // that the retirer still closes are closed (a VF's netdev outlives what
-  // was bridged to it).
-  void wait_for_vf_ports();
   // One per VF the config exports over vfio-user (assign.export).
   struct VfExport {
     PciAddress pf;
@@ -195,7 +145,6 @@ class Daemon {
   control::json vf_exports_json() const;
   // Prometheus families of the exports, the virtio devices and the routes.
   void export_metrics(std::vector<prometheus::MetricFamily>& out) const;
-  void virtio_metrics(std::vector<prometheus::MetricFamily>& out) const;
   void route_metrics(std::vector<prometheus::MetricFamily>& out) const;
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;

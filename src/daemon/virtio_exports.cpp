@@ -1,0 +1,368 @@
+#include "virtio_exports.hpp"
+
+#include <net/if.h>
+
+#include <algorithm>
+#include <chrono>
+#include <variant>
+
+#include <spdlog/spdlog.h>
+
+#include "daemon_internal.hpp"
+#include "host_service.hpp"
+#include "metrics.hpp"
+#include "sriovd/ports/macvtap.hpp"
+#include "sriovd/ports/netdev.hpp"
+#include "sriovd/ports/packet_socket.hpp"
+#include "sriovd/ports/tap.hpp"
+#include "sriovd/ports/xdp_socket.hpp"
+
+namespace sriovd::daemon {
+
+using control::json;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+namespace {
+
+// Per-queue counters of a virtio device, as sriovctl shows them.
+json queue_stats(const virtio::Device& device) {
+  const virtio::DeviceStats stats = device.stats();
+  json queues = json::array();
+  for (unsigned q = 0; q < stats.queues.size(); ++q) {
+    json j = counters_json(stats.queues[q], virtio::kQueueCounters);
+    j["queue"] = q;
+    queues.push_back(std::move(j));
+  }
+  return queues;
+}
+
+}  // namespace
+
+VirtioExports::VirtioExports(asio::io_context& io, irq::Engine& engine, Retirer& retirer, HostService& host)
+    : io_(io), engine_(engine), retirer_(retirer), host_(host) {}
+
+VirtioExports::~VirtioExports() { drop(nullptr); }
+
+void VirtioExports::remove_left_over(const std::string& state_dir) {
+  // Macvtap links a crashed run of this instance left behind (each carries
+  // its owner in its alias); the devices configured now make theirs anew.
+  try {
+    for (const auto& gone : ports::Macvtap::remove_left_over(state_dir))
+      spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+  }
+  // XDP programs it left on VF netdevs (each names its owner in a map).
+  try {
+    for (const auto& gone : ports::XdpSocket::remove_left_over(state_dir))
+      spdlog::warn("virtio: removed the XDP program an earlier run left on {}", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for XDP programs left by an earlier run: {}", ex.what());
+  }
+}
+
+void VirtioExports::drop(const config::Config* next) {
+  std::vector<Export> kept;
+  for (auto& e : exports_) {
+    const bool served = e.backend || e.pci_server;
+    const bool keep = next && served &&
+                      std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
+                                  [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
+    if (keep) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    // A device that could not be served is tried again by start_virtio.
+    if (served)
+      spdlog::info("virtio {}: stopped ({})", e.name, next ? "changed or removed by the reload" : "shutting down");
+    // Users before what they use: the server and transport hold the device
+    // (a moved-over element would drop the device first).
+    e.pci_server.reset();
+    e.pci.reset();
+    e.backend.reset();
+    std::unique_ptr<virtio::PacketPort> port = e.device ? e.device->release_port() : nullptr;
+    e.device.reset();
+    if (!port) continue;
+    // The same tap for the device that replaces this one: nothing to close.
+    const auto& c = e.config;
+    const auto takes_this_tap = [&](const config::VirtioDevice& d) {
+      return d.name == c.name && d.backend_kind == config::BackendKind::tap &&
+             c.backend_kind == config::BackendKind::tap && d.tap.name == c.tap.name && d.tap.netns == c.tap.netns &&
+             d.queue_pairs == c.queue_pairs;
+    };
+    const bool same_tap = next && std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(), takes_this_tap);
+    if (same_tap)
+      spare_taps_[e.name] = std::move(port);
+    else
+      retirer_.retire(e.port_key, std::move(port));
+  }
+  exports_ = std::move(kept);
+}
+
+void VirtioExports::start_waiting_for(const std::string& key, const config::Config& cfg) {
+  const auto waited = std::erase_if(exports_, [&](const Export& e) { return e.waiting && e.port_key == key; });
+  if (waited != 0) start(cfg);
+}
+
+void VirtioExports::wait_for_vf_ports() {
+  if (!retirer_.wait_gone("vf:", std::chrono::seconds(10), true))
+    spdlog::error("virtio: a VF netdev's socket or macvtap is still being closed after 10 s; going on");
+}
+
+void VirtioExports::start(const config::Config& cfg) {
+  for (const auto& dev : cfg.virtio_devices) {
+    if (auto running =
+            std::find_if(exports_.begin(), exports_.end(), [&](const Export& e) { return e.name == dev.name; });
+        running != exports_.end()) {
+      update_access(*running, dev.access);
+      continue;
+    }
+    Export e;
+    e.name = dev.name;
+    e.config = dev;
+    {
+      try {
+        virtio::NetConfig nc;
+        nc.name = dev.name;
+        nc.mac = dev.mac;
+        nc.mtu = dev.mtu;
+        nc.queue_pairs = dev.queue_pairs;
+        nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
+        nc.packed = dev.packed != config::PackedRing::off;
+        // As virtio-pci, sriovd is the whole device, control queue included.
+        nc.control_queue = dev.transport == config::Transport::vfio_user;
+        nc.access_platform = dev.iommu_platform;
+        nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
+        const auto& o = dev.tap.offloads;
+        nc.offloads = o.csum;
+        nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
+        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, cfg.state_dir);
+        e.device = std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port));
+        serve(dev, e);
+      } catch (const std::exception& ex) {
+        e.pci_server.reset();
+        e.pci.reset();
+        e.backend.reset();
+        e.device.reset();
+        e.not_served = ex.what();
+        spdlog::error("virtio {}: not served: {}", dev.name, ex.what());
+      }
+    }
+    exports_.push_back(std::move(e));
+  }
+  for (auto& [name, tap] : spare_taps_) retirer_.retire("tap:" + tap->name(), std::move(tap));
+  spare_taps_.clear();
+}
+
+namespace {
+// How long a device's start waits for the previous holder of its netdev to
+// be closed; past it, the device says so and starts when that is done.
+constexpr std::chrono::milliseconds kPortCloseWait{200};
+}  // namespace
+
+std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::VirtioDevice& dev, Export& e,
+                                                             virtio::NetConfig& nc, const std::string& state_dir) {
+  const auto wait_for_previous = [&] {
+    if (retirer_.wait_gone(e.port_key, kPortCloseWait)) return;
+    e.waiting = true;
+    throw std::runtime_error("the device that held " + e.port_key +
+                             " before is still being closed; it starts when that is done");
+  };
+  if (dev.backend_kind == config::BackendKind::tap) {
+    e.port_key = "tap:" + dev.tap.name;
+    // Its offloads stay as they were until the new driver's features set
+    // them, before any packet moves.
+    if (auto spare = spare_taps_.extract(dev.name)) return std::move(spare.mapped());
+    wait_for_previous();
+    return std::make_unique<ports::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
+  }
+  // The VF-to-virtio bridge: the VF's own netdev through AF_PACKET.
+  // AF_PACKET with virtio-net headers carries checksum and GSO metadata
+  // both ways: TSO segments go out whole, and what the driver cannot take
+  // is cut in software (virtio/offload.hpp).
+  nc.offloads = true;
+  const std::string netdev = host_.vf_netdev(dev.vf.pf, dev.vf.vf);
+  e.port_key = "vf:" + netdev;
+  wait_for_previous();
+  // The VF's netdev carries the guest's frames: it must be up (sriovd's
+  // udev rule keeps network managers off it), and the guest speaks with its
+  // MAC unless the config gave one (which the host layer set on the VF).
+  e.vf_netdev = netdev;
+  e.vf_ifindex = ::if_nametoindex(netdev.c_str());
+  ports::netdev_set_up(netdev);
+  if (!nc.mac) {
+    MacAddress mac;
+    if (ports::netdev_address(netdev, mac.octets) && !mac.is_zero() && !mac.is_multicast()) nc.mac = mac;
+  }
+  if (dev.vf.via == config::VfAttach::macvtap) {
+    // A macvtap is a tap: the kernel segments and checksums what the
+    // driver cannot take (TUNSETOFFLOAD follows its features).
+    nc.tap_offloads = ports::tun_offload_flags(true, true, true, false, false);
+    return std::make_unique<ports::Macvtap>(netdev, state_dir, dev.name, dev.queue_pairs);
+  }
+  if (dev.vf.via == config::VfAttach::af_xdp) {
+    // AF_XDP carries no checksum or GSO metadata: the driver checksums and
+    // segments itself.
+    nc.offloads = false;
+    nc.tap_offloads = 0;
+    return std::make_unique<ports::XdpSocket>(netdev, dev.queue_pairs, dev.mtu, state_dir, dev.name);
+  }
+  const auto ring = dev.vf.ring == config::PacketRingMode::v3   ? ports::PacketRing::v3
+                    : dev.vf.ring == config::PacketRingMode::v2 ? ports::PacketRing::v2
+                                                                : ports::PacketRing::off;
+  return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
+}
+
+void VirtioExports::serve(const config::VirtioDevice& dev, Export& e) {
+  if (dev.transport == config::Transport::vfio_user) {
+    e.pci = std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name);
+    e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
+    e.pci_server->set_socket_access(access_of(dev.access));
+  } else {
+    e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device, engine_,
+                                                      dev.socket_mode == config::SocketMode::client
+                                                          ? vhost_user::Backend::Mode::client
+                                                          : vhost_user::Backend::Mode::server,
+                                                      dev.access.allowed_uids);
+    e.backend->set_socket_access(access_of(dev.access));
+  }
+}
+
+// A reload's socket access for a device that keeps running.
+void VirtioExports::update_access(Export& e, const config::SocketAccess& access) {
+  e.config.access = access;
+  try {
+    if (e.pci_server) {
+      e.pci_server->set_allowed_uids(access.allowed_uids);
+      e.pci_server->set_socket_access(access_of(access));
+    } else if (e.backend) {
+      e.backend->set_allowed_uids(access.allowed_uids);
+      e.backend->set_socket_access(access_of(access));
+    }
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio {}: {}", e.name, ex.what());
+  }
+}
+
+void VirtioExports::follow_vf_netdevs(const config::Config& cfg) {
+  std::vector<std::string> restart;
+  for (const auto& e : exports_) {
+    if (e.config.backend_kind != config::BackendKind::vf || e.waiting) continue;
+    std::string name;
+    unsigned ifindex = 0;
+    try {
+      name = host_.vf_netdev(e.config.vf.pf, e.config.vf.vf);
+      ifindex = ::if_nametoindex(name.c_str());
+    } catch (const std::exception&) {
+      // No netdev now (its driver unbound): the device stops, saying why.
+    }
+    // The same netdev as when the device (or its last try) opened it.
+    if (name == e.vf_netdev && ifindex == e.vf_ifindex) continue;
+    if (!e.device && ifindex == 0) continue;  // not served, and still nothing to serve on
+    spdlog::warn("virtio {}: its VF's netdev {} ({} {}): restarting the device on it", e.name,
+                 ifindex == 0 ? "is gone" : "was re-created",
+                 e.vf_netdev.empty() ? std::string("none") : e.vf_netdev + " #" + std::to_string(e.vf_ifindex),
+                 ifindex == 0 ? std::string("-> none") : "-> " + name + " #" + std::to_string(ifindex));
+    restart.push_back(e.name);
+  }
+  if (restart.empty()) return;
+  config::Config next = cfg;
+  std::erase_if(next.virtio_devices, [&](const config::VirtioDevice& d) {
+    return std::find(restart.begin(), restart.end(), d.name) != restart.end();
+  });
+  drop(&next);
+  start(cfg);
+}
+
+void VirtioExports::poll_links() {
+  for (auto& e : exports_) {
+    if (!e.device || !e.device->poll_link()) continue;
+    spdlog::info("virtio {}: link {}", e.name, e.device->link_up() ? "up" : "down");
+    if (e.pci) e.pci->config_changed();
+    if (e.backend) e.backend->config_changed();
+  }
+}
+
+json VirtioExports::devices_json(const config::Config& cfg) const {
+  json virtio = json::array();
+  for (const auto& dev : cfg.virtio_devices) {
+    json backend = {{"type", config::to_string(dev.backend_kind)}};
+    if (dev.backend_kind == config::BackendKind::tap) {
+      backend["name"] = dev.tap.name;
+      if (!dev.tap.netns.empty()) backend["netns"] = dev.tap.netns;
+    } else {
+      backend["pf"] = dev.vf.pf.to_string();
+      backend["vf"] = dev.vf.vf;
+      backend["via"] = config::to_string(dev.vf.via);
+    }
+    for (const auto& e : exports_)
+      if (e.name == dev.name && e.device) {
+        const virtio::PacketPort& port = e.device->port();
+        backend["netdev"] = port.netdev();
+        if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
+        for (const auto& fact : port.describe())
+          std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);
+      }
+    json j = {{"name", dev.name},
+              {"transport", config::to_string(dev.transport)},
+              {"socket", dev.socket},
+              {"queue_pairs", dev.queue_pairs},
+              {"queue_size", dev.queue_size},
+              {"packed", config::to_string(dev.packed)},
+              {"backend", backend}};
+    for (const auto& e : exports_) {
+      if (e.name != dev.name) continue;
+      if (!e.backend && !e.pci_server) {
+        j["state"] = "not served";
+        j["reason"] = e.not_served;
+        continue;
+      }
+      if (e.pci_server) {
+        const auto& st = e.pci_server->stats();
+        j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+        j["features"] = e.device->features();
+        j["needs_reset"] = e.device->broken();
+        j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
+        j["vfio_user"]["last_error"] = st.last_error;
+        j["queues"] = queue_stats(*e.device);
+        continue;
+      }
+      j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
+                   : dev.socket_mode == config::SocketMode::client ? "connecting"
+                                                                   : "listening";
+      j["socket_mode"] = config::to_string(dev.socket_mode);
+      j["features"] = e.device->features();
+      j["needs_reset"] = e.device->broken();
+      j["queues"] = queue_stats(*e.device);
+      j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
+      j["vhost_user"]["last_error"] = e.backend->stats().last_error;
+    }
+    virtio.push_back(std::move(j));
+  }
+  return virtio;
+}
+
+void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
+  Family connected("sriovd_virtio_connected", "1 while the device's VMM (front-end or vfio-user client) is connected",
+                   MetricType::Gauge);
+  TypedCounters peer("sriovd_virtio", kPeerCounters);
+  TypedCounters queues("sriovd_virtio_queue", virtio::kQueueCounters);
+  for (const auto& e : exports_) {
+    if (!e.device || (!e.backend && !e.pci_server)) {
+      connected.add({{"device", e.name}}, 0);
+      continue;
+    }
+    connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
+    peer.add({{"device", e.name}},
+             e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
+    const virtio::DeviceStats stats = e.device->stats();
+    for (unsigned q = 0; q < stats.queues.size(); ++q)
+      queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
+  }
+  out.push_back(std::move(connected.f));
+  peer.into(out);
+  queues.into(out);
+}
+
+}  // namespace sriovd::daemon

@@ -1,0 +1,110 @@
+#pragma once
+// The owner of the virtio exports (config virtio_devices): for each, the
+// device, its transport (vhost-user back-end, or virtio-pci and its
+// vfio-user server) and its port (a tap, or a VF's netdev through AF_PACKET,
+// a macvtap or AF_XDP), made by the factories below; started, stopped and
+// restarted as the config and the host change, shown in `devices` and in
+// Prometheus. On the control thread, as the daemon that owns it.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/metric_family.h>
+
+#include "sriovd/config/config.hpp"
+#include "sriovd/control/protocol.hpp"
+#include "sriovd/irq/engine.hpp"
+#include "sriovd/util/asio.hpp"
+#include "sriovd/util/retirer.hpp"
+#include "sriovd/vfio_user/server.hpp"
+#include "sriovd/vfio_user/virtio_pci.hpp"
+#include "sriovd/vhost_user/backend.hpp"
+#include "sriovd/virtio/net.hpp"
+
+namespace sriovd::daemon {
+
+class HostService;
+
+class VirtioExports {
+ public:
+  // `retirer` closes the ports of stopped devices off the control thread;
+  // `host` names a VF's netdev. All of them outlive this.
+  VirtioExports(asio::io_context& io, irq::Engine& engine, Retirer& retirer, HostService& host);
+  ~VirtioExports();
+  VirtioExports(const VirtioExports&) = delete;
+  VirtioExports& operator=(const VirtioExports&) = delete;
+
+  // Macvtap links and XDP programs a crashed run of this instance left.
+  static void remove_left_over(const std::string& state_dir);
+  // Serves every device `cfg` asks for that is not running, over vhost-user
+  // or as virtio-net-pci over vfio-user; gives the running ones the
+  // config's socket access. A device that cannot be served says why in
+  // `devices`; it does not stop the others.
+  void start(const config::Config& cfg);
+  // Stops the devices `next` no longer has or has with other settings (all
+  // of them when next is null) and forgets those not served (the next
+  // start() tries them again). Their ports are closed by the retirer, or
+  // kept for the device that replaces them (the same tap).
+  void drop(const config::Config* next);
+  // The devices waiting for the port `key` to be closed, started (posted
+  // by the retirer).
+  void start_waiting_for(const std::string& key, const config::Config& cfg);
+  // Before the host changes a VF: the sockets and macvtaps on VF netdevs
+  // that the retirer still closes are closed.
+  void wait_for_vf_ports();
+  // A device bridged to a VF whose netdev was re-created (its driver
+  // rebound: a new ifindex), went or came is restarted on the netdev as it
+  // is now.
+  void follow_vf_netdevs(const config::Config& cfg);
+  // Each device's link follows its port's carrier (a configuration change
+  // for the driver when it changes).
+  void poll_links();
+
+  // The `virtio_devices` of `devices`, in config order.
+  [[nodiscard]] control::json devices_json(const config::Config& cfg) const;
+  void metrics(std::vector<prometheus::MetricFamily>& out) const;
+
+ private:
+  // One per configured virtio device, in config order.
+  struct Export {
+    std::string name;
+    config::VirtioDevice config;  // what it was started from
+    std::unique_ptr<virtio::NetDevice> device;
+    std::unique_ptr<vhost_user::Backend> backend;
+    // transport: vfio-user - the PCI transport and its server instead.
+    std::unique_ptr<vfio_user::VirtioPci> pci;
+    std::unique_ptr<vfio_user::Server> pci_server;
+    std::string not_served;  // why it is not served, when it is not
+    // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.
+    std::string port_key;
+    // Not served while the port of the device it replaces is being closed
+    // (port_key): started when that is done.
+    bool waiting = false;
+    // backend: vf - the VF's netdev the port was opened on (name, ifindex;
+    // 0: none), to see it re-created under the port (follow_vf_netdevs).
+    std::string vf_netdev;
+    unsigned vf_ifindex = 0;
+  };
+  // The port factory: the device's spare tap, or a new port once the
+  // previous holder of its netdev is closed; sets what the port decides of
+  // the device (offloads, the VF's MAC).
+  std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, Export& e, virtio::NetConfig& nc,
+                                                const std::string& state_dir);
+  // The transport factory: vhost-user back-end, or virtio-pci and its server.
+  void serve(const config::VirtioDevice& dev, Export& e);
+  void update_access(Export& e, const config::SocketAccess& access);
+
+  asio::io_context& io_;
+  irq::Engine& engine_;
+  Retirer& retirer_;
+  HostService& host_;
+  std::vector<Export> exports_;
+  // A changed device's tap, kept for the device that replaces it when the
+  // tap's settings are the same (name, namespace, queues): the tap, its
+  // addresses and its bridge stay; by device name, until start().
+  std::map<std::string, std::unique_ptr<virtio::PacketPort>> spare_taps_;
+};
+
+}  // namespace sriovd::daemon
