@@ -12,6 +12,7 @@
 #include "host_service.hpp"
 #include "metrics.hpp"
 #include "notify.hpp"
+#include "vf_exports.hpp"
 #include "virtio_exports.hpp"
 #include "sriovd/daemon/daemon.hpp"
 #include "sriovd/vfio/holders.hpp"
@@ -77,66 +78,10 @@ json Daemon::control_loop_json() const {
 json Daemon::devices_json() const {
   json out = host_->devices_json(config_);
   out["virtio_devices"] = virtio_->devices_json(config_);
-  out["vfio_user_exports"] = vf_exports_json();
+  out["vfio_user_exports"] = vf_exports_->exports_json();
   // VFs no export serves any more whose device fd a VMM still holds: they
   // stay on vfio-pci, out of use, until it lets go.
-  out["held_vfs"] = held_vfs_json();
-  return out;
-}
-
-// Never a /proc walk here (a status is built for every scrape): the last
-// survey, which this asks to be renewed.
-std::string Daemon::surveyed_holders(const std::string& vf) const {
-  std::map<std::string, std::vector<pid_t>> devices = fd_given_;
-  for (const auto& e : vf_exports_) {
-    if (!e.server) continue;
-    auto& pids = devices[e.vf];
-    for (pid_t p : e.server->fd_recipients())
-      if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
-  }
-  std::erase_if(devices, [](const auto& d) { return d.second.empty(); });
-  holder_survey_->watch(std::move(devices));
-  return vfio::describe(holder_survey_->seen(vf).holders);
-}
-
-control::json Daemon::held_vfs_json() const {
-  json out = json::array();
-  for (const auto& given : fd_given_) {
-    const std::string& vf = given.first;
-    if (std::any_of(vf_exports_.begin(), vf_exports_.end(), [&](const VfExport& e) { return e.vf == vf; })) continue;
-    if (const std::string held = surveyed_holders(vf); !held.empty()) out.push_back({{"vf", vf}, {"held_by", held}});
-  }
-  return out;
-}
-
-json Daemon::vf_exports_json() const {
-  json out = json::array();
-  for (const auto& e : vf_exports_) {
-    json j = {{"pf", e.pf.to_string()},
-              {"vf_index", e.index},
-              {"vf", e.vf},
-              {"socket", e.socket},
-              {"msix_policy", irq::to_string(e.policy)},
-              {"bar_access", config::to_string(e.bar_access)}};
-    if (!e.server) {
-      j["state"] = "not served";
-      j["reason"] = e.not_served;
-    } else {
-      const auto& st = e.server->stats();
-      j["state"] = e.server->connected() ? "connected" : "listening";
-      j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
-      j["vfio_user"]["last_error"] = st.last_error;
-      j["dma_windows"] = e.proxy->dma_windows();
-      if (!e.server->fd_recipients().empty()) j["device_fd_holders"] = surveyed_holders(e.vf);
-      j["interrupts"] = counters_json(e.proxy->interrupt_totals(), irq::kRouteCounters);
-      j["msix"] = {{"vectors", e.proxy->msix().vectors()},
-                   {"enabled", e.proxy->msix().enabled()},
-                   {"function_masked", e.proxy->msix().function_masked()},
-                   {"vfio_enabled_vectors", e.proxy->vfio_enabled_vectors()},
-                   {"vfio_reenables", e.proxy->vfio_reenables()}};
-    }
-    out.push_back(std::move(j));
-  }
+  out["held_vfs"] = vf_exports_->held_json();
   return out;
 }
 

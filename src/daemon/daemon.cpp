@@ -14,6 +14,7 @@
 #include "host_service.hpp"
 #include "metrics.hpp"
 #include "notify.hpp"
+#include "vf_exports.hpp"
 #include "virtio_exports.hpp"
 #include "sriovd/config/loader.hpp"
 #include "logging.hpp"
@@ -72,9 +73,10 @@ Daemon::Daemon(Options options, config::Config config)
     metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
   virtio_ = std::make_unique<VirtioExports>(io_, *irq_, retirer_, *host_);
-  host_->set_release_check([this](const PciAddress& vf) { return release_holders(vf); });
+  vf_exports_ = std::make_unique<VfExports>(io_, *irq_, *host_, options_.sysfs_root);
+  host_->set_release_check([this](const PciAddress& vf) { return vf_exports_->release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
-  sync_vf_exports();
+  vf_exports_->sync(config_);
   VirtioExports::remove_left_over(config_.state_dir);
   virtio_->start(config_);
   update_k8s();
@@ -136,7 +138,7 @@ void Daemon::shutdown(const char* why) {
   stopping_ = true;
   spdlog::info("{}: stopping", why);
   notifier_->stopping();
-  drop_vf_exports(nullptr);
+  vf_exports_->drop(nullptr, config_);
   // Before the host is released: a VF's netdev must outlive the device
   // bridged to it (and the device's macvtap is deleted by sriovd, not by
   // the VF going away).
@@ -181,14 +183,14 @@ json Daemon::reload(const std::string& trigger) {
       throw std::runtime_error("kubernetes.device_plugin_dir or cdi_dir changes: that needs a restart");
     if (next.metrics != config_.metrics)
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
-    drop_vf_exports(&next);
+    vf_exports_->drop(&next, config_);
     virtio_->drop(&next);
     virtio_->wait_for_vf_ports();
     std::vector<host::Step> steps;
     try {
       steps = host_->apply(next);
     } catch (...) {
-      sync_vf_exports();  // the host is as it was: so are the exports
+      vf_exports_->sync(config_);  // the host is as it was: so are the exports
       virtio_->start(config_);
       throw;
     }
@@ -196,7 +198,7 @@ json Daemon::reload(const std::string& trigger) {
     loop_.set_max_window(std::chrono::microseconds(next.control.poll_us));
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
-    sync_vf_exports();
+    vf_exports_->sync(config_);
     virtio_->start(config_);
     ++reloads_.ok;
     reloads_.last_error.clear();
@@ -258,134 +260,6 @@ json Daemon::handle(const json& request, const PeerCredentials& peer) {
   return it->second(request, peer);
 }
 
-std::vector<Daemon::WantedExport> Daemon::wanted_exports(const config::Config& cfg) {
-  std::vector<WantedExport> out;
-  for (const auto& pf : cfg.physical_functions) {
-    std::optional<PciAddress> addr = pf.ref.address;
-    if (!addr) {
-      const std::string root = host_->simulated() ? host_->simulated()->root() : options_.sysfs_root;
-      addr = host::pci_address_of_netdev(root, pf.ref.netdev);
-    }
-    if (!addr) continue;
-    for (const auto& vf : pf.vfs)
-      if (vf.assign && vf.assign->export_kind == config::ExportKind::vfio_user)
-        out.push_back({*addr, vf.index, &pf, &*vf.assign});
-  }
-  return out;
-}
-
-namespace {
-irq::Policy policy_of(config::MsixPolicy p) {
-  switch (p) {
-    case config::MsixPolicy::direct: return irq::Policy::direct;
-    case config::MsixPolicy::relay: return irq::Policy::relay;
-    case config::MsixPolicy::adaptive: break;
-  }
-  return irq::Policy::adaptive;
-}
-}  // namespace
-
-namespace {
-// A socket a VMM connects to gets the file owner, group and mode its config
-// asks for (a VMM running as libvirt-qemu:kvm connects without root) -
-// given to the file the server made, whatever its path holds by now.
-}  // namespace
-
-void Daemon::drop_vf_exports(const config::Config* next) {
-  if (!next) {
-    for (const auto& e : vf_exports_) forget_export(e);
-    vf_exports_.clear();
-    return;
-  }
-  const auto keep = wanted_exports(*next);
-  std::erase_if(vf_exports_, [&](const VfExport& e) {
-    const bool drop = [&] {
-      for (const auto& w : keep) {
-        if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket ||
-            policy_of(w.assign->msix_policy) != e.policy || w.assign->bar_access != e.bar_access)
-          continue;
-        // Same VF, same export; its PF keeps its VFs only if num_vfs stays.
-        for (const auto& pf : config_.physical_functions)
-          if (pf.num_vfs != w.pf_cfg->num_vfs && (pf.ref == w.pf_cfg->ref)) return true;
-        return !e.server;  // one that could not be served is tried again
-      }
-      return true;
-    }();
-    if (drop) forget_export(e);
-    return drop;
-  });
-}
-
-void Daemon::forget_export(const VfExport& e) {
-  if (!e.server || e.server->fd_recipients().empty()) return;
-  auto& pids = fd_given_[e.vf];
-  for (pid_t p : e.server->fd_recipients())
-    if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
-}
-
-// The host layer's question before it unbinds a VF from vfio-pci: does a
-// process still hold its VFIO device? Only VFs whose device fd went to a
-// client are looked for (a /proc walk), and a VF nobody holds any more is
-// forgotten.
-std::string Daemon::release_holders(const PciAddress& vf) {
-  for (const auto& e : vf_exports_) forget_export(e);  // an export still up (released under it)
-  const auto given = fd_given_.find(vf.to_string());
-  if (given == fd_given_.end()) return {};
-  const auto holders = vfio::device_holders(vf.to_string(), given->second);
-  if (holders.empty()) {
-    fd_given_.erase(given);
-    return {};
-  }
-  return vfio::describe(holders);
-}
-
-void Daemon::sync_vf_exports() {
-  for (const auto& w : wanted_exports(config_)) {
-    if (host_->released(w.pf, w.index)) continue;
-    auto have = std::find_if(vf_exports_.begin(), vf_exports_.end(),
-                             [&](const VfExport& e) { return e.pf == w.pf && e.index == w.index; });
-    if (have != vf_exports_.end()) {
-      // Running: a reload's access applies to it (the next client).
-      if (have->server) {
-        have->server->set_allowed_uids(w.assign->access.allowed_uids);
-        try {
-          have->server->set_socket_access(access_of(w.assign->access));
-        } catch (const std::exception& ex) {
-          spdlog::error("vfio-user: {}", ex.what());
-        }
-      }
-      continue;
-    }
-    VfExport e;
-    e.pf = w.pf;
-    e.index = w.index;
-    e.socket = w.assign->socket;
-    e.policy = policy_of(w.assign->msix_policy);
-    try {
-      auto vf = host_->vf_address(w.pf_cfg->ref, w.index);
-      if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
-      e.vf = vf->to_string();
-      e.bar_access = w.assign->bar_access;
-      e.proxy = std::make_unique<vfio_user::VfProxy>(
-          host_->open_vf(config_, w.pf_cfg->ref, w.index), *irq_, e.policy, e.vf,
-          e.bar_access == config::BarAccess::mmap ? vfio_user::BarMapping::device_fd : vfio_user::BarMapping::trapped);
-      e.proxy->set_dma_limit(w.assign->max_dma_mib << 20U);
-      // The export's own allow-list: a VMM allowed here may not use the
-      // control API, nor an operator's uid this VMM's socket.
-      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
-      e.server->set_socket_access(access_of(w.assign->access));
-      spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(),
-                   w.index, w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
-    } catch (const std::exception& ex) {
-      e.server.reset();
-      e.proxy.reset();
-      e.not_served = ex.what();
-      spdlog::error("vfio-user: {} VF {}: not exported: {}", w.pf.to_string(), w.index, ex.what());
-    }
-    vf_exports_.push_back(std::move(e));
-  }
-}
-
 // Gives VFs back to the host until the next reload: one VF (by its own
 // address, or PF and index), or every VF of a PF the config assigns (PF
 // alone). A PF is named as the config names it, by address or by netdev,
@@ -426,17 +300,13 @@ json Daemon::release(const json& req) {
   }
   // sriovd lets go of the VFs before the host layer takes them off vfio-pci.
   const PciAddress pf_addr = *pf;
-  std::erase_if(vf_exports_, [&](const VfExport& e) {
-    if (e.pf != pf_addr || std::find(indices.begin(), indices.end(), e.index) == indices.end()) return false;
-    forget_export(e);
-    return true;
-  });
+  vf_exports_->release(pf_addr, indices);
   std::vector<host::Step> steps;
   try {
     virtio_->wait_for_vf_ports();
     steps = host_->release_vfs(config_, pf_addr, indices);
   } catch (...) {
-    sync_vf_exports();
+    vf_exports_->sync(config_);
     throw;
   }
   std::string released;
@@ -486,20 +356,16 @@ json Daemon::simulate_interrupt(const json& req) {
                                "simulate-interrupt: \"device\" (a VF address) and \"vector\" are required");
   const std::string device = req["device"].get<std::string>();
   const auto vector = req["vector"].get<uint64_t>();
-  for (const VfExport& e : vf_exports_) {
-    if (e.vf != device) continue;
-    if (!e.proxy)
-      return control::make_error(control::errc::kBadRequest,
-                                 "simulate-interrupt: " + device + " is not served: " + e.not_served);
-    if (vector >= e.proxy->msix_layout().vectors)
-      return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + device + " has " +
-                                                                 std::to_string(e.proxy->msix_layout().vectors) +
-                                                                 " MSI-X vectors");
-    const bool wired = e.proxy->route(static_cast<unsigned>(vector)).has_value();
-    if (wired) e.proxy->device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
-    return control::make_result({{"device", device}, {"vector", vector}, {"raised", wired}});
-  }
-  return control::make_error(control::errc::kBadRequest, "simulate-interrupt: no vfio-user export of VF " + device);
+  std::string why;
+  vfio_user::VfProxy* proxy = vf_exports_->proxy_of(device, why);
+  if (!proxy) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + why);
+  if (vector >= proxy->msix_layout().vectors)
+    return control::make_error(
+        control::errc::kBadRequest,
+        "simulate-interrupt: " + device + " has " + std::to_string(proxy->msix_layout().vectors) + " MSI-X vectors");
+  const bool wired = proxy->route(static_cast<unsigned>(vector)).has_value();
+  if (wired) proxy->device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
+  return control::make_result({{"device", device}, {"vector", vector}, {"raised", wired}});
 }
 
 // A VF came or went (udev/90-sriovd.rules runs `sriovctl udev-event`).
@@ -544,7 +410,7 @@ json Daemon::udev_event(const json& req) {
       try {
         const auto steps = host_->reconcile(config_);
         spdlog::info("udev: reconciled, {} change(s)", steps.size());
-        sync_vf_exports();
+        vf_exports_->sync(config_);
         update_k8s();
       } catch (const std::exception& e) {
         spdlog::error("udev: reconcile failed: {}", e.what());

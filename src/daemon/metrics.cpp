@@ -10,6 +10,7 @@
 
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
+#include "vf_exports.hpp"
 #include "virtio_exports.hpp"
 #include "control_server.hpp"
 #include "sriovd/daemon/daemon.hpp"
@@ -281,7 +282,7 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   out.push_back(std::move(build.f));
   const control::json devices = devices_json();
   vf_metrics(devices, out);
-  export_metrics(out);
+  vf_exports_->metrics(out);
   virtio_->metrics(out);
   route_metrics(out);
   Family reloads("sriovd_reloads_total", "configuration reloads, by result", MetricType::Counter);
@@ -328,26 +329,6 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
     out.push_back(std::move(closed.f));
   }
   return out;
-}
-
-// The counters below come from the stats structs themselves, by their
-// tables (util/counters.hpp), not from the control views' JSON.
-void Daemon::export_metrics(std::vector<MetricFamily>& out) const {
-  Family connected("sriovd_export_connected", "1 while a VMM is connected to the VF's vfio-user export",
-                   MetricType::Gauge);
-  TypedCounters proto("sriovd_export", vfio_user::kServerCounters);
-  TypedCounters irq("sriovd_export_interrupts", irq::kRouteCounters);
-  for (const auto& e : vf_exports_) {
-    const std::vector<std::pair<std::string, std::string>> labels = {
-        {"pf", e.pf.to_string()}, {"vf", std::to_string(e.index)}, {"device", e.vf}};
-    connected.add(labels, e.server && e.server->connected() ? 1 : 0);
-    if (!e.server) continue;
-    proto.add(labels, e.server->stats());
-    irq.add(labels, e.proxy->interrupt_totals());
-  }
-  out.push_back(std::move(connected.f));
-  proto.into(out);
-  irq.into(out);
 }
 
 void Daemon::route_metrics(std::vector<MetricFamily>& out) const {

@@ -12,9 +12,6 @@
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/k8s/device_plugin.hpp"
-#include "sriovd/vfio/holders.hpp"
-#include "sriovd/vfio_user/server.hpp"
-#include "sriovd/vfio_user/vf_proxy.hpp"
 #include "sriovd/util/polling_loop.hpp"
 #include "sriovd/util/retirer.hpp"
 #include "sriovd/util/asio.hpp"
@@ -31,6 +28,7 @@ class ControlServer;
 class HostService;
 class MetricsServer;
 class SystemdNotifier;
+class VfExports;
 class VirtioExports;
 struct PeerCredentials;
 
@@ -79,6 +77,8 @@ class Daemon {
   // What a Prometheus scrape gets (metrics.cpp); on the control thread.
   std::vector<prometheus::MetricFamily> metrics_snapshot() const;
   control::json routes_json() const;
+  // Prometheus families of the routes (metrics.cpp).
+  void route_metrics(std::vector<prometheus::MetricFamily>& out) const;
   control::json control_loop_json() const;
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
@@ -103,49 +103,8 @@ class Daemon {
   // The virtio devices, their transports and ports (src/daemon/virtio_exports.hpp).
   std::unique_ptr<VirtioExports> virtio_;
   unsigned housekeeping_ticks_ = 0;
-  // One per VF the config exports over vfio-user (assign.export).
-  struct VfExport {
-    PciAddress pf;
-    unsigned index = 0;
-    std::string vf;  // its PCI address
-    std::string socket;
-    irq::Policy policy = irq::Policy::adaptive;
-    config::BarAccess bar_access = config::BarAccess::trapped;
-    std::unique_ptr<vfio_user::VfProxy> proxy;
-    std::unique_ptr<vfio_user::Server> server;
-    std::string not_served;  // why, when it is not served
-  };
-  std::vector<VfExport> vf_exports_;
-  // Pids given a VF's device fd (bar_access: mmap), by VF address, kept
-  // past the export: such a VMM may hold the VF after it disconnects, and
-  // the host layer asks before it unbinds (release_holders).
-  std::map<std::string, std::vector<pid_t>> fd_given_;
-  // Who holds those fds, as a status shows it: surveyed on a thread of its
-  // own (a /proc walk of every process costs seconds on a busy host).
-  std::unique_ptr<vfio::HolderSurvey> holder_survey_ = std::make_unique<vfio::HolderSurvey>();
-  // The devices to survey (every fd given, by export and past it) and what
-  // the last survey of `vf` found, described.
-  std::string surveyed_holders(const std::string& vf) const;
-  void forget_export(const VfExport& e);
-  std::string release_holders(const PciAddress& vf);
-  control::json held_vfs_json() const;
-  struct WantedExport {
-    PciAddress pf;
-    unsigned index;
-    const config::PfConfig* pf_cfg;
-    const config::VfAssign* assign;
-  };
-  std::vector<WantedExport> wanted_exports(const config::Config& cfg);
-  // Exports what `config_` asks for and is not exported yet (a VF that was
-  // released, or that the host does not have, is skipped).
-  void sync_vf_exports();
-  // Closes the exports `next` does not keep as they are: a VF must be out
-  // of sriovd's hands before the host layer may unbind or destroy it.
-  void drop_vf_exports(const config::Config* next);
-  control::json vf_exports_json() const;
-  // Prometheus families of the exports, the virtio devices and the routes.
-  void export_metrics(std::vector<prometheus::MetricFamily>& out) const;
-  void route_metrics(std::vector<prometheus::MetricFamily>& out) const;
+  // The VF exports over vfio-user (src/daemon/vf_exports.hpp).
+  std::unique_ptr<VfExports> vf_exports_;
   std::unique_ptr<ControlServer> control_;
   int exit_code_ = 0;
   std::map<std::string, Command> commands_;
