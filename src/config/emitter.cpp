@@ -94,6 +94,53 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   out << YAML::EndMap << YAML::EndMap;
 }
 
+void emit_simulated(YAML::Emitter& out, const std::vector<SimulatedPf>& pfs) {
+  out << YAML::Key << "simulated" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "physical_functions" << YAML::Value << YAML::BeginSeq;
+  for (const auto& sim : pfs) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "address" << YAML::Value << YAML::DoubleQuoted << sim.address.to_string();
+    out << YAML::Key << "vendor_id" << YAML::Value << YAML::Hex << sim.vendor_id << YAML::Dec;
+    out << YAML::Key << "device_id" << YAML::Value << YAML::Hex << sim.device_id << YAML::Dec;
+    out << YAML::Key << "total_vfs" << YAML::Value << sim.total_vfs;
+    out << YAML::Key << "msix_vectors_per_vf" << YAML::Value << sim.msix_vectors_per_vf;
+    out << YAML::Key << "set_irqs_cost_us" << YAML::Value << sim.set_irqs_cost_us;
+    out << YAML::Key << "netdev" << YAML::Value << sim.netdev;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+}
+
+void emit_kubernetes(YAML::Emitter& out, const Kubernetes& k) {
+  out << YAML::Key << "kubernetes" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "device_plugin_dir" << YAML::Value << k.device_plugin_dir;
+  out << YAML::Key << "cdi_dir" << YAML::Value << k.cdi_dir;
+  out << YAML::Key << "pools" << YAML::Value << YAML::BeginSeq;
+  for (const auto& pool : k.pools) {
+    out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << pool.name;
+    if (!pool.vfs.empty()) {
+      out << YAML::Key << "vfs" << YAML::Value << YAML::BeginSeq;
+      for (const auto& v : pool.vfs)
+        out << YAML::BeginMap << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << v.pf.to_string() << YAML::Key
+            << "indexes" << YAML::Value << YAML::Flow << v.indexes << YAML::EndMap;
+      out << YAML::EndSeq;
+    }
+    if (pool.selector) {
+      const auto& sel = *pool.selector;
+      out << YAML::Key << "selector" << YAML::Value << YAML::BeginMap;
+      if (sel.pf) out << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << sel.pf->to_string();
+      if (sel.vendor_id) out << YAML::Key << "vendor_id" << YAML::Value << *sel.vendor_id;
+      if (sel.device_id) out << YAML::Key << "device_id" << YAML::Value << *sel.device_id;
+      if (sel.owner) out << YAML::Key << "owner" << YAML::Value << *sel.owner;
+      out << YAML::EndMap;
+    }
+    if (!pool.virtio_devices.empty())
+      out << YAML::Key << "virtio_devices" << YAML::Value << YAML::Flow << pool.virtio_devices;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+}
+
 }  // namespace
 
 std::string to_yaml(const Config& cfg) {
@@ -103,22 +150,7 @@ std::string to_yaml(const Config& cfg) {
   out << YAML::Key << "host" << YAML::Value << to_string(cfg.host);
   out << YAML::Key << "log_level" << YAML::Value << cfg.log_level;
   out << YAML::Key << "state_dir" << YAML::Value << cfg.state_dir;
-  if (cfg.host == HostMode::simulated) {
-    out << YAML::Key << "simulated" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "physical_functions" << YAML::Value << YAML::BeginSeq;
-    for (const auto& sim : cfg.simulated_pfs) {
-      out << YAML::BeginMap;
-      out << YAML::Key << "address" << YAML::Value << YAML::DoubleQuoted << sim.address.to_string();
-      out << YAML::Key << "vendor_id" << YAML::Value << YAML::Hex << sim.vendor_id << YAML::Dec;
-      out << YAML::Key << "device_id" << YAML::Value << YAML::Hex << sim.device_id << YAML::Dec;
-      out << YAML::Key << "total_vfs" << YAML::Value << sim.total_vfs;
-      out << YAML::Key << "msix_vectors_per_vf" << YAML::Value << sim.msix_vectors_per_vf;
-      out << YAML::Key << "set_irqs_cost_us" << YAML::Value << sim.set_irqs_cost_us;
-      out << YAML::Key << "netdev" << YAML::Value << sim.netdev;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq << YAML::EndMap;
-  }
+  if (cfg.host == HostMode::simulated) emit_simulated(out, cfg.simulated_pfs);
   out << YAML::Key << "control" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "socket" << YAML::Value << cfg.control.socket;
   if (!cfg.control.group.empty()) out << YAML::Key << "group" << YAML::Value << cfg.control.group;
@@ -131,36 +163,7 @@ std::string to_yaml(const Config& cfg) {
   if (!cfg.interrupts.cpus.empty()) out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
   out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
   out << YAML::EndMap;
-  if (cfg.kubernetes.enabled) {
-    const auto& k = cfg.kubernetes;
-    out << YAML::Key << "kubernetes" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "device_plugin_dir" << YAML::Value << k.device_plugin_dir;
-    out << YAML::Key << "cdi_dir" << YAML::Value << k.cdi_dir;
-    out << YAML::Key << "pools" << YAML::Value << YAML::BeginSeq;
-    for (const auto& pool : k.pools) {
-      out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << pool.name;
-      if (!pool.vfs.empty()) {
-        out << YAML::Key << "vfs" << YAML::Value << YAML::BeginSeq;
-        for (const auto& v : pool.vfs)
-          out << YAML::BeginMap << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << v.pf.to_string()
-              << YAML::Key << "indexes" << YAML::Value << YAML::Flow << v.indexes << YAML::EndMap;
-        out << YAML::EndSeq;
-      }
-      if (pool.selector) {
-        const auto& sel = *pool.selector;
-        out << YAML::Key << "selector" << YAML::Value << YAML::BeginMap;
-        if (sel.pf) out << YAML::Key << "pf" << YAML::Value << YAML::DoubleQuoted << sel.pf->to_string();
-        if (sel.vendor_id) out << YAML::Key << "vendor_id" << YAML::Value << *sel.vendor_id;
-        if (sel.device_id) out << YAML::Key << "device_id" << YAML::Value << *sel.device_id;
-        if (sel.owner) out << YAML::Key << "owner" << YAML::Value << *sel.owner;
-        out << YAML::EndMap;
-      }
-      if (!pool.virtio_devices.empty())
-        out << YAML::Key << "virtio_devices" << YAML::Value << YAML::Flow << pool.virtio_devices;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq << YAML::EndMap;
-  }
+  if (cfg.kubernetes.enabled) emit_kubernetes(out, cfg.kubernetes);
   if (!cfg.metrics.listen.empty()) {
     out << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "listen" << YAML::Value << YAML::DoubleQuoted << cfg.metrics.listen;

@@ -253,8 +253,19 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     sockets = kMaxQueues;
   }
 
-  // A program of ours already there: a crashed run's of this instance
-  // goes; anything else stays and is named.
+  remove_stale_program(instance, device);
+  load_program(instance, device);
+  attach_program(device);
+  for (unsigned q = 0; q < sockets; ++q) bind_queue(q, ring_size);
+  held_.assign(queues, 0);
+  active_.store(queues);
+  resteer();
+}
+
+// A program of ours already on the netdev: a crashed run's of this
+// instance goes; anything else stays and is named.
+void XdpSocket::remove_stale_program(const std::string& instance, const std::string& device) {
+  const std::string& ifname = name_;
   if (Attached a = attached_to(ifindex_); a.id != 0) {
     if (!a.ours)
       throw std::runtime_error("netdev " + ifname + " already has an XDP program ('" + a.name + "', id " +
@@ -266,7 +277,11 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
       throw_errno("netdev " + ifname + ": removing the XDP program a crashed run left (" + a.owner + ")");
     spdlog::warn("virtio {}: removed the XDP program an earlier run left on {} ({})", device, ifname, a.owner);
   }
+}
 
+// sriovd's program, loaded, with this device as its owner.
+void XdpSocket::load_program(const std::string& instance, const std::string& device) {
+  const std::string& ifname = name_;
   prog_ = std::make_unique<Program>();
   prog_->ifindex = ifindex_;
   {
@@ -296,6 +311,10 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
   const uint32_t zero = 0;
   if (bpf_map_update_elem(owner_fd, &zero, owner, BPF_ANY) != 0)
     throw_errno("AF_XDP on " + ifname + ": writing the owner map");
+}
+
+void XdpSocket::attach_program(const std::string& device) {
+  const std::string& ifname = name_;
   {
     Capture said;
     // Native mode where the driver has it; generic XDP (the kernel runs
@@ -320,11 +339,6 @@ XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, c
     }
   }
   prog_->attached = true;
-
-  for (unsigned q = 0; q < sockets; ++q) bind_queue(q, ring_size);
-  held_.assign(queues, 0);
-  active_.store(queues);
-  resteer();
 }
 
 XdpSocket::~XdpSocket() {

@@ -94,6 +94,9 @@ class XdpSocket : public virtio::PacketPort {
   static std::string owner_of(const std::string& instance, const std::string& device);
 
  private:
+  void remove_stale_program(const std::string& instance, const std::string& device);
+  void load_program(const std::string& instance, const std::string& device);
+  void attach_program(const std::string& device);
   struct Queue;
   struct Program;
   void bind_queue(unsigned q, uint32_t ring_size);
