@@ -61,6 +61,44 @@ std::string check_on_this_host(const sriovd::config::Config& cfg, const std::str
   return problem;
 }
 
+// --check-config FILE: validated, and planned against this host when its
+// PFs are here; nothing is touched.
+int check_config(const std::string& check_path, const std::string& sysfs_root) {
+  try {
+    const auto cfg = sriovd::config::load(check_path);
+    if (const std::string problem = check_on_this_host(cfg, sysfs_root); !problem.empty()) {
+      std::fprintf(stderr, "%s: valid, but this host cannot apply it: %s\n", check_path.c_str(), problem.c_str());
+      return kExitConfig;
+    }
+    std::printf("%s: OK (host %s, %zu PF(s), %zu virtio device(s))\n", check_path.c_str(),
+                sriovd::config::to_string(cfg.host), cfg.physical_functions.size(), cfg.virtio_devices.size());
+    return 0;
+  } catch (const sriovd::config::ConfigError& e) {
+    for (const auto& d : e.diagnostics()) std::fprintf(stderr, "%s\n", d.to_string().c_str());
+    std::fprintf(stderr, "%s: %zu error(s)\n", check_path.c_str(), e.diagnostics().size());
+    return kExitConfig;
+  }
+}
+
+// --pending-restore FILE: what the journal still has to give back.
+int pending_restore(const std::string& pending_path) {
+  try {
+    const auto journal = sriovd::host::StateFile(pending_path).load();
+    if (journal.ledger.empty() && !journal.txn) {
+      std::printf("%s: nothing to give back\n", pending_path.c_str());
+      return 0;
+    }
+    std::printf("%s: %zu original value(s) to restore%s\n", pending_path.c_str(), journal.ledger.entries().size(),
+                journal.txn ? ", and a transaction that did not finish" : "");
+    for (const auto& [key, original] : journal.ledger.entries())
+      std::printf("  %s: %s\n", key.to_json().dump().c_str(), original.dump().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sriovd: %s: %s\n", pending_path.c_str(), e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,40 +141,8 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  if (!check_path.empty()) {
-    try {
-      const auto cfg = sriovd::config::load(check_path);
-      if (const std::string problem = check_on_this_host(cfg, sysfs_root); !problem.empty()) {
-        std::fprintf(stderr, "%s: valid, but this host cannot apply it: %s\n", check_path.c_str(), problem.c_str());
-        return kExitConfig;
-      }
-      std::printf("%s: OK (host %s, %zu PF(s), %zu virtio device(s))\n", check_path.c_str(),
-                  sriovd::config::to_string(cfg.host), cfg.physical_functions.size(), cfg.virtio_devices.size());
-      return 0;
-    } catch (const sriovd::config::ConfigError& e) {
-      for (const auto& d : e.diagnostics()) std::fprintf(stderr, "%s\n", d.to_string().c_str());
-      std::fprintf(stderr, "%s: %zu error(s)\n", check_path.c_str(), e.diagnostics().size());
-      return kExitConfig;
-    }
-  }
-
-  if (!pending_path.empty()) {
-    try {
-      const auto journal = sriovd::host::StateFile(pending_path).load();
-      if (journal.ledger.empty() && !journal.txn) {
-        std::printf("%s: nothing to give back\n", pending_path.c_str());
-        return 0;
-      }
-      std::printf("%s: %zu original value(s) to restore%s\n", pending_path.c_str(), journal.ledger.entries().size(),
-                  journal.txn ? ", and a transaction that did not finish" : "");
-      for (const auto& [key, original] : journal.ledger.entries())
-        std::printf("  %s: %s\n", key.to_json().dump().c_str(), original.dump().c_str());
-      return 1;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "sriovd: %s: %s\n", pending_path.c_str(), e.what());
-      return 1;
-    }
-  }
+  if (!check_path.empty()) return check_config(check_path, sysfs_root);
+  if (!pending_path.empty()) return pending_restore(pending_path);
 
   const auto style =
       foreground || ::isatty(STDERR_FILENO) ? sriovd::daemon::LogStyle::human : sriovd::daemon::LogStyle::journal;
