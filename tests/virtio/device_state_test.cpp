@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sriovd/guest/virtqueue.hpp"
+#include "virtio/guest_ram.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "support/pair_port.hpp"
 #include "support/process.hpp"
@@ -24,8 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint64_t kBase = 0x10000;
-constexpr uint64_t kMemSize = 1U << 20U;
+constexpr uint64_t kBase = test::kGuestBase;
 constexpr uint64_t kRxRing = kBase, kTxRing = kBase + 0x10000;
 constexpr uint64_t kRxBufs = kBase + 0x20000, kTxBufs = kBase + 0x40000;
 constexpr uint16_t kQueueSize = 64;
@@ -35,16 +35,7 @@ constexpr unsigned kFrames = 48;  // each way
 constexpr size_t kHdr = sizeof(NetHeader);
 constexpr size_t kFrameBytes = kHdr + 64;
 
-struct Guest {
-  Guest() : ram(kMemSize + 64) {
-    host = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ram.data()) + 63) & ~uintptr_t{63});
-    mem.add_host_region(kBase, kMemSize, 0x7f0000000000ULL, host);
-  }
-  uint8_t* at(uint64_t gpa) { return host + (gpa - kBase); }
-  std::vector<uint8_t> ram;
-  uint8_t* host;
-  GuestMemory mem;
-};
+using Guest = test::GuestRam;
 
 // A frame as the port carries it: the 12-byte header, a broadcast
 // Ethernet header, the sequence number.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sriovd/guest/virtqueue.hpp"
+#include "virtio/guest_ram.hpp"
 
 namespace sriovd::virtio {
 namespace {
@@ -18,20 +19,11 @@ using guest::Buffer;
 using guest::PackedDriver;
 using guest::SplitDriver;
 
-constexpr uint64_t kBase = 0x10000;       // guest address of the memory below
-constexpr uint64_t kMemSize = 1U << 20U;  // 1 MiB of "guest RAM"
+constexpr uint64_t kBase = test::kGuestBase;
+constexpr uint64_t kMemSize = test::kGuestRamSize;
 constexpr uint64_t kData = kBase + 0x80000;
 
-struct Guest {
-  Guest() : ram(kMemSize + 64) {
-    host = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ram.data()) + 63) & ~uintptr_t{63});
-    mem.add_host_region(kBase, kMemSize, 0x7f0000000000ULL, host);
-  }
-  uint8_t* at(uint64_t gpa) { return host + (gpa - kBase); }
-  std::vector<uint8_t> ram;
-  uint8_t* host;
-  GuestMemory mem;
-};
+using Guest = test::GuestRam;
 
 template <bool Packed>
 struct Rig {
