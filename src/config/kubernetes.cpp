@@ -37,6 +37,40 @@ void Loader::read_kubernetes(const YAML::Node& node) {
   check_pool_members();
 }
 
+// One entry of a pool's vfs: a PF and the indexes of its VFs, each assigned
+// with 'export: none' (a pod takes the VF whole).
+void Loader::read_pool_vfs(const YAML::Node& n, const std::string& p, ResourcePool& pool) {
+  Mapping v(ctx_, n, p, {"pf", "indexes"});
+  if (!v.valid()) return;
+  auto pf_name = v.string("pf", true);
+  if (!pf_name) return;
+  const PfConfig* pf = find_pf(v, *pf_name);
+  if (!pf) return;
+  PoolVfs vfs{pf->ref, {}};
+  for_each_item(ctx_, v, "indexes", [&](const YAML::Node& i, const std::string& ip) {
+    auto idx = Mapping::unsigned_value(ctx_, i, ip, 0, 255);
+    if (!idx) return;
+    const VfConfig* vf = nullptr;
+    for (const auto& c : pf->vfs)
+      if (c.index == *idx) vf = &c;
+    if (!vf || !vf->assign) {
+      ctx_.error(i, ip,
+                 "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() +
+                     " is not assigned (a pool's VFs are bound to vfio-pci: vfs[].assign with 'export: none')");
+      return;
+    }
+    if (vf->assign->export_kind != ExportKind::none) {
+      ctx_.error(i, ip,
+                 "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() + " is exported over vfio-user to '" +
+                     vf->assign->owner + "'; a pool's VFs go to pods whole ('export: none')");
+      return;
+    }
+    vfs.indexes.push_back(static_cast<uint16_t>(*idx));
+  });
+  if (!v.has("indexes")) v.get("indexes", true);
+  pool.vfs.push_back(std::move(vfs));
+}
+
 void Loader::read_pool(const YAML::Node& node, const std::string& path) {
   Mapping m(ctx_, node, path, {"name", "vfs", "selector", "virtio_devices"});
   if (!m.valid()) return;
@@ -58,37 +92,7 @@ void Loader::read_pool(const YAML::Node& node, const std::string& path) {
       return;
     }
   pool.name = *name;
-  for_each_item(ctx_, m, "vfs", [&](const YAML::Node& n, const std::string& p) {
-    Mapping v(ctx_, n, p, {"pf", "indexes"});
-    if (!v.valid()) return;
-    auto pf_name = v.string("pf", true);
-    if (!pf_name) return;
-    const PfConfig* pf = find_pf(v, *pf_name);
-    if (!pf) return;
-    PoolVfs vfs{pf->ref, {}};
-    for_each_item(ctx_, v, "indexes", [&](const YAML::Node& i, const std::string& ip) {
-      auto idx = Mapping::unsigned_value(ctx_, i, ip, 0, 255);
-      if (!idx) return;
-      const VfConfig* vf = nullptr;
-      for (const auto& c : pf->vfs)
-        if (c.index == *idx) vf = &c;
-      if (!vf || !vf->assign) {
-        ctx_.error(i, ip,
-                   "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() +
-                       " is not assigned (a pool's VFs are bound to vfio-pci: vfs[].assign with 'export: none')");
-        return;
-      }
-      if (vf->assign->export_kind != ExportKind::none) {
-        ctx_.error(i, ip,
-                   "VF " + std::to_string(*idx) + " of PF " + pf->ref.to_string() + " is exported over vfio-user to '" +
-                       vf->assign->owner + "'; a pool's VFs go to pods whole ('export: none')");
-        return;
-      }
-      vfs.indexes.push_back(static_cast<uint16_t>(*idx));
-    });
-    if (!v.has("indexes")) v.get("indexes", true);
-    pool.vfs.push_back(std::move(vfs));
-  });
+  for_each_item(ctx_, m, "vfs", [&](const YAML::Node& n, const std::string& p) { read_pool_vfs(n, p, pool); });
   if (m.has("selector")) {
     Mapping s(ctx_, m.get("selector", false), m.path_of("selector"), {"pf", "vendor_id", "device_id", "owner"});
     if (s.valid()) {

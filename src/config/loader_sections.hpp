@@ -41,6 +41,7 @@ class Loader {
   // kubernetes.cpp
   void read_kubernetes(const YAML::Node& node);
   void read_pool(const YAML::Node& node, const std::string& path);
+  void read_pool_vfs(const YAML::Node& n, const std::string& p, ResourcePool& pool);
   void check_pool_members();
 
   // virtio_devices.cpp
