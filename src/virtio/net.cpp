@@ -1,22 +1,14 @@
 #include "sriovd/virtio/net.hpp"
 
 #include <linux/if_tun.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstring>
-#include <tuple>
 #include <utility>
 #include <stdexcept>
-
-#include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/eventfd.hpp"

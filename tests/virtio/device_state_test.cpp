@@ -157,15 +157,7 @@ class DeviceStateRoundTrip : public ::testing::Test {
   std::vector<unsigned> slot_of_id = std::vector<unsigned>(kQueueSize, 0);
 };
 
-using Kinds = ::testing::Types<std::false_type, std::true_type>;
-class KindNames {
- public:
-  template <typename T>
-  static std::string GetName(int) {
-    return T::value ? "packed" : "split";
-  }
-};
-TYPED_TEST_SUITE(DeviceStateRoundTrip, Kinds, KindNames);
+TYPED_TEST_SUITE(DeviceStateRoundTrip, test::RingKinds, test::RingKindNames);
 
 TYPED_TEST(DeviceStateRoundTrip, ARunningDeviceSavedAndRestoredLosesAndRepeatsNothing) {
   auto owned = std::make_unique<test::PairPort>();

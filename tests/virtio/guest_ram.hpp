@@ -1,8 +1,12 @@
 #pragma once
-// 1 MiB of "guest RAM" at guest address kGuestBase, 64-byte aligned, as the
+// What the virtio tests share: 1 MiB of "guest RAM" at guest address kGuestBase, 64-byte aligned, as the
 // device's GuestMemory sees it: what the virtio tests lay rings and buffers in.
 #include <cstdint>
+#include <string>
+#include <type_traits>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "sriovd/virtio/guest_memory.hpp"
 
@@ -20,6 +24,16 @@ struct GuestRam {
   std::vector<uint8_t> ram;
   uint8_t* host;
   virtio::GuestMemory mem;
+};
+
+// Typed tests over both ring layouts: false_type split, true_type packed.
+using RingKinds = ::testing::Types<std::false_type, std::true_type>;
+class RingKindNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return T::value ? "Packed" : "Split";
+  }
 };
 
 }  // namespace sriovd::test

@@ -45,15 +45,7 @@ struct Rig {
 
 template <typename T>
 class Rings : public ::testing::Test {};
-using Kinds = ::testing::Types<std::false_type, std::true_type>;
-class KindNames {
- public:
-  template <typename T>
-  static std::string GetName(int) {
-    return T::value ? "Packed" : "Split";
-  }
-};
-TYPED_TEST_SUITE(Rings, Kinds, KindNames);
+TYPED_TEST_SUITE(Rings, test::RingKinds, test::RingKindNames);
 
 TYPED_TEST(Rings, EmptyRingHasNothing) {
   Rig<TypeParam::value> r;
