@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/hex.hpp"
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/peer_session.hpp"
@@ -64,7 +65,10 @@ const char* request_name(uint32_t r) {
 namespace {
 
 constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kProtoBackendReq | kProtoResetDevice |
-                                      kProtoStatus | kProtoConfig | kProtoConfigureMemSlots | kProtoInflightShmfd;
+                                      kProtoStatus | kProtoConfig | kProtoConfigureMemSlots | kProtoInflightShmfd |
+                                      kProtoLogShmfd | kProtoRarp;
+// A dirty log for a guest of up to 32 TiB (one bit per 4 KiB page).
+constexpr uint64_t kMaxLogBytes = 1ULL << 30U;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
 constexpr uint32_t kConfigHeader = 12;        // offset, size, flags before the config bytes
 
@@ -213,8 +217,9 @@ Backend::~Backend() {
   retry_.cancel();
   listener_.reset();  // the socket file goes with it (server mode)
   device_.stop();
-  device_.wait_for_workers();  // guest memory and the inflight buffer are ours, freed below
+  device_.wait_for_workers();  // guest memory, the inflight buffer and the log are ours, freed below
   drop_inflight();
+  drop_log();
   device_.reset();
   for (unsigned q = 0; q < device_.num_queues(); ++q) device_.set_queue_interrupt(q, std::nullopt);  // routes go next
 }
@@ -241,6 +246,7 @@ void Backend::on_message(FramedReader& reader) {
   if (peer_mapping_faults() != faults_seen_) {
     faults_seen_ = peer_mapping_faults();
     if (inflight_guard_.faulted()) throw ProtocolError("the front-end truncated its inflight buffer under the mapping");
+    if (log_guard_.faulted()) throw ProtocolError("the front-end truncated its dirty log under the mapping");
   }
   ++stats_.messages;
   handle(m);
@@ -260,6 +266,10 @@ void Backend::ack(const Message& m, uint64_t status) {
 }
 
 void Backend::try_start() {
+  // Logging asked for and no log yet (QEMU sends SET_FEATURES before
+  // SET_LOG_BASE when it starts a device during a migration): a write now
+  // would be one the destination never gets.
+  if (log_all_ && !log_) return;
   if (!device_.running()) device_.start();
 }
 
@@ -287,7 +297,9 @@ const Backend::Request* Backend::request_of(uint32_t request) {
       {kSetProtocolFeatures, 8, 0, &Backend::set_protocol_features},
       {kGetQueueNum, 0, 0, &Backend::get_queue_num},
       {kSetVringEnable, sizeof(VringState), 0, &Backend::set_vring_enable},
-      {kSendRarp, 8, 0, &Backend::nothing},
+      {kSetLogBase, sizeof(LogDesc), 1, &Backend::set_log_base},
+      {kSetLogFd, 0, 1, &Backend::set_log_fd},
+      {kSendRarp, 8, 0, &Backend::send_rarp},
       {kNetSetMtu, 8, 0, &Backend::nothing},
       {kSetBackendReqFd, 0, 1, &Backend::set_backend_req_fd},
       {kIotlbMsg, sizeof(IotlbMsg), 0, &Backend::iotlb_request},
@@ -338,7 +350,7 @@ unsigned Backend::queue_index(const Message& m, uint32_t index) const {
 bool Backend::nothing(Message& /*m*/) { return false; }
 
 bool Backend::get_features(Message& m) {
-  const uint64_t f = device_.offered_features() | kFeatureProtocolFeatures;
+  const uint64_t f = device_.offered_features() | kFeatureProtocolFeatures | kFeatureLogAll;
   reply(m, &f, sizeof f);
   return true;
 }
@@ -346,21 +358,31 @@ bool Backend::get_features(Message& m) {
 bool Backend::set_features(Message& m) {
   const auto f = payload_as<uint64_t>(m.payload);
   device_.stop();
-  device_.set_features(f & ~kFeatureProtocolFeatures);
+  device_.set_features(f & ~(kFeatureProtocolFeatures | kFeatureLogAll));
   protocol_negotiated_ = f & kFeatureProtocolFeatures;
   // ACCESS_PLATFORM: ring and buffer addresses are IOVAs from now on.
   access_platform_ = device_.features() & virtio::kAccessPlatform;
   memory_.set_iotlb(access_platform_ ? &iotlb_ : nullptr);
+  // LOG_ALL on: a migration started (or goes on across a reconnect); off:
+  // it ended or was cancelled.
+  log_all_ = f & kFeatureLogAll;
+  install_log();
   return false;
 }
 
+// RARP only where there is a wire to send it on (a network device).
+uint64_t Backend::offered_protocol() const {
+  return device_.device_id() == virtio::kDeviceIdNet ? kOfferedProtocol : kOfferedProtocol & ~kProtoRarp;
+}
+
 bool Backend::get_protocol_features(Message& m) {
-  reply(m, &kOfferedProtocol, sizeof kOfferedProtocol);
+  const uint64_t f = offered_protocol();
+  reply(m, &f, sizeof f);
   return true;
 }
 
 bool Backend::set_protocol_features(Message& m) {
-  protocol_features_ = payload_as<uint64_t>(m.payload) & kOfferedProtocol;
+  protocol_features_ = payload_as<uint64_t>(m.payload) & offered_protocol();
   return false;
 }
 
@@ -394,6 +416,7 @@ bool Backend::set_mem_table(Message& m) {
     memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
   }
   device_.set_memory(&memory_);
+  install_log();  // the log must cover the new table
   return false;
 }
 
@@ -417,6 +440,12 @@ bool Backend::set_vring_addr(Message& m) {
   }
   device_.stop();
   device_.set_queue_rings(q, rings);
+  // VHOST_VRING_F_LOG: the ring's own writes are logged, its used ring at
+  // log_guest_addr. With an IOTLB that address is an IOVA (QEMU gives the
+  // ring's address as the driver wrote it): logged by host pointer instead.
+  std::optional<uint64_t> log;
+  if (a.flags & kVringFlagLog) log = access_platform_ ? virtio::RingLog::kByHost : a.log;
+  device_.set_queue_log(q, log);
   return false;
 }
 
@@ -516,6 +545,7 @@ bool Backend::mem_reg(Message& m) {
     throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
   }
   device_.set_memory(&memory_);
+  install_log();
   return false;
 }
 
@@ -614,6 +644,109 @@ void Backend::drop_inflight() {
   inflight_map_len_ = 0;
 }
 
+// SET_LOG_BASE (LOG_SHMFD): the dirty log of a live migration, in the
+// front-end's memory. Checked and mapped as the inflight buffer is (the
+// front-end may truncate it: guarded); the old log goes with the workers
+// stopped, since after the reply the front-end reads only the new one and
+// frees the old. QEMU waits for the reply (no payload).
+bool Backend::set_log_base(Message& m) {
+  if (!(protocol_features_ & kProtoLogShmfd))
+    throw ProtocolError("SET_LOG_BASE without VHOST_USER_PROTOCOL_F_LOG_SHMFD negotiated");
+  const auto d = payload_as<LogDesc>(m.payload);
+  const std::string what =
+      "SET_LOG_BASE of " + std::to_string(d.mmap_size) + " bytes at offset " + std::to_string(d.mmap_offset);
+  if (d.mmap_size == 0 || d.mmap_size > kMaxLogBytes)
+    throw ProtocolError(what + ": a log is 1 to " + std::to_string(kMaxLogBytes) + " bytes");
+  if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.mmap_offset, d.mmap_size); !problem.empty())
+    throw ProtocolError(what + ": " + problem);
+  const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
+  if (p == MAP_FAILED) throw SystemError(errno, device_.name() + ": mapping the dirty log");
+  PeerMapping guard;
+  try {
+    guard = PeerMapping(p, len);
+  } catch (...) {
+    ::munmap(p, len);
+    throw;
+  }
+  device_.stop();
+  if (device_.wedged()) {
+    guard = PeerMapping();
+    ::munmap(p, len);
+    throw ProtocolError(what + ": the device's worker did not stop and may still write the old log");
+  }
+  drop_log();
+  log_map_ = static_cast<uint8_t*>(p);
+  log_map_len_ = len;
+  log_guard_ = std::move(guard);
+  log_ = std::make_unique<virtio::DirtyLog>(log_map_ + d.mmap_offset, d.mmap_size, memory_);
+  if (log_fd_) log_->set_notify_fd(log_fd_.get());
+  ++stats_.log_bases;
+  install_log();
+  spdlog::info("vhost-user: {}: dirty log of {} bytes (guest addresses below 0x{:x})", device_.name(), d.mmap_size,
+               log_->covers());
+  reply(m, nullptr, 0);
+  return true;
+}
+
+// SET_LOG_FD: an eventfd the device signals after publishing writes it
+// logged (the front-end may wait on it instead of polling the log).
+bool Backend::set_log_fd(Message& m) {
+  UniqueFd fd = checked_peer_eventfd(std::move(m.fds[0]), "SET_LOG_FD");
+  device_.stop();
+  if (device_.wedged()) throw ProtocolError("SET_LOG_FD: the device's worker did not stop");
+  log_fd_ = std::move(fd);
+  if (log_) log_->set_notify_fd(log_fd_.get());
+  return false;
+}
+
+// The log is guest memory's (and so the device's) while VHOST_F_LOG_ALL is
+// negotiated and a log is mapped, and it must cover every region (QEMU
+// grows it before it adds memory, shrinks it after). Changed with the
+// workers stopped: rings and workers take it when they start.
+void Backend::install_log() {
+  const virtio::DirtyLog* want = log_all_ ? log_.get() : nullptr;
+  if (want) {
+    for (const virtio::MemoryRegion& r : memory_.regions())
+      if (r.guest_addr + r.size > want->covers())
+        throw ProtocolError("the dirty log of " + std::to_string(want->bytes()) +
+                            " bytes covers guest addresses below " + hex(want->covers()) + "; the memory region at " +
+                            hex(r.guest_addr) + " ends at " + hex(r.guest_addr + r.size));
+  }
+  if (memory_.dirty_log() == want) return;
+  device_.stop();
+  if (device_.wedged()) throw ProtocolError("the device's worker did not stop: its dirty log cannot change under it");
+  memory_.set_dirty_log(want);
+  spdlog::info("vhost-user: {}: dirty logging {}", device_.name(), want ? "on (a live migration)" : "off");
+}
+
+void Backend::drop_log() {
+  device_.stop();
+  if (device_.wedged()) return;  // its worker may still mark pages in it
+  memory_.set_dirty_log(nullptr);
+  log_.reset();
+  log_guard_ = PeerMapping();  // unregistered before the address can be reused
+  if (log_map_) ::munmap(log_map_, log_map_len_);
+  log_map_ = nullptr;
+  log_map_len_ = 0;
+}
+
+// SEND_RARP (PROTOCOL_F_RARP): the front-end, on the migration's
+// destination, asks for the guest to be announced - a guest without
+// VIRTIO_NET_F_GUEST_ANNOUNCE does not do it itself - so the switches learn
+// where its MAC is now.
+bool Backend::send_rarp(Message& m) {
+  if (!(protocol_features_ & kProtoRarp))
+    throw ProtocolError("SEND_RARP without VHOST_USER_PROTOCOL_F_RARP negotiated");
+  std::array<uint8_t, 6> mac{};
+  std::memcpy(mac.data(), m.payload.data(), mac.size());
+  if (!device_.announce(mac)) throw ProtocolError("SEND_RARP to a device with no wire");
+  ++stats_.rarps;
+  spdlog::info("vhost-user: {}: announcing {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} on the wire (SEND_RARP)",
+               device_.name(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+  return false;
+}
+
 // The connection ended (PeerConnection: the peer closed, a malformed
 // message, a deadline, a handler that threw): the device stops and
 // forgets the session.
@@ -633,7 +766,7 @@ void Backend::on_end(const std::string& why) {
   in_->fds.clear();
   device_.stop();
   if (device_.wedged()) {
-    // Memory, IOTLB and inflight buffer stay mapped for the stuck worker;
+    // Memory, IOTLB, inflight buffer and log stay mapped for the stuck worker;
     // the next front-end's first message finishes this (on_message).
     release_pending_ = true;
   } else {
@@ -646,6 +779,9 @@ void Backend::on_end(const std::string& why) {
 void Backend::release_session() {
   release_pending_ = false;
   drop_inflight();
+  drop_log();
+  log_all_ = false;
+  log_fd_.reset();
   device_.reset();
   calls_.clear();
   memory_.clear();

@@ -168,9 +168,10 @@ std::unique_ptr<Virtqueue> QueueDevice::make_ring(unsigned index) {
     region = inflight_ + index * inflight_queue_bytes(inflight_queue_size_);
   }
   const bool event_idx = features_ & kRingEventIdx;
+  const RingLog log{q.log ? memory_->dirty_log() : nullptr, q.log.value_or(RingLog::kByHost)};
   auto ring = (features_ & kRingPacked)
-                  ? make_packed_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region)
-                  : make_split_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region);
+                  ? make_packed_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region, log)
+                  : make_split_queue(*memory_, q.size, q.rings, event_idx, Barriers::one_way, q.base, region, log);
   q.stats->resubmitted.fetch_add(ring->recovered(), std::memory_order_relaxed);
   return ring;
 }
@@ -285,6 +286,7 @@ void QueueDevice::reset() {
     queue.base = 0;
     queue.kick.reset();
     queue.enabled = false;
+    queue.log.reset();
   }
   features_ = 0;
   memory_ = nullptr;

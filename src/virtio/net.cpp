@@ -97,8 +97,9 @@ struct NetDevice::Worker : QueueDevice::Worker {
   // Queues whose last pass ran out of budget: served again after the next
   // look at the stop event, without waiting for a kick.
   bool tx_more = false, rx_more = false, ctrl_more = false;
-  uint64_t faults_seen = 0;  // peer_mapping_faults() when last looked at
-  RxHold* rx = nullptr;      // the pair's received packet waiting for buffers (outlives the worker)
+  uint64_t faults_seen = 0;       // peer_mapping_faults() when last looked at
+  RxHold* rx = nullptr;           // the pair's received packet waiting for buffers (outlives the worker)
+  const DirtyLog* log = nullptr;  // guest memory's dirty log when the worker started (migration), or none
   // Preallocated: nothing on the data path allocates.
   std::array<Chain, kMaxChains> chains{};
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
@@ -169,8 +170,12 @@ uint64_t NetDevice::offered_features() const {
   if (config_.control_queue) {
     f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr;
     if (config_.queue_pairs > 1) f |= kNetMq;  // MQ needs the control queue (§5.1.3.1)
-  } else if (config_.queue_pairs > 1) {
-    f |= kNetMq;  // vhost-user: the VMM's control queue, SET_VRING_ENABLE per pair
+  } else {
+    // vhost-user: the VMM's control queue, SET_VRING_ENABLE per pair, and
+    // the VMM's guest announcement after a migration (offered, QEMU lets
+    // the guest announce itself instead of asking for SEND_RARP).
+    f |= kNetGuestAnnounce;
+    if (config_.queue_pairs > 1) f |= kNetMq;
   }
   if (config_.offloads) f |= kNetCsum | kNetGuestCsum | kNetHostTso4 | kNetHostTso6 | kNetGuestTso4 | kNetGuestTso6;
   return f;
@@ -228,6 +233,7 @@ void NetDevice::start() {
     auto w = std::make_unique<Worker>();
     w->group = p;
     w->rx = rx_hold_[p].get();
+    w->log = memory_->dirty_log();
     w->tap_fd = tap_->fd(p);
     w->room_fd = tap_->room_fd(p);
     prepare_worker(*w);
@@ -344,6 +350,7 @@ void NetDevice::run_pair(Worker& w) {
   do_tx(w);
   do_rx(w);
   if (w.group == 0) do_ctrl(w);
+  if (w.group == 0) send_announcement(w);
   epoll_event events[8];
   for (;;) {
     // Work left over from a pass that hit its budget: look for events (the
@@ -359,6 +366,7 @@ void NetDevice::run_pair(Worker& w) {
           do_tx(w);
           do_rx(w);
           if (w.group == 0) do_ctrl(w);
+          if (w.group == 0) send_announcement(w);
           break;
         case kEvTxKick:
           if (!take_kick(2 * w.group + 1)) return;
@@ -523,6 +531,7 @@ void NetDevice::deliver_rx(Worker& w, Queue& q, unsigned used) {
       Segment& seg = w.segs[c * kSegsPerChain + s];
       const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
       std::memcpy(seg.data, w.rx->data + off, n);
+      if (w.log) w.log->mark_host(seg.data, n);  // before add_used hands it over
       off += n;
       written += static_cast<uint32_t>(n);
     }
@@ -599,6 +608,46 @@ bool NetDevice::do_rx(Worker& w) {
   return delivered;
 }
 
+bool NetDevice::announce(const std::array<uint8_t, 6>& mac) {
+  {
+    std::lock_guard lock(announce_mutex_);
+    uint8_t* f = announcement_.data() + kHeader;  // the virtio-net header: zeros, no offload
+    std::memset(f, 0xff, 6);                      // broadcast
+    std::memcpy(f + 6, mac.data(), 6);
+    const uint8_t rarp[] = {0x80, 0x35,   // ethertype RARP
+                            0x00, 0x01,   // hardware: Ethernet
+                            0x08, 0x00,   // protocol: IPv4
+                            6,    4,      // address lengths
+                            0x00, 0x03};  // request reverse
+    std::memcpy(f + 12, rarp, sizeof rarp);
+    std::memcpy(f + 22, mac.data(), 6);  // sender: the guest, no IP
+    std::memset(f + 28, 0, 4);
+    std::memcpy(f + 32, mac.data(), 6);  // target: the guest, no IP
+    std::memset(f + 38, 0, 22);          // to the 60-byte minimum
+  }
+  announce_pending_.store(true, std::memory_order_release);
+  poke(0);  // no worker yet: the first pair's sends it when it starts
+  return true;
+}
+
+void NetDevice::send_announcement(Worker& w) {
+  if (!announce_pending_.exchange(false, std::memory_order_acquire)) return;
+  std::array<uint8_t, 12 + 60> frame;
+  {
+    std::lock_guard lock(announce_mutex_);
+    frame = announcement_;
+  }
+  const iovec iov{frame.data(), frame.size()};
+  Queue& tx = queues_[2 * w.group + 1];
+  if (tap_->send(w.group, &iov, 1) < 0) {
+    tx.stats->dropped.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    tx.stats->packets.fetch_add(1, std::memory_order_relaxed);
+    tx.stats->bytes.fetch_add(frame.size() - kHeader, std::memory_order_relaxed);
+  }
+  tap_->flush(w.group);
+}
+
 // The control queue (§5.1.6.5): class, command, data in device-readable
 // buffers; one ack byte in the first device-writable one.
 void NetDevice::do_ctrl(Worker& w) {
@@ -629,6 +678,7 @@ void NetDevice::do_ctrl(Worker& w) {
                               ? control_command(w.ctrl_buf[0], w.ctrl_buf[1], w.ctrl_buf.data() + 2, len - 2)
                               : kCtrlErr;
       *w.ctrl_segs[c.readable].data = ack;
+      if (w.log) w.log->mark_host(w.ctrl_segs[c.readable].data, 1);
       written = 1;
     }
     q.stats->packets.fetch_add(1, std::memory_order_relaxed);

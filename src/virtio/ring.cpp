@@ -206,8 +206,8 @@ template <Barriers B>
 class SplitQueue final : public Virtqueue {
  public:
   SplitQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base,
-             uint8_t* inflight)
-      : mem_(mem), size_(size), event_idx_(event_idx) {
+             uint8_t* inflight, RingLog log)
+      : mem_(mem), size_(size), event_idx_(event_idx), log_(log) {
     const RingLayout l = split_layout(size);
     desc_ = reinterpret_cast<SplitDesc*>(mem.translate(rings.desc, l.desc_bytes));
     avail_ = reinterpret_cast<uint16_t*>(mem.translate(rings.driver, l.driver_bytes));
@@ -268,10 +268,13 @@ class SplitQueue final : public Virtqueue {
       publish(header_->last_batch_head, c.id);
     }
     const UsedElem e{c.id, written};
-    std::memcpy(used_ + 4 + (used_idx_ % size_) * sizeof(UsedElem), &e, sizeof e);
+    uint8_t* elem = used_ + 4 + (used_idx_ % size_) * sizeof(UsedElem);
+    std::memcpy(elem, &e, sizeof e);
+    if (log_.log) log_device(elem, sizeof e);  // before the index hands it over
     ++used_idx_;
     if (track_) {
       store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+      if (log_.log) log_device(used_ + 2, 2);
       published_ = used_idx_;
       publish<uint8_t>(track_[c.id].inflight, 0);
       publish(header_->used_idx, used_idx_);
@@ -281,6 +284,7 @@ class SplitQueue final : public Virtqueue {
   void publish_used() override {
     if (published_ == used_idx_) return;
     store_release<B>(*reinterpret_cast<uint16_t*>(used_ + 2), used_idx_);
+    if (log_.log) log_device(used_ + 2, 2);
     published_ = used_idx_;
   }
 
@@ -288,8 +292,10 @@ class SplitQueue final : public Virtqueue {
     if (event_idx_) {
       std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_ + 4 + 8 * size_))
           .store(last_avail_, std::memory_order_relaxed);
+      if (log_.log) log_device(used_ + 4 + 8 * size_, 2);
     } else {
       std::atomic_ref<uint16_t>(*reinterpret_cast<uint16_t*>(used_)).store(0, std::memory_order_relaxed);
+      if (log_.log) log_device(used_, 2);
     }
     // The driver must see the request before we look for its buffers (§2.7.10).
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -308,6 +314,14 @@ class SplitQueue final : public Virtqueue {
   }
 
  private:
+  // A write into the used ring, logged at the guest address the front-end
+  // gave for it, or by its host pointer.
+  void log_device(const uint8_t* p, uint64_t len) const {
+    if (log_.device_area == RingLog::kByHost)
+      log_.log->mark_host(p, len);
+    else
+      log_.log->mark_gpa(log_.device_area + static_cast<uint64_t>(p - used_), len);
+  }
   // The chain whose head is `head`, into `c`/`segs`.
   bool walk(uint16_t head, Chain& c, std::span<Segment> segs) {
     if (head >= size_) return fail(RingError::bad_head);
@@ -393,14 +407,15 @@ class SplitQueue final : public Virtqueue {
   uint64_t counter_ = 1;
   std::vector<uint16_t> resubmit_;
   size_t resubmit_pos_ = 0;
+  RingLog log_;
 };
 
 template <Barriers B>
 class PackedQueue final : public Virtqueue {
  public:
   PackedQueue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings, bool event_idx, uint32_t base,
-              uint8_t* inflight)
-      : mem_(mem), size_(size), event_idx_(event_idx) {
+              uint8_t* inflight, RingLog log)
+      : mem_(mem), size_(size), event_idx_(event_idx), log_(log) {
     // The device writes used descriptors back into the ring (§2.8.2).
     desc_ = reinterpret_cast<PackedDesc*>(mem.translate_rw(rings.desc, 16ULL * size));
     driver_ = reinterpret_cast<EventSuppress*>(mem.translate(rings.driver, 4));
@@ -410,7 +425,16 @@ class PackedQueue final : public Virtqueue {
       throw std::invalid_argument("packed ring parts are misaligned (§2.8.10: 16, 4, 4)");
     if (misaligned(desc_, 16) || misaligned(driver_, 4) || misaligned(device_, 4))
       throw std::invalid_argument(kHostMisaligned);
-    if (base != 0) {
+    if (base == 0) {
+      // Two positions read 0: a fresh ring (what some front-ends send for
+      // one), and slot 0 on the second lap with both wrap counters 0 (where
+      // GET_VRING_BASE, or this device's own stop, may leave it). Slot 0
+      // tells them apart: its used bit is set only once the device has
+      // gone round the ring (used 1/1 on the first lap, available 0/1 on
+      // the second); a fresh ring's slot 0 is 0/0 or available 1/0.
+      if (std::atomic_ref<uint16_t>(desc_[0].flags).load(std::memory_order_acquire) & kPackedUsed)
+        avail_wrap_ = used_wrap_ = false;
+    } else {
       next_avail_ = base & 0x7fffU;
       avail_wrap_ = (base >> 15U) & 1U;
       // The used half is optional (front-ends that send only the low half
@@ -491,6 +515,7 @@ class PackedQueue final : public Virtqueue {
   void publish_used() override {
     if (!pending_) return;
     store_release<B>(*pending_, pending_flags_);
+    if (log_.log) log_.log->mark_host(pending_, 2);
     pending_ = nullptr;
   }
 
@@ -522,14 +547,17 @@ class PackedQueue final : public Virtqueue {
       // The burst's first: its flags are what publish_used() stores.
       pending_ = &d.flags;
       pending_flags_ = flags;
+      if (log_.log) log_.log->mark_host(&d, sizeof d);
       return;
     }
     if (!track_) {
       // Behind the first, which the driver reads before this one.
       std::atomic_ref<uint16_t>(d.flags).store(flags, std::memory_order_relaxed);
+      if (log_.log) log_.log->mark_host(&d, sizeof d);
       return;
     }
     store_release<B>(d.flags, flags);
+    if (log_.log) log_.log->mark_host(&d, sizeof d);
     publish<uint8_t>(track_[c.inflight_entry].inflight, 0);
     header_->old_free_head = header_->free_head;
     header_->old_used_wrap_counter = used_wrap_;
@@ -543,6 +571,12 @@ class PackedQueue final : public Virtqueue {
       std::atomic_ref<uint16_t>(device_->flags).store(kEventDesc, std::memory_order_relaxed);
     } else {
       std::atomic_ref<uint16_t>(device_->flags).store(kEventEnable, std::memory_order_relaxed);
+    }
+    if (log_.log) {  // the device event suppression: the packed ring's "used" area for the log
+      if (log_.device_area == RingLog::kByHost)
+        log_.log->mark_host(device_, sizeof *device_);
+      else
+        log_.log->mark_gpa(log_.device_area, sizeof *device_);
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);  // §2.8.21
     return available(load_acquire<B>(desc_[next_avail_].flags), avail_wrap_);
@@ -710,6 +744,7 @@ class PackedQueue final : public Virtqueue {
   uint64_t counter_ = 1;
   std::vector<Resubmit> resubmit_;
   size_t resubmit_pos_ = 0;
+  RingLog log_;
 };
 
 void check_size(uint16_t size, bool split) {
@@ -721,19 +756,21 @@ void check_size(uint16_t size, bool split) {
 }  // namespace
 
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                            bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight) {
+                                            bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight,
+                                            RingLog log) {
   check_size(size, true);
   if (barriers == Barriers::one_way)
-    return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight);
-  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight);
+    return std::make_unique<SplitQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight, log);
+  return std::make_unique<SplitQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight, log);
 }
 
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
-                                             bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight) {
+                                             bool event_idx, Barriers barriers, uint32_t base, uint8_t* inflight,
+                                             RingLog log) {
   check_size(size, false);
   if (barriers == Barriers::one_way)
-    return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight);
-  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight);
+    return std::make_unique<PackedQueue<Barriers::one_way>>(mem, size, rings, event_idx, base, inflight, log);
+  return std::make_unique<PackedQueue<Barriers::full_fence>>(mem, size, rings, event_idx, base, inflight, log);
 }
 
 }  // namespace sriovd::virtio

@@ -132,6 +132,73 @@ TYPED_TEST(Rings, ManyLapsAroundASmallRing) {
   }
 }
 
+// A device stopped and started again (a feature change, a new log, the
+// rings handed to another back-end) continues from base(), wherever the
+// ring stands - every slot of three laps, the two lap boundaries among
+// them (packed: position 0 with wrap counters 0 reads as base 0, as a
+// fresh ring does).
+TYPED_TEST(Rings, ARingRestartedFromItsBaseAnywhereGoesOn) {
+  constexpr uint16_t kSize = 4;
+  Rig<TypeParam::value> r(kSize);
+  for (int i = 0; i < 3 * kSize; ++i) {
+    const uint32_t base = r.queue->base();
+    r.queue = TypeParam::value ? make_packed_queue(r.g.mem, kSize, r.driver.addresses(), false, Barriers::one_way, base)
+                               : make_split_queue(r.g.mem, kSize, r.driver.addresses(), false, Barriers::one_way, base);
+    const int id = r.add({{kData, 64, true}});
+    ASSERT_GE(id, 0) << i;
+    Chain c;
+    ASSERT_TRUE(r.queue->pop(c, r.segs)) << "position " << i << ", base 0x" << std::hex << base;
+    ASSERT_EQ(c.id, id);
+    r.queue->push(c, static_cast<uint32_t>(i));
+    uint32_t used_id = 0, len = 0;
+    ASSERT_TRUE(r.driver.take_used(used_id, len)) << i;
+    EXPECT_EQ(len, static_cast<uint32_t>(i));
+  }
+}
+
+// With a dirty log (live migration) every write of the ring into guest
+// memory marks its page, where the front-end said the device area is
+// (log_guest_addr) or by its guest address; without one, nothing.
+TYPED_TEST(Rings, EveryRingWriteIsMarkedInTheDirtyLog) {
+  constexpr bool kPacked = TypeParam::value;
+  std::vector<uint8_t> bits(128);  // guest addresses below 4 MiB
+  Guest g;
+  const DirtyLog dirty(bits.data(), bits.size(), g.mem);
+  auto page_marked = [&](uint64_t gpa) { return (bits[gpa / 4096 / 8] >> (gpa / 4096 % 8)) & 1; };
+  using Driver = std::conditional_t<kPacked, PackedDriver, SplitDriver>;
+  Driver driver(g.at(kBase), kBase, 8);
+  const RingAddresses a = driver.addresses();
+  uint32_t base = 0;
+  for (const uint64_t where : {RingLog::kByHost, uint64_t{0x200000}}) {
+    SCOPED_TRACE(where == RingLog::kByHost ? "by host pointer" : "at log_guest_addr");
+    std::fill(bits.begin(), bits.end(), 0);
+    auto q = kPacked ? make_packed_queue(g.mem, 8, a, true, Barriers::one_way, base, nullptr, {&dirty, where})
+                     : make_split_queue(g.mem, 8, a, true, Barriers::one_way, base, nullptr, {&dirty, where});
+    const Buffer b{kData, 64, true};
+    (void)driver.add({&b, 1});
+    if constexpr (!kPacked) driver.publish();
+    Chain c;
+    std::array<Segment, 4> segs{};
+    ASSERT_TRUE(q->pop(c, segs));
+    EXPECT_EQ(std::count_if(bits.begin(), bits.end(), [](uint8_t v) { return v != 0; }), 0) << "a pop writes nothing";
+    q->push(c, 64);
+    (void)q->enable_kicks();
+    const uint64_t device_area = where == RingLog::kByHost ? a.device : where;
+    if (kPacked) {
+      EXPECT_TRUE(page_marked(a.desc)) << "the used descriptor";
+      EXPECT_TRUE(page_marked(device_area)) << "the device event suppression";
+    } else {
+      EXPECT_TRUE(page_marked(device_area)) << "the used element and index";
+      EXPECT_TRUE(page_marked(device_area + 4 + 8 * 8)) << "avail_event";
+    }
+    EXPECT_FALSE(page_marked(kData)) << "the buffer is the device's to mark, not the ring's";
+    EXPECT_EQ(dirty.missed(), 0U);
+    uint32_t id = 0, len = 0;
+    ASSERT_TRUE(driver.take_used(id, len));
+    base = q->base();
+  }
+}
+
 TYPED_TEST(Rings, BufferOutsideGuestMemoryBreaksTheQueue) {
   Rig<TypeParam::value> r;
   r.add({{kBase + kMemSize - 4, 8, false}});  // straddles the end of RAM

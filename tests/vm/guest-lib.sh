@@ -31,8 +31,28 @@ start_daemon() {
   done
   return 1
 }
+# SIGTERM, then its exit status; one that has not exited after 60 s is a
+# failure of its own, shown with where each of its threads waits (and the
+# kernel's messages: a driver's wait shows there), then SIGKILLed (124).
 stop_daemon() {
   kill -TERM "$PID"
+  i=0
+  while [ $i -lt 600 ] && kill -0 "$PID" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$PID/status" 2>/dev/null; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  if [ $i -ge 600 ]; then
+    fail "daemon-stops: sriovd $PID still running 60 s after SIGTERM"
+    tail -n 40 /tmp/sriovd.log
+    for t in /proc/"$PID"/task/*; do
+      echo "thread $(basename "$t") $(cat "$t/comm" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+      cat "$t/stack" 2>/dev/null
+    done
+    dmesg | tail -n 30
+    kill -KILL "$PID"
+    wait "$PID" 2>/dev/null
+    return 124
+  fi
   wait "$PID"
 }
 

@@ -34,6 +34,8 @@ struct BackendStats {
   uint64_t messages = 0;
   uint64_t protocol_errors = 0;
   uint64_t refused_peers = 0;  // not admitted by allowed_uids, unknown credentials, or a second front-end
+  uint64_t log_bases = 0;      // dirty logs the front-end gave (SET_LOG_BASE: a migration starting, or resized)
+  uint64_t rarps = 0;          // SEND_RARP: the guest announced on the wire on its behalf
   std::string last_error;
 };
 
@@ -42,6 +44,8 @@ inline constexpr Counter<BackendStats> kBackendCounters[] = {
     {"messages", "vhost-user messages handled", &BackendStats::messages},
     {"protocol_errors", "connections ended for a malformed message", &BackendStats::protocol_errors},
     {"refused_peers", "connections refused (peer credentials, one front-end at a time)", &BackendStats::refused_peers},
+    {"log_bases", "dirty logs the front-end gave for a live migration (SET_LOG_BASE)", &BackendStats::log_bases},
+    {"rarps", "RARPs sent on the guest's behalf after a migration (SEND_RARP)", &BackendStats::rarps},
 };
 
 class Backend {
@@ -68,6 +72,11 @@ class Backend {
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const BackendStats& stats() const { return stats_; }
+  // Live migration: is the device logging its writes (VHOST_F_LOG_ALL with
+  // a log), how many bytes of log it has, how many writes the log missed.
+  [[nodiscard]] bool logging() const { return memory_.dirty_log() != nullptr; }
+  [[nodiscard]] uint64_t log_bytes() const { return log_ ? log_->bytes() : 0; }
+  [[nodiscard]] uint64_t log_missed() const { return log_ ? log_->missed() : 0; }
   // The device configuration changed (the link): tells the front-end on
   // the back-end channel when CONFIG was negotiated.
   void config_changed();
@@ -117,6 +126,12 @@ class Backend {
   bool config_request(Message& m);
   bool get_inflight(Message& m);
   bool set_inflight(Message& m);
+  bool set_log_base(Message& m);
+  bool set_log_fd(Message& m);
+  bool send_rarp(Message& m);
+  void install_log();
+  void drop_log();
+  [[nodiscard]] uint64_t offered_protocol() const;
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
   void drop_inflight();
   void ack(const Message& m, uint64_t status);
@@ -159,6 +174,14 @@ class Backend {
   uint8_t* inflight_map_ = nullptr;
   size_t inflight_map_len_ = 0;
   PeerMapping inflight_guard_;
+  // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
+  // is negotiated (install_log).
+  bool log_all_ = false;
+  uint8_t* log_map_ = nullptr;
+  size_t log_map_len_ = 0;
+  PeerMapping log_guard_;
+  std::unique_ptr<virtio::DirtyLog> log_;
+  UniqueFd log_fd_;               // SET_LOG_FD's eventfd: signalled after logged writes are published
   uint64_t faults_seen_ = 0;      // peer_mapping_faults() when last looked at
   bool release_pending_ = false;  // a wedged worker kept the last session's memory (on_end)
   BackendStats stats_;

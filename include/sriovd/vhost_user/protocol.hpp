@@ -49,6 +49,8 @@ inline constexpr uint32_t kFlagNeedReply = 1U << 3U;
 
 // Protocol feature bits.
 inline constexpr uint64_t kProtoMq = 1ULL << 0U;
+inline constexpr uint64_t kProtoLogShmfd = 1ULL << 1U;
+inline constexpr uint64_t kProtoRarp = 1ULL << 2U;
 inline constexpr uint64_t kProtoReplyAck = 1ULL << 3U;
 inline constexpr uint64_t kProtoMtu = 1ULL << 4U;
 inline constexpr uint64_t kProtoBackendReq = 1ULL << 5U;
@@ -58,6 +60,9 @@ inline constexpr uint64_t kProtoResetDevice = 1ULL << 13U;
 inline constexpr uint64_t kProtoConfigureMemSlots = 1ULL << 15U;
 inline constexpr uint64_t kProtoStatus = 1ULL << 16U;
 inline constexpr uint64_t kFeatureProtocolFeatures = 1ULL << 30U;  // VHOST_USER_F_PROTOCOL_FEATURES
+inline constexpr uint64_t kFeatureLogAll = 1ULL << 26U;            // VHOST_F_LOG_ALL: log every write (migration)
+// SET_VRING_ADDR's flags: VHOST_VRING_F_LOG, log the ring's writes at log_guest_addr.
+inline constexpr uint32_t kVringFlagLog = 1U << 0U;
 
 // A vring fd message's u64: bits 0-7 the queue index, bit 8 "no fd".
 inline constexpr uint64_t kVringIndexMask = 0xff;
@@ -124,6 +129,13 @@ static_assert(sizeof(IotlbMsg) == 32);
 inline constexpr uint8_t kIotlbMiss = 1, kIotlbUpdate = 2, kIotlbInvalidate = 3, kIotlbAccessFail = 4;
 // Back-end channel requests (back-end -> front-end).
 inline constexpr uint32_t kBackendIotlbMsg = 1;
+
+// SET_LOG_BASE's payload (with LOG_SHMFD): the log's bytes in its fd.
+struct LogDesc {
+  uint64_t mmap_size;
+  uint64_t mmap_offset;
+};
+static_assert(sizeof(LogDesc) == 16);
 
 // GET/SET_INFLIGHT_FD's payload (the inflight description).
 struct InflightDesc {

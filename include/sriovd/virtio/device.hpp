@@ -13,6 +13,7 @@
 // features, its configuration, what a queue's buffers mean and which queues
 // one worker serves.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -179,6 +180,12 @@ class Device {
   virtual void set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route) = 0;
   // vhost-user INFLIGHT_SHMFD: one region per queue for [0, queues); null: none.
   virtual void set_inflight(uint8_t* base, uint16_t queues, uint16_t queue_size) = 0;
+  // Whether queue q's ring marks its own writes in the memory's dirty log
+  // (vhost-user VHOST_VRING_F_LOG), and at which guest address of its
+  // device area (log_guest_addr; RingLog::kByHost: by host pointer).
+  // nullopt: the ring logs nothing. Buffers are logged whenever the
+  // memory has a log (GuestMemory::set_dirty_log).
+  virtual void set_queue_log(unsigned q, std::optional<uint64_t> device_area) = 0;
   // Stops the queue and returns where it stood (GET_VRING_BASE).
   virtual uint32_t stop_queue(unsigned q) = 0;
 
@@ -194,6 +201,11 @@ class Device {
   [[nodiscard]] virtual bool broken() const = 0;
   [[nodiscard]] virtual bool wedged() const = 0;
   [[nodiscard]] virtual bool waiting_for_translations() const = 0;
+
+  // Live migration's last step on the destination: tells the network
+  // where the guest with this MAC is now (virtio-net: a RARP on the wire,
+  // vhost-user SEND_RARP). False: the device type has no wire.
+  virtual bool announce(const std::array<uint8_t, 6>& /*mac*/) { return false; }
 
   // --- state and counters ---
   // The device's state (it stops first); `restore_state` into a device of
@@ -229,6 +241,7 @@ class QueueDevice : public Device {
   void set_queue_enabled(unsigned q, bool enabled) override;
   void set_queue_interrupt(unsigned q, std::optional<irq::RouteId> route) override;
   void set_inflight(uint8_t* base, uint16_t queues, uint16_t queue_size) override;
+  void set_queue_log(unsigned q, std::optional<uint64_t> device_area) override { queues_.at(q).log = device_area; }
   uint32_t stop_queue(unsigned q) override;
 
   // Stops every worker, waiting at most kStopDeadline for each: a worker
@@ -264,6 +277,7 @@ class QueueDevice : public Device {
     bool enabled = false;
     std::unique_ptr<Virtqueue> ring;
     std::optional<irq::RouteId> interrupt;  // what notify() triggers
+    std::optional<uint64_t> log;            // set_queue_log
     std::unique_ptr<QueueStats> stats = std::make_unique<QueueStats>();
   };
   // One thread serving a group of queues; a device type derives its own.
@@ -298,6 +312,7 @@ class QueueDevice : public Device {
   // driver interrupted if it asked to be.
   void notify(Queue& q) {
     q.ring->publish_used();
+    if (const DirtyLog* log = memory_->dirty_log()) log->published();
     if (q.ring->should_notify() && q.interrupt) {
       engine_.trigger(*q.interrupt);
       q.stats->notifies.fetch_add(1, std::memory_order_relaxed);

@@ -11,6 +11,7 @@
 
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
+#include "sriovd/virtio/dirty_log.hpp"
 #include "sriovd/virtio/iotlb.hpp"
 
 namespace sriovd::virtio {
@@ -82,6 +83,11 @@ class GuestMemory {
   // addresses are virtual); false when no region holds [uva, uva+len).
   [[nodiscard]] bool user_to_guest(uint64_t uva, uint64_t len, uint64_t& gpa) const;
   [[nodiscard]] const std::vector<MemoryRegion>& regions() const { return regions_; }
+  // The dirty log the device marks its writes in (virtio/dirty_log.hpp),
+  // or null. Changed only with the device on this memory stopped: rings
+  // and workers take it when they start.
+  void set_dirty_log(const DirtyLog* log) { log_ = log; }
+  [[nodiscard]] const DirtyLog* dirty_log() const { return log_; }
 
  private:
   struct Mapping {
@@ -92,6 +98,7 @@ class GuestMemory {
   [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const;
   std::vector<MemoryRegion> regions_;
   Iotlb* iotlb_ = nullptr;
+  const DirtyLog* log_ = nullptr;
   uint64_t epoch_ = next_translation_version();  // changes with the regions: cached translations check it
   std::vector<Mapping> mappings_;
   std::vector<const PeerMapping*> guards_;  // of host regions mapped by others

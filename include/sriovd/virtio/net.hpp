@@ -51,6 +51,7 @@ inline constexpr uint64_t kNetMrgRxbuf = 1ULL << 15U;
 inline constexpr uint64_t kNetStatus = 1ULL << 16U;
 inline constexpr uint64_t kNetCtrlVq = 1ULL << 17U;
 inline constexpr uint64_t kNetCtrlRx = 1ULL << 18U;
+inline constexpr uint64_t kNetGuestAnnounce = 1ULL << 21U;
 inline constexpr uint64_t kNetMq = 1ULL << 22U;
 inline constexpr uint64_t kNetCtrlMacAddr = 1ULL << 23U;
 
@@ -139,6 +140,9 @@ class NetDevice : public QueueDevice {
   // still use the port, which then goes with the device.
   std::unique_ptr<PacketPort> release_port();
   [[nodiscard]] const PacketPort& port() const { return *tap_; }
+  // A RARP for `mac` on the wire (RFC 903: the guest is here now), sent by
+  // the first pair's worker - the port's queue is its - when it next runs.
+  bool announce(const std::array<uint8_t, 6>& mac) override;
 
  protected:
   void queue_enabled_changed(unsigned q) override;
@@ -162,6 +166,7 @@ class NetDevice : public QueueDevice {
   [[gnu::always_inline]] inline RxTake take_rx_packet(Worker& w, Queue& q);
   [[gnu::always_inline]] inline void deliver_rx(Worker& w, Queue& q, unsigned used);
   void do_ctrl(Worker& w);
+  void send_announcement(Worker& w);
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
 
   NetConfig config_;
@@ -179,6 +184,11 @@ class NetDevice : public QueueDevice {
   unsigned steered_pairs_ = 0;  // what the port was last told (0: nothing yet)
   bool link_up_ = true;
   std::atomic<uint64_t> filtered_{0};
+  // announce(): the frame (virtio-net header first) the first pair's
+  // worker sends when it sees announce_pending_.
+  std::mutex announce_mutex_;
+  std::array<uint8_t, 12 + 60> announcement_{};
+  std::atomic<bool> announce_pending_{false};
 };
 
 }  // namespace sriovd::virtio

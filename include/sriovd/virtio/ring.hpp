@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 
+#include "sriovd/virtio/dirty_log.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 
 namespace sriovd::virtio {
@@ -183,12 +184,13 @@ class Virtqueue {
 // guest memory (checked once here: the O(1) ring-metadata translation), or
 // when an inflight region left behind is inconsistent. `inflight`: the
 // queue's region (inflight_queue_bytes(size) bytes at least), or null.
+// `log`: where the ring marks what it writes (live migration), or nothing.
 std::unique_ptr<Virtqueue> make_split_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
                                             bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0,
-                                            uint8_t* inflight = nullptr);
+                                            uint8_t* inflight = nullptr, RingLog log = {});
 std::unique_ptr<Virtqueue> make_packed_queue(const GuestMemory& mem, uint16_t size, const RingAddresses& rings,
                                              bool event_idx, Barriers barriers = Barriers::one_way, uint32_t base = 0,
-                                             uint8_t* inflight = nullptr);
+                                             uint8_t* inflight = nullptr, RingLog log = {});
 
 // Bytes of each ring part (for drivers laying rings out).
 struct RingLayout {
