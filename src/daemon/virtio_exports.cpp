@@ -337,6 +337,12 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
       j["queues"] = queue_stats(*e.device);
       j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
       j["vhost_user"]["last_error"] = e.backend->stats().last_error;
+      // Live migration: the log while one runs, and what it missed (a
+      // write past a log the front-end sized too small).
+      j["vhost_user"]["migration"] = counters_json(e.backend->stats(), vhost_user::kMigrationCounters);
+      j["vhost_user"]["migration"]["logging"] = e.backend->logging();
+      j["vhost_user"]["migration"]["log_bytes"] = e.backend->log_bytes();
+      j["vhost_user"]["migration"]["log_missed"] = e.backend->log_missed();
     }
     virtio.push_back(std::move(j));
   }
@@ -348,6 +354,9 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
                    MetricType::Gauge);
   TypedCounters peer("sriovd_virtio", kPeerCounters);
   TypedCounters queues("sriovd_virtio_queue", virtio::kQueueCounters);
+  TypedCounters migration("sriovd_vhost_user", vhost_user::kMigrationCounters);
+  Family logging("sriovd_vhost_user_logging", "1 while the device logs its writes for a live migration",
+                 MetricType::Gauge);
   for (const auto& e : exports_) {
     if (!e.device || (!e.backend && !e.pci_server)) {
       connected.add({{"device", e.name}}, 0);
@@ -356,6 +365,10 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
     connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
     peer.add({{"device", e.name}},
              e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
+    if (e.backend) {
+      migration.add({{"device", e.name}}, e.backend->stats());
+      logging.add({{"device", e.name}}, e.backend->logging() ? 1 : 0);
+    }
     const virtio::DeviceStats stats = e.device->stats();
     for (unsigned q = 0; q < stats.queues.size(); ++q)
       queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
@@ -363,6 +376,8 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
   out.push_back(std::move(connected.f));
   peer.into(out);
   queues.into(out);
+  migration.into(out);
+  out.push_back(std::move(logging.f));
 }
 
 }  // namespace sriovd::daemon

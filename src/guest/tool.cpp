@@ -208,6 +208,7 @@ struct NetOptions {
   bool no_offloads = false;
   bool iommu = false;
   uint32_t iommu_page = 4096;
+  bool dirty_log = false;
   double seconds = 0;
   bool mask_every_interrupt = false;
   bool posted_writes = false;
@@ -228,6 +229,7 @@ json virtio_net(const NetOptions& o) {
   opts.offloads = !o.no_offloads;
   opts.iommu = o.iommu;
   opts.iommu_page = o.iommu_page;
+  opts.dirty_log = o.dirty_log;
   opts.mask_every_interrupt = o.mask_every_interrupt;
   opts.posted_mask_writes = o.posted_writes;
   if (o.posted_writes && !o.mask_every_interrupt)
@@ -235,6 +237,7 @@ json virtio_net(const NetOptions& o) {
   if (o.mask_every_interrupt && !o.vhost_user.empty())
     throw std::invalid_argument("virtio-net: --mask-every-interrupt is for --socket (virtio-pci's MSI-X)");
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
+  if (o.dirty_log && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --dirty-log is for --vhost-user");
   if (!o.vhost_user.empty()) {
     drv = std::make_unique<sriovd::guest::VirtioNetDriver>(o.vhost_user, opts);
   } else {
@@ -286,7 +289,9 @@ json virtio_net(const NetOptions& o) {
           {"iommu", o.iommu},
           {"iotlb_misses", st.iotlb_misses.load()},
           {"iotlb_updates", st.iotlb_updates.load()},
-          {"iotlb_faults", st.iotlb_faults.load()}};
+          {"iotlb_faults", st.iotlb_faults.load()},
+          {"dirty_log", o.dirty_log},
+          {"dirty_pages", st.dirty_pages.load()}};
 }
 
 CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
@@ -327,6 +332,9 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
   net_cmd->add_flag("--iommu", no.iommu,
                     "vhost-user: a guest behind an IOMMU (ACCESS_PLATFORM; IOVAs, IOTLB misses answered with updates)");
   net_cmd->add_option("--iommu-page", no.iommu_page, "bytes each IOTLB update maps")->capture_default_str();
+  net_cmd->add_flag("--dirty-log", no.dirty_log,
+                    "vhost-user: a VMM migrating the guest (a dirty log given, LOG_ALL on, marked pages taken every "
+                    "10 ms)");
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
   net_cmd->add_flag("--mask-every-interrupt", no.mask_every_interrupt,
                     "virtio-pci: mask each queue vector (MSI-X Vector Control) on its interrupt, unmask once served");
@@ -336,6 +344,9 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
 }
 
 void print_net(const json& j) {
+  if (j["dirty_log"].get<bool>())
+    std::printf("virtio-net: %llu dirty pages taken from the log\n",
+                static_cast<unsigned long long>(j["dirty_pages"].get<uint64_t>()));
   std::printf("virtio-net: %llu packets out, %llu in, %llu interrupts, %llu mask writes, %llu IOTLB updates\n",
               static_cast<unsigned long long>(j["tx_packets"].get<uint64_t>()),
               static_cast<unsigned long long>(j["rx_packets"].get<uint64_t>()),

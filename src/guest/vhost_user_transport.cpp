@@ -6,11 +6,16 @@
 // back-end channel with updates.
 
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/unix_socket.hpp"
@@ -31,6 +36,11 @@ class VhostUserTransport final : public Transport {
  public:
   VhostUserTransport(std::string socket, const VirtioNetDriverOptions& options, VirtioNetDriverStats& stats)
       : socket_(std::move(socket)), options_(options), stats_(stats) {}
+  ~VhostUserTransport() override {
+    log_stop_.store(true);
+    if (log_reader_.joinable()) log_reader_.join();
+    if (log_) ::munmap(log_, log_bytes_);
+  }
 
   uint64_t negotiate(uint64_t want) override {
     if (options_.queue_pairs > 1)
@@ -54,14 +64,22 @@ class VhostUserTransport final : public Transport {
       const uint64_t proto_offered = request(vu::kGetProtocolFeatures, nullptr, 0, {}, true);
       // Only an IOMMU needs an extension: the back-end channel for misses,
       // and REPLY_ACK so that an update is in place before the guest goes on.
-      const uint64_t need = options_.iommu ? vu::kProtoBackendReq | vu::kProtoReplyAck : 0;
+      uint64_t need = options_.iommu ? vu::kProtoBackendReq | vu::kProtoReplyAck : 0;
       if ((proto_offered & need) != need)
         throw std::runtime_error("the back-end does not offer BACKEND_REQ and REPLY_ACK, which an IOMMU needs");
+      if (options_.dirty_log) {
+        if (!(proto_offered & vu::kProtoLogShmfd) || !(offered & vu::kFeatureLogAll))
+          throw std::runtime_error("the back-end offers no dirty logging (LOG_SHMFD, VHOST_F_LOG_ALL)");
+        need |= vu::kProtoLogShmfd;
+      }
       request(vu::kSetProtocolFeatures, &need, 8, {}, false);
-    } else if (options_.iommu) {
-      throw std::runtime_error("the back-end has no protocol features, which an IOMMU needs");
+    } else if (options_.iommu || options_.dirty_log) {
+      throw std::runtime_error("the back-end has no protocol features, which an IOMMU or a dirty log needs");
     }
-    const uint64_t set = features | (protocol_ ? vu::kFeatureProtocolFeatures : 0);
+    // A VMM that starts a device in the middle of a migration sends
+    // LOG_ALL before the log (QEMU's order): the back-end waits for it.
+    const uint64_t set =
+        features | (protocol_ ? vu::kFeatureProtocolFeatures : 0) | (options_.dirty_log ? vu::kFeatureLogAll : 0);
     request(vu::kSetFeatures, &set, 8, {}, false);
     if (options_.iommu) {
       int sv[2];
@@ -85,6 +103,7 @@ class VhostUserTransport final : public Transport {
     t.nregions = 1;
     t.regions[0] = {kRamBase, ram.size, reinterpret_cast<uint64_t>(ram.host), 0};
     request(vu::kSetMemTable, &t, 8 + sizeof(vu::MemRegion), {ram.fd}, false);
+    if (options_.dirty_log) give_log(kRamBase + ram.size);
     // Behind an IOMMU the device sees IOVAs; else guest-physical addresses.
     dma_base_ = options_.iommu ? kIovaBase : kRamBase;
     return dma_base_;
@@ -95,7 +114,13 @@ class VhostUserTransport final : public Transport {
     for (const QueueSetup& q : queues) {
       vu::VringState num{q.index, q.size};
       request(vu::kSetVringNum, &num, sizeof num, {}, false);
-      vu::VringAddr va{q.index, 0, uva(q.rings.desc), uva(q.rings.device), uva(q.rings.driver), 0};
+      // The used ring's guest address for its log (the device area).
+      vu::VringAddr va{q.index,
+                       options_.dirty_log ? vu::kVringFlagLog : 0U,
+                       uva(q.rings.desc),
+                       uva(q.rings.device),
+                       uva(q.rings.driver),
+                       q.rings.device};
       request(vu::kSetVringAddr, &va, sizeof va, {}, false);
       vu::VringState base{q.index, 0};
       request(vu::kSetVringBase, &base, sizeof base, {}, false);
@@ -138,6 +163,41 @@ class VhostUserTransport final : public Transport {
   // Vring addresses: IOVAs behind an IOMMU, else this process's own.
   [[nodiscard]] uint64_t uva(uint64_t dma) const {
     return options_.iommu ? dma : reinterpret_cast<uint64_t>(ram_.host) + (dma - dma_base_);
+  }
+
+  // The dirty log for guest addresses below `top`: a memfd, one bit per
+  // page, given with SET_LOG_BASE (whose empty reply comes first), and a
+  // thread that takes what is marked every 10 ms.
+  void give_log(uint64_t top) {
+    log_bytes_ = ((top / 4096 + 7) / 8 + 4095) & ~uint64_t{4095};
+    UniqueFd fd(::memfd_create("sriovd-guest-log", MFD_CLOEXEC));
+    if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(log_bytes_)) != 0) throw_errno("dirty log");
+    void* p = ::mmap(nullptr, log_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) throw_errno("dirty log mapping");
+    log_ = static_cast<uint8_t*>(p);
+    const vu::LogDesc d{log_bytes_, 0};
+    vu::Header h{vu::kSetLogBase, vu::kVersion, sizeof d};
+    std::vector<uint8_t> bytes(sizeof h + sizeof d);
+    std::memcpy(bytes.data(), &h, sizeof h);
+    std::memcpy(bytes.data() + sizeof h, &d, sizeof d);
+    const iovec iov{bytes.data(), bytes.size()};
+    const int fds[] = {fd.get()};
+    if (send_with_fds(sock_.get(), {&iov, 1}, fds) != static_cast<ssize_t>(bytes.size()))
+      throw SystemError(errno, "vhost-user SET_LOG_BASE");
+    vu::Header rh{};
+    if (::recv(sock_.get(), &rh, sizeof rh, MSG_WAITALL) != sizeof rh || rh.request != vu::kSetLogBase || rh.size != 0)
+      throw std::runtime_error("vhost-user: no reply to SET_LOG_BASE");
+    log_reader_ = std::thread([this] {
+      auto* words = reinterpret_cast<uint64_t*>(log_);
+      while (!log_stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        uint64_t pages = 0;
+        for (uint64_t i = 0; i < log_bytes_ / 8; ++i)
+          if (std::atomic_ref<uint64_t>(words[i]).load(std::memory_order_relaxed) != 0)
+            pages += static_cast<uint64_t>(__builtin_popcountll(std::atomic_ref<uint64_t>(words[i]).exchange(0)));
+        stats_.dirty_pages.fetch_add(pages, std::memory_order_relaxed);
+      }
+    });
   }
 
   // One request; with `reply`, waits for the u64 reply (or the REPLY_ACK
@@ -209,6 +269,10 @@ class VhostUserTransport final : public Transport {
   bool protocol_ = false;
   GuestRam ram_;
   uint64_t dma_base_ = 0;
+  uint8_t* log_ = nullptr;  // --dirty-log
+  uint64_t log_bytes_ = 0;
+  std::atomic<bool> log_stop_{false};
+  std::thread log_reader_;
 };
 
 }  // namespace

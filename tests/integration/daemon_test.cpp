@@ -1150,6 +1150,11 @@ TEST_F(Daemon, EveryCounterIsInTheDevicesJsonAndInPrometheusAlike) {
            {"device=\"vfb0\"", "queue=\"" + std::to_string(q) + "\""});
   for (const auto& c : vhost_user::kBackendCounters)
     same(dev["vhost_user"], c.name, std::string("sriovd_virtio_") + c.name + "_total", {"device=\"vfb0\""});
+  for (const auto& c : vhost_user::kMigrationCounters)
+    same(dev["vhost_user"]["migration"], c.name, std::string("sriovd_vhost_user_") + c.name + "_total",
+         {"device=\"vfb0\""});
+  EXPECT_EQ(dev["vhost_user"]["migration"]["logging"], false);
+  EXPECT_EQ(*sample("sriovd_vhost_user_logging", {"device=\"vfb0\""}), 0);
   const json& exp = now["vfio_user_exports"][0];
   for (const auto& c : vfio_user::kServerCounters)
     same(exp["vfio_user"], c.name, std::string("sriovd_export_") + c.name + "_total", {"vf=\"0\""});

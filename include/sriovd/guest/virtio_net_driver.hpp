@@ -40,6 +40,11 @@ struct VirtioNetDriverOptions {
   // are answered with updates of iommu_page bytes, as a vIOMMU does.
   bool iommu = false;
   uint32_t iommu_page = 4096;
+  // vhost-user: be a VMM in the middle of a live migration: give the
+  // back-end a dirty log (LOG_SHMFD, SET_LOG_BASE), turn on
+  // VHOST_F_LOG_ALL and VHOST_VRING_F_LOG, and take the marked pages every
+  // 10 ms as a migration's copy does (atomic exchange), counted.
+  bool dirty_log = false;
   // virtio-pci: acknowledge each interrupt as RHEL 5's 2.6.18 MSI code does:
   // the vector masked (its MSI-X Vector Control, a REGION_WRITE) before the
   // queue is served and unmasked after - two trapped writes per interrupt.
@@ -60,6 +65,7 @@ struct VirtioNetDriverStats {
   std::atomic<uint64_t> mask_writes{0};  // Vector Control writes (mask_every_interrupt)
   std::atomic<uint64_t> mask_ns{0};      // the time the driver spent on them, in all
   std::atomic<uint64_t> iotlb_misses{0}, iotlb_updates{0}, iotlb_faults{0};  // faults: misses outside the window
+  std::atomic<uint64_t> dirty_pages{0};  // --dirty-log: pages the back-end marked, as taken from the log
 };
 
 class VirtioNetDriver {

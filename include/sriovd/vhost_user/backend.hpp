@@ -44,6 +44,9 @@ inline constexpr Counter<BackendStats> kBackendCounters[] = {
     {"messages", "vhost-user messages handled", &BackendStats::messages},
     {"protocol_errors", "connections ended for a malformed message", &BackendStats::protocol_errors},
     {"refused_peers", "connections refused (peer credentials, one front-end at a time)", &BackendStats::refused_peers},
+};
+// Live migration's, vhost-user's own (the vfio-user server has no such).
+inline constexpr Counter<BackendStats> kMigrationCounters[] = {
     {"log_bases", "dirty logs the front-end gave for a live migration (SET_LOG_BASE)", &BackendStats::log_bases},
     {"rarps", "RARPs sent on the guest's behalf after a migration (SEND_RARP)", &BackendStats::rarps},
 };
