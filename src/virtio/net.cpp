@@ -102,6 +102,7 @@ struct NetDevice::Worker : QueueDevice::Worker {
   const DirtyLog* log = nullptr;  // guest memory's dirty log when the worker started (migration), or none
   // Preallocated: nothing on the data path allocates.
   std::array<Chain, kMaxChains> chains{};
+  std::array<uint32_t, kMaxChains> written{};  // deliver_rx: bytes into each chain
   std::array<Segment, kMaxChains * kSegsPerChain> segs{};
   std::array<Segment, kTxSegs> tx_segs{};
   std::array<Segment, 16> ctrl_segs{};
@@ -524,19 +525,33 @@ void NetDevice::deliver_rx(Worker& w, Queue& q, unsigned used) {
   const uint16_t num_buffers = static_cast<uint16_t>(used);
   std::memcpy(w.rx->data + offsetof(NetHeader, num_buffers), &num_buffers, sizeof num_buffers);
   size_t off = 0;
+  // Logging (a migration): segments that follow each other in memory are
+  // marked as one run, all before the first add_used hands a buffer over.
+  const uint8_t* run = nullptr;
+  size_t run_len = 0;
+  auto& written = w.written;
   for (unsigned c = 0; c < used; ++c) {
-    Chain& chain = w.chains[c];
-    uint32_t written = 0;
+    const Chain& chain = w.chains[c];
+    written[c] = 0;
     for (unsigned s = chain.readable; s < chain.count && off < w.rx->pending; ++s) {
       Segment& seg = w.segs[c * kSegsPerChain + s];
       const size_t n = std::min<size_t>(seg.len, w.rx->pending - off);
       std::memcpy(seg.data, w.rx->data + off, n);
-      if (w.log) w.log->mark_host(seg.data, n);  // before add_used hands it over
+      if (w.log) {
+        if (run && seg.data == run + run_len) {
+          run_len += n;
+        } else {
+          if (run) w.log->mark_host(run, run_len);
+          run = seg.data;
+          run_len = n;
+        }
+      }
       off += n;
-      written += static_cast<uint32_t>(n);
+      written[c] += static_cast<uint32_t>(n);
     }
-    q.ring->add_used(chain, written);
   }
+  if (run) w.log->mark_host(run, run_len);
+  for (unsigned c = 0; c < used; ++c) q.ring->add_used(w.chains[c], written[c]);
   q.stats->packets.fetch_add(1, std::memory_order_relaxed);
   q.stats->bytes.fetch_add(w.rx->pending - kHeader, std::memory_order_relaxed);
   w.rx->pending = 0;

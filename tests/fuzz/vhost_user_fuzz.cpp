@@ -137,6 +137,7 @@ constexpr uint32_t kRequests[] = {kGetFeatures,
                                   kSetStatus,
                                   kGetStatus,
                                   kSetLogBase,
+                                  kSetLogFd,
                                   99};
 
 size_t usual_size(uint32_t request, uint16_t pick) {
@@ -160,6 +161,7 @@ size_t usual_size(uint32_t request, uint16_t pick) {
     case kRemMemReg: return sizeof(SingleMemRegion);
     case kGetInflightFd:
     case kSetInflightFd: return sizeof(InflightDesc);
+    case kSetLogBase: return sizeof(LogDesc);
     case kGetConfig:
     case kSetConfig: return 12 + pick % 32;
     default: return 0;
@@ -175,6 +177,7 @@ std::vector<UniqueFd> fds_for(World& w, uint32_t request, fuzz::Input& in) {
       case kSetMemTable:
       case kAddMemReg:
       case kRemMemReg: fds.emplace_back(::dup(w.ram.get())); break;
+      case kSetLogBase:  // a dirty log of the fuzzer's size (the payload says another)
       case kSetInflightFd: {
         UniqueFd m(::memfd_create("fuzz-inflight", MFD_CLOEXEC));
         (void)::ftruncate(m.get(), static_cast<off_t>(in.take<uint16_t>()) * 16);

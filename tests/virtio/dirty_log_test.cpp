@@ -69,5 +69,25 @@ TEST(DirtyLog, AHostPointerIsLoggedAtEveryGuestAddressOfItsMemory) {
   EXPECT_EQ(log.missed(), 1U);
 }
 
+// Two regions whose mappings follow each other in the address space: a
+// run of bytes across both is each region's part at its own guest address
+// (the device marks contiguous segments as one run).
+TEST(DirtyLog, ARunAcrossTwoMappingsIsMarkedAtEachRegionsAddress) {
+  std::vector<uint8_t> ram(0x4000);
+  GuestMemory mem;
+  mem.add_host_region(0x10000, 0x2000, 0x7f0000000000ULL, ram.data());
+  mem.add_host_region(0x80000, 0x2000, 0x7f0000100000ULL, ram.data() + 0x2000);
+  std::vector<uint8_t> bits(32);
+  const DirtyLog log(bits.data(), bits.size(), mem);
+  log.mark_host(ram.data() + 0x1800, 0x1000);  // the last half page of one, the first of the other
+  EXPECT_EQ(pages(bits), (std::vector<uint64_t>{0x11, 0x80}));
+  EXPECT_EQ(log.missed(), 0U);
+  std::fill(bits.begin(), bits.end(), 0);
+  log.mark_gpa(0x3000, 0x10000);  // 16 pages over three bytes of the log
+  EXPECT_EQ(pages(bits).size(), 16U);
+  EXPECT_EQ(pages(bits).front(), 3U);
+  EXPECT_EQ(pages(bits).back(), 18U);
+}
+
 }  // namespace
 }  // namespace sriovd::virtio

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# scripts/bench migration: what live migration costs with sriovd's
+# vhost-user NIC, each against its baseline in the same run.
+#  - Dirty logging: iperf3 through sriovd's vhost-user device with its
+#    user-space front-end (scripts/iperf-validate --frontend
+#    sriovd-vhost-user), without and with --dirty-log (the device marks
+#    every page it writes; the front-end takes the log every 10 ms, as a
+#    migration's copy does). Goal: logging costs <= 10 %.
+#  - The migration: a Linux guest with a TCP stream flowing in, migrated
+#    between two QEMU 7.2 processes (tests/interop/qemu_migration.sh, round
+#    1), with sriovd's NICs and with QEMU's own virtio-net on taps;
+#    QEMU's total time and downtime. Goal: downtime within 1.2x of QEMU's
+#    own device.
+# Runs alternate (off/on, sriovd/tap) so a machine that changes speed
+# moves both. Prints one JSON object.
+#   scripts/lib/bench_migration.sh BUILD_DIR [--runs N] [--seconds S]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:?usage: bench_migration.sh BUILD_DIR [--runs N] [--seconds S]}
+shift
+runs=3 seconds=5
+while (($#)); do
+  case $1 in
+    --runs) runs=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    *) echo "bench migration: unknown argument $1" >&2; exit 64 ;;
+  esac
+done
+[[ $EUID -eq 0 ]] || { echo "bench migration: needs root (namespaces, taps, QEMU)" >&2; exit 1; }
+work=$(mktemp -d /tmp/sriovd-bench-migration.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$here"
+for i in $(seq "$runs"); do
+  for mode in off on; do
+    flag=()
+    [[ $mode == on ]] && flag=(--dirty-log)
+    echo "bench migration: iperf3, dirty logging $mode (run $i)" >&2
+    SRIOVD_BIN="$build/src/sriovd" scripts/iperf-validate --frontend sriovd-vhost-user --runs 1 \
+      --seconds "$seconds" "${flag[@]}" >"$work/iperf-$mode-$i.json" || {
+      echo "bench migration: iperf-validate failed" >&2
+      exit 1
+    }
+  done
+  for nic in sriovd qemu-tap; do
+    echo "bench migration: migrating a guest on $nic (run $i)" >&2
+    MIGRATION_NIC=$nic MIGRATION_ROUNDS=1 MIGRATION_REPORT="$work/mig-$nic.jsonl" \
+      tests/interop/qemu_migration.sh "$build" >"$work/mig-$nic-$i.log" 2>&1 || {
+      echo "bench migration: the migration on $nic failed:" >&2
+      tail -n 30 "$work/mig-$nic-$i.log" >&2
+      exit 1
+    }
+  done
+done
+WORK=$work python3 - <<'PY'
+import glob, json, os, statistics
+w = os.environ["WORK"]
+def med(v):
+    return round(statistics.median(v), 3) if v else None
+out = {}
+for mode in ("off", "on"):
+    runs = [json.load(open(f)) for f in sorted(glob.glob(f"{w}/iperf-{mode}-*.json"))]
+    out[f"logging_{mode}_gbps"] = med([r["sriovd_gbps"] for r in runs])
+    out[f"logging_{mode}_per_run_gbps"] = [r["sriovd_gbps"] for r in runs]
+    if mode == "on":
+        out["dirty_pages_per_run"] = [r["dirty_pages"] for r in runs]
+out["logging_on_vs_off"] = (round(out["logging_on_gbps"] / out["logging_off_gbps"], 3)
+                            if out["logging_off_gbps"] else None)
+for nic in ("sriovd", "qemu-tap"):
+    rs = [json.loads(l) for l in open(f"{w}/mig-{nic}.jsonl") if l.strip()]
+    key = nic.replace("-", "_")
+    out[f"{key}_total_ms"] = med([r["total-time"] for r in rs])
+    out[f"{key}_downtime_ms"] = med([r["downtime"] for r in rs])
+    out[f"{key}_downtime_per_run_ms"] = [r["downtime"] for r in rs]
+out["downtime_sriovd_vs_qemu_tap"] = (round(out["sriovd_downtime_ms"] / out["qemu_tap_downtime_ms"], 3)
+                                      if out["qemu_tap_downtime_ms"] else None)
+out["runs"] = len(out["sriovd_downtime_per_run_ms"])
+print(json.dumps(out))
+PY
