@@ -1,9 +1,10 @@
 #include "sriovd/virtio/dirty_log.hpp"
 
-#include <unistd.h>
+#include <cerrno>
 
 #include <algorithm>
 
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 
 namespace sriovd::virtio {
@@ -55,9 +56,10 @@ void DirtyLog::mark_host(const void* p, uint64_t len) const {
 }
 
 void DirtyLog::published() const {
-  if (notify_fd_ < 0) return;
-  const uint64_t one = 1;
-  (void)::write(notify_fd_, &one, sizeof one);  // non-blocking (checked_peer_eventfd); a full count is no news
+  if (notify_fd_ < 0 || notify_blocked_.load(std::memory_order_relaxed)) return;
+  // The front-end shares the file: one it made blocking (and filled) is
+  // cut by the peer I/O watchdog and written no more; a full count is no news.
+  if (!peer_eventfd_write(notify_fd_) && errno == EINTR) notify_blocked_.store(true, std::memory_order_relaxed);
 }
 
 }  // namespace sriovd::virtio

@@ -201,7 +201,12 @@ ip netns exec "$ns" busybox ping -c 3 -W 2 10.89.0.2 >/dev/null || fail "round 1
 wait_log "$work/sniff.out" "^mgB1$$ 0x8035 $mac1" 10 || fail "no RARP for eth1 on B's wire (SEND_RARP)"
 wait_log "$work/sniff.out" "^mgB0$$ 0x0806 $mac0" 10 || fail "eth0 did not announce itself (GUEST_ANNOUNCE) on B's wire"
 [[ $nic == qemu-tap ]] || grep -q "SEND_RARP" "$work/B.log" || fail "B never got SEND_RARP"
-bridge -n "$ns" fdb show br br0 | grep -q "$mac0 dev mgB0$$" || fail "the wire still sends the guest's MAC to A"
+moved=0
+for _ in $(seq 50); do
+  bridge -n "$ns" fdb show br br0 | grep -q "$mac0 dev mgB0$$" && { moved=1; break; }
+  sleep 0.1
+done
+[[ $moved -eq 1 ]] || fail "the wire still sends the guest's MAC to A: $(bridge -n "$ns" fdb show br br0 | grep "$mac0")"
 echo "PASS round 1: migrated A -> B; announced (GARP on eth0, RARP on eth1); the wire follows"
 stop_vm "$vm_a" "$work/qmp-A.sock"  # paused after the migration (postmigrate)
 if [[ $rounds -eq 1 ]]; then

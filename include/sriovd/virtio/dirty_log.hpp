@@ -61,6 +61,7 @@ class DirtyLog {
   uint64_t bytes_;
   const GuestMemory& memory_;
   int notify_fd_ = -1;
+  mutable std::atomic<bool> notify_blocked_{false};
   mutable std::atomic<uint64_t> missed_{0};
 };
 
