@@ -7,6 +7,7 @@
 // and then compares the copy with the source: a write the device did not
 // log is a page that differs.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -503,6 +504,37 @@ TEST_P(MigrationTest, ALogTheBackEndCannotUseEndsTheConnectionNotTheDaemon) {
   port->flow(true);
   ASSERT_TRUE(packets_flow(50));
   EXPECT_TRUE(vu->backend.logging());
+}
+
+// SET_LOG_FD: an eventfd the device signals once logged writes are
+// published (a front-end may wait on it instead of polling the log). Not
+// an eventfd: refused, the connection ends.
+TEST_P(MigrationTest, TheLogFdIsSignalledWhenLoggedWritesArePublished) {
+  connect();
+  UniqueFd efd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  send(kSetLogFd, nullptr, 0, {efd.get()});
+  ASSERT_TRUE(set_log_base(kLogBytes, 0, log_fd.get()));
+  start_guest();
+  port->flow(true);
+  ASSERT_TRUE(packets_flow(100));
+  uint64_t n = 0;
+  EXPECT_EQ(::read(efd.get(), &n, sizeof n), -1) << "no logging yet, no signal";
+  set_features(true);
+  set_vring_addr(0, true);
+  ASSERT_TRUE(packets_flow(100));
+  ASSERT_EQ(::read(efd.get(), &n, sizeof n), static_cast<ssize_t>(sizeof n));
+  EXPECT_GT(n, 0U);
+  stop_guest();
+  port->flow(false);
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd r(p[0]), w(p[1]);
+  const Header h{kSetLogFd, kVersion, 0};
+  const iovec iov[1] = {{const_cast<Header*>(&h), sizeof h}};
+  const int fds[] = {r.get()};
+  ASSERT_EQ(send_with_fds(sock.get(), iov, fds), static_cast<ssize_t>(sizeof h));
+  ASSERT_TRUE(eventually([&] { return !vu->backend.connected(); }));
+  EXPECT_NE(vu->backend.stats().last_error.find("SET_LOG_FD"), std::string::npos) << vu->backend.stats().last_error;
 }
 
 // SEND_RARP on the destination: a RARP for the guest's MAC leaves through
