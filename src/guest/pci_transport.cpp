@@ -53,7 +53,8 @@ class PciTransport final : public Transport {
     common_write(kDeviceFeatureSelect, 1, 4);
     offered |= static_cast<uint64_t>(common32(kDeviceFeature)) << 32U;
     want |= virtio::kNetMac | virtio::kNetMtu | virtio::kNetStatus;
-    if (options_.control_queue) want |= virtio::kNetCtrlVq | virtio::kNetCtrlRx | virtio::kNetCtrlMacAddr;
+    if (options_.control_queue)
+      want |= virtio::kNetCtrlVq | virtio::kNetCtrlRx | virtio::kNetCtrlMacAddr | virtio::kNetGuestAnnounce;
     if (options_.queue_pairs > 1) want |= virtio::kNetCtrlVq | virtio::kNetMq;
     const uint64_t features = offered & want;
     if (options_.queue_pairs > 1 && !(features & virtio::kNetMq))

@@ -409,6 +409,8 @@ void VirtioPci::resume_device() {
   }
   device_.start();
   spdlog::info("virtio-pci {}: resumed from a saved state, features 0x{:x}", name_, device_.features());
+  // The guest is somewhere else now: the network is told (its driver, or a RARP).
+  if (device_.announce_restored()) config_changed();
 }
 
 virtio::DeviceState VirtioPci::save_state() {

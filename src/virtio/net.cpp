@@ -31,6 +31,8 @@ enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrl
 constexpr uint8_t kCtrlRx = 0, kCtrlRxPromisc = 0, kCtrlRxAllmulti = 1;
 constexpr uint8_t kCtrlMac = 1, kCtrlMacTableSet = 0, kCtrlMacAddrSet = 1;
 constexpr uint8_t kCtrlMq = 4, kCtrlMqPairsSet = 0;
+constexpr uint8_t kCtrlAnnounce = 3, kCtrlAnnounceAck = 0;
+constexpr uint16_t kStatusLinkUp = 1, kStatusAnnounce = 2;
 constexpr uint8_t kCtrlOk = 0, kCtrlErr = 1;
 constexpr size_t kCtrlMaxCommand = 4096;
 
@@ -169,7 +171,8 @@ uint64_t NetDevice::offered_features() const {
   if (config_.access_platform) f |= kAccessPlatform;
   if (config_.packed) f |= kRingPacked;
   if (config_.control_queue) {
-    f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr;
+    // GUEST_ANNOUNCE: the device's own control queue takes the driver's ack.
+    f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr | kNetGuestAnnounce;
     if (config_.queue_pairs > 1) f |= kNetMq;  // MQ needs the control queue (§5.1.3.1)
   } else {
     // vhost-user: the VMM's control queue, SET_VRING_ENABLE per pair, and
@@ -193,7 +196,8 @@ void NetDevice::read_config(uint32_t offset, uint8_t* out, size_t size) const {
   std::array<uint8_t, kConfigBytes> c{};
   const MacAddress m = mac();
   std::memcpy(c.data(), m.octets, 6);
-  const uint16_t status = link_up_ ? 1 : 0;  // VIRTIO_NET_S_LINK_UP
+  const uint16_t status = static_cast<uint16_t>(
+      (link_up_ ? kStatusLinkUp : 0) | (announce_status_.load(std::memory_order_relaxed) ? kStatusAnnounce : 0));
   std::memcpy(c.data() + 6, &status, 2);
   std::memcpy(c.data() + 8, &config_.queue_pairs, 2);
   std::memcpy(c.data() + 10, &config_.mtu, 2);
@@ -272,6 +276,7 @@ void NetDevice::reset_device() {
   }
   filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
   active_pairs_.store(1);
+  announce_status_.store(false);
   (void)steer_port();  // a reset device uses its first pair (vhost-user: none enabled yet)
 }
 
@@ -645,6 +650,18 @@ bool NetDevice::announce(const std::array<uint8_t, 6>& mac) {
   return true;
 }
 
+bool NetDevice::announce_restored() {
+  if ((features_ & kNetGuestAnnounce) && config_.control_queue) {
+    announce_status_.store(true, std::memory_order_relaxed);
+    return true;
+  }
+  const MacAddress m = mac();
+  std::array<uint8_t, 6> octets{};
+  std::memcpy(octets.data(), m.octets, 6);
+  (void)announce(octets);
+  return false;
+}
+
 void NetDevice::send_announcement(Worker& w) {
   if (!announce_pending_.exchange(false, std::memory_order_acquire)) return;
   std::array<uint8_t, 12 + 60> frame;
@@ -732,6 +749,10 @@ uint8_t NetDevice::control_command(uint8_t cls, uint8_t cmd, const uint8_t* data
       at += 6ULL * entries;
     }
     return at == len ? kCtrlOk : kCtrlErr;
+  }
+  if (cls == kCtrlAnnounce && cmd == kCtrlAnnounceAck && (features_ & kNetGuestAnnounce) && len == 0) {
+    announce_status_.store(false, std::memory_order_relaxed);
+    return kCtrlOk;
   }
   if (cls == kCtrlMq && cmd == kCtrlMqPairsSet && (features_ & kNetMq) && len == 2) {
     uint16_t pairs = 0;

@@ -2,7 +2,7 @@
 // uses it: a real NetDevice with four queue pairs and its own control
 // queue, served by its worker, commands posted as split-ring chains whose
 // header, data and ack byte are cut across descriptors any way, with any
-// negotiated subset of CTRL_RX, CTRL_MAC_ADDR and MQ. After every command:
+// negotiated subset of CTRL_RX, CTRL_MAC_ADDR, MQ and GUEST_ANNOUNCE. After every command:
 //  - it is answered (a used element within a second - a hang is a
 //    finding) with VIRTIO_NET_OK or VIRTIO_NET_ERR in its ack byte;
 //  - the spec's commands do what they say, and only when negotiated:
@@ -101,7 +101,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memset(w.ram, 0, kRam);
   const uint8_t pick = in.byte();
   const uint64_t features = kVersion1 | kNetCtrlVq | ((pick & 1U) ? kNetCtrlRx : 0) |
-                            ((pick & 2U) ? kNetCtrlMacAddr : 0) | ((pick & 4U) ? kNetMq : 0);
+                            ((pick & 2U) ? kNetCtrlMacAddr : 0) | ((pick & 4U) ? kNetMq : 0) |
+                            ((pick & 8U) ? kNetGuestAnnounce : 0);
   dev.set_features(features & dev.offered_features());
   const uint64_t negotiated = dev.features();
   dev.set_memory(&w.memory);
@@ -185,7 +186,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       check(w.device->rx_filter().mac.load() == mac_before);  // only MAC_ADDR_SET sets the MAC
     }
-    if (cls == 2 || cls == 3 || cls == 5) check(ack == kErr);  // VLAN, ANNOUNCE, unknown: not offered
+    if (cls == 3) {  // ANNOUNCE_ACK (§5.1.6.5.4): no data, only when negotiated
+      const bool valid = cmd == 0 && (negotiated & kNetGuestAnnounce) && data_len == 0;
+      check(ack == (valid ? kOk : kErr));
+    }
+    if (cls == 2 || cls == 5) check(ack == kErr);  // VLAN, unknown: not offered
     if (cls == 0 && !(negotiated & kNetCtrlRx)) check(ack == kErr);
   }
   dev.stop();

@@ -281,6 +281,16 @@ TEST_F(VirtioPciTest, ItsStateRestoredIntoAFreshTransportReadsBackTheSameAndRuns
   ASSERT_EQ(::recv(wire.peer(), got.data(), got.size(), 0), static_cast<ssize_t>(in_flight.size()));
   got.resize(in_flight.size());
   EXPECT_EQ(got, in_flight);
+  // The guest is somewhere else now, and its driver did not take
+  // GUEST_ANNOUNCE: the device sends a RARP for its MAC itself.
+  ASSERT_EQ(::poll(&p, 1, 2000), 1) << "no announcement after the resume";
+  got.assign(4096, 0);
+  ASSERT_EQ(::recv(wire.peer(), got.data(), got.size(), 0), 12 + 60);
+  EXPECT_EQ(got[12 + 12], 0x80);
+  EXPECT_EQ(got[12 + 13], 0x35) << "a RARP";
+  EXPECT_EQ(std::vector<uint8_t>(got.begin() + 12 + 6, got.begin() + 12 + 12),
+            (std::vector<uint8_t>{0x02, 0x5a, 0x00, 0x00, 0x01, 0x02}))
+      << "from the device's MAC";
   auto inbound = frame(70, 0x33);
   ASSERT_EQ(::send(wire.peer(), inbound.data(), inbound.size(), 0), static_cast<ssize_t>(inbound.size()));
   ASSERT_TRUE(test::wait_until([&] { return net_b.stats(0).packets.load() == 1; }, 2s));
@@ -533,6 +543,40 @@ TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
   EXPECT_EQ(::poll(&p, 1, 2000), 1) << "no configuration change interrupt";
   EXPECT_EQ(status(), 0U);
   EXPECT_NE(generation(), before);
+}
+
+// After a migration the restored device makes the guest known where it is
+// now (announce_restored, which resume_device calls): a driver that took
+// VIRTIO_NET_F_GUEST_ANNOUNCE sees VIRTIO_NET_S_ANNOUNCE and a configuration
+// change, announces itself and acknowledges on the control queue
+// (§5.1.6.5.4), which clears the bit.
+TEST_F(VirtioPciTest, ADriverThatTakesGuestAnnounceIsAskedToAnnounceAndAcknowledges) {
+  guest::VfioUserClient c(socket);
+  guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .control_queue = true});
+  d.bring_up();
+  ASSERT_TRUE(net->features() & virtio::kNetGuestAnnounce);
+  UniqueFd cfg_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  const int fds[1] = {cfg_irq.get()};
+  c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
+  c.write32(1, 3 * 16 + 12, 0);
+  c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
+  auto status = [&] { return c.read32(0, VirtioPci::kDeviceOffset + 4) >> 16U; };
+  EXPECT_EQ(status(), 1U) << "link up, nothing to announce";
+  EXPECT_EQ(d.control(3, 0, {}), 0) << "an ack with nothing asked is harmless";
+  std::promise<bool> asked;
+  asio::post(io, [&] {
+    const bool a = net->announce_restored();
+    if (a) pci->config_changed();
+    asked.set_value(a);
+  });
+  ASSERT_TRUE(asked.get_future().get()) << "the driver is asked, no RARP sent for it";
+  pollfd p{cfg_irq.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 2000), 1) << "no configuration change interrupt";
+  EXPECT_EQ(status(), 3U) << "VIRTIO_NET_S_LINK_UP | VIRTIO_NET_S_ANNOUNCE";
+  EXPECT_EQ(d.control(3, 0, {1}), 1) << "the ack has no data";
+  EXPECT_EQ(d.control(3, 0, {}), 0);
+  EXPECT_EQ(status(), 1U) << "acknowledged";
+  EXPECT_TRUE(from_peer(100).empty()) << "the guest announces itself; the device sends nothing";
 }
 
 TEST_F(VirtioPciTest, ClientGoneResetsAndTheNextOneWorks) {

@@ -206,6 +206,12 @@ class Device {
   // where the guest with this MAC is now (virtio-net: a RARP on the wire,
   // vhost-user SEND_RARP). False: the device type has no wire.
   virtual bool announce(const std::array<uint8_t, 6>& /*mac*/) { return false; }
+  // The same for a device restored on the destination whose transport is
+  // the whole device (virtio-pci): virtio-net asks its driver to announce
+  // itself when it negotiated VIRTIO_NET_F_GUEST_ANNOUNCE - true: the
+  // transport signals a configuration change - and else sends a RARP for
+  // its MAC itself.
+  virtual bool announce_restored() { return false; }
 
   // --- state and counters ---
   // The device's state (it stops first); `restore_state` into a device of

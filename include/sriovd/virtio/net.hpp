@@ -143,6 +143,7 @@ class NetDevice : public QueueDevice {
   // A RARP for `mac` on the wire (RFC 903: the guest is here now), sent by
   // the first pair's worker - the port's queue is its - when it next runs.
   bool announce(const std::array<uint8_t, 6>& mac) override;
+  bool announce_restored() override;
 
  protected:
   void queue_enabled_changed(unsigned q) override;
@@ -189,6 +190,9 @@ class NetDevice : public QueueDevice {
   std::mutex announce_mutex_;
   std::array<uint8_t, 12 + 60> announcement_{};
   std::atomic<bool> announce_pending_{false};
+  // VIRTIO_NET_S_ANNOUNCE: set by announce_restored(), cleared by the
+  // driver's VIRTIO_NET_CTRL_ANNOUNCE_ACK (§5.1.6.5.4).
+  std::atomic<bool> announce_status_{false};
 };
 
 }  // namespace sriovd::virtio
