@@ -78,9 +78,13 @@ void print_devices(const json& r) {
       // gave zero-copy or the kernel copies.
       if (b.contains("via")) backend += " " + field(b, "via");
       if (b.contains("xdp_mode")) backend += " (" + field(b, "xdp_mode") + ")";
+      std::string state = d.contains("reason") ? field(d, "state") + ": " + field(d, "reason") : field(d, "state");
+      // A live migration under way: the device logs every page it writes.
+      if (d.contains("vhost_user") && d["vhost_user"].contains("migration") &&
+          d["vhost_user"]["migration"].value("logging", false))
+        state += " (migrating: dirty logging)";
       virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
-                  field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend,
-                  d.contains("reason") ? field(d, "state") + ": " + field(d, "reason") : field(d, "state")});
+                  field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend, state});
     }
     std::fputs("\n", stdout);
     std::fputs(virtio.render().c_str(), stdout);

@@ -15,6 +15,7 @@
 #include "fuzz/input.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/iotlb.hpp"
+#include "sriovd/virtio/dirty_log.hpp"
 #include "sriovd/virtio/ring.hpp"
 
 namespace {
@@ -34,15 +35,22 @@ struct Rig {
   std::array<Segment, 64> segs{};
   Chain last{};
   bool have_last = false;
+  // A migration's dirty log (mode bit 4): the ring marks its writes at a
+  // device-area address the input picks (or by host pointer), the harness
+  // the buffers it writes, as the device does.
+  std::vector<uint8_t> log_bits;
+  std::unique_ptr<DirtyLog> log;
+  RingLog ring_log;
 };
 
 uint64_t sink;  // keeps the reads of readable segments
 
-void use_chain(const Chain& c, std::span<Segment> segs) {
+void use_chain(const Chain& c, std::span<Segment> segs, const DirtyLog* log) {
   for (unsigned i = 0; i < c.count && i < segs.size(); ++i) {
     if (segs[i].len == 0) continue;  // an empty buffer has no address to touch
     if (segs[i].writable) {
       std::memset(segs[i].data, 0xa5, segs[i].len);
+      if (log) log->mark_host(segs[i].data, segs[i].len);
     } else {
       for (uint32_t b = 0; b < segs[i].len; ++b) sink += segs[i].data[b];
     }
@@ -54,8 +62,8 @@ void start(Rig& r, bool packed, uint16_t size, bool event_idx, const RingAddress
   r.have_last = false;
   try {
     uint8_t* region = r.inflight.empty() ? nullptr : r.inflight.data();
-    r.queue = packed ? make_packed_queue(r.mem, size, a, event_idx, Barriers::one_way, base, region)
-                     : make_split_queue(r.mem, size, a, event_idx, Barriers::one_way, base, region);
+    r.queue = packed ? make_packed_queue(r.mem, size, a, event_idx, Barriers::one_way, base, region, r.ring_log)
+                     : make_split_queue(r.mem, size, a, event_idx, Barriers::one_way, base, region, r.ring_log);
   } catch (const std::invalid_argument&) {
     r.queue.reset();  // refused: a bad layout or an inconsistent inflight region
   }
@@ -70,6 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool event_idx = mode & 2U;
   const bool with_iotlb = mode & 4U;
   const bool with_inflight = mode & 8U;
+  const bool with_log = mode & 16U;
   // Split sizes are powers of two; packed ones any size.
   const uint16_t qsize =
       packed ? static_cast<uint16_t>(1 + in.byte() % 128) : static_cast<uint16_t>(1U << (in.byte() % 8));
@@ -81,6 +90,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   r.mem.add_host_region(kGpa, kRam, kUser, r.ram.data());
   if (with_iotlb) r.mem.set_iotlb(&r.iotlb);
   if (with_inflight) r.inflight.assign(inflight_queue_bytes(qsize), 0);
+  if (with_log) {
+    r.log_bits.assign(1 + in.byte() % 16, 0);  // often too small for guest memory: misses are counted
+    r.log = std::make_unique<DirtyLog>(r.log_bits.data(), r.log_bits.size(), r.mem);
+    const uint64_t area = in.take<uint64_t>();
+    r.ring_log = {r.log.get(), (area & 1U) ? RingLog::kByHost : area};
+  }
   start(r, packed, qsize, event_idx, a, base);
 
   for (unsigned step = 0; step < 256 && !in.empty(); ++step) {
@@ -95,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (r.queue && !r.queue->broken()) {
           Chain c;
           if (r.queue->pop(c, r.segs)) {
-            use_chain(c, r.segs);
+            use_chain(c, r.segs, r.log.get());
             r.last = c;
             r.have_last = true;
           }

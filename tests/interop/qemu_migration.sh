@@ -225,6 +225,12 @@ sleep 1
 qmp "$work/qmp-B.sock" migrate-set-parameters '{"max-bandwidth": 4194304}' >/dev/null
 qmp "$work/qmp-B.sock" migrate "{\"uri\": \"unix:$work/mig-A.sock\"}" >/dev/null || fail "round 2: migrate refused"
 wait_log "$work/B.log" "B-net0: dirty logging on" 20 || fail "round 2: B did not start logging"
+# What an operator sees meanwhile.
+out=$("$build/src/sriovctl" --socket "$work/B-control.sock" devices)
+grep -q "migrating: dirty logging" <<<"$out" || fail "round 2: sriovctl devices does not show the migration: $out"
+"$build/src/sriovctl" --socket "$work/B-control.sock" --json devices |
+  python3 -c 'import json,sys; m=json.load(sys.stdin)["virtio_devices"][0]["vhost_user"]["migration"]; sys.exit(0 if m["logging"] and m["log_bytes"] > 0 and m["log_missed"] == 0 else 1)' ||
+  fail "round 2: the devices JSON does not show the log"
 sleep 1
 qmp "$work/qmp-B.sock" migrate_cancel >/dev/null
 result=$(qmp "$work/qmp-B.sock" wait-migration 30) && fail "round 2: the migration was not cancelled: $result"
