@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -245,8 +246,8 @@ void Backend::on_message(FramedReader& reader) {
   // session ends.
   if (peer_mapping_faults() != faults_seen_) {
     faults_seen_ = peer_mapping_faults();
-    if (inflight_guard_.faulted()) throw ProtocolError("the front-end truncated its inflight buffer under the mapping");
-    if (log_guard_.faulted()) throw ProtocolError("the front-end truncated its dirty log under the mapping");
+    if (inflight_.faulted()) throw ProtocolError("the front-end truncated its inflight buffer under the mapping");
+    if (log_map_.faulted()) throw ProtocolError("the front-end truncated its dirty log under the mapping");
   }
   ++stats_.messages;
   handle(m);
@@ -617,19 +618,9 @@ bool Backend::set_inflight(Message& m) {
                    std::strerror(errno));
   }
   drop_inflight();
-  const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
-  if (p == MAP_FAILED) throw SystemError(errno, device_.name() + ": mapping the inflight buffer");
-  try {
-    // Sealed or not, a fault there fails this connection, not the daemon.
-    inflight_guard_ = PeerMapping(p, len);
-  } catch (...) {
-    ::munmap(p, len);
-    throw;
-  }
-  inflight_map_ = static_cast<uint8_t*>(p);
-  inflight_map_len_ = len;
-  device_.set_inflight(inflight_map_ + d.mmap_offset, d.num_queues, d.queue_size);
+  // Sealed or not, a fault there fails this connection, not the daemon.
+  inflight_ = PeerBuffer(m.fds[0].get(), d.mmap_offset + d.mmap_size, device_.name() + ": the inflight buffer");
+  device_.set_inflight(inflight_.data() + d.mmap_offset, d.num_queues, d.queue_size);
   spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.name(), d.num_queues, d.queue_size);
   return false;
 }
@@ -638,10 +629,37 @@ void Backend::drop_inflight() {
   device_.stop();
   if (device_.wedged()) return;  // its worker may still mark chains in it
   device_.set_inflight(nullptr, 0, 0);
-  inflight_guard_ = PeerMapping();  // unregistered before the address can be reused
-  if (inflight_map_) ::munmap(inflight_map_, inflight_map_len_);
-  inflight_map_ = nullptr;
-  inflight_map_len_ = 0;
+  inflight_.reset();
+}
+
+Backend::PeerBuffer::PeerBuffer(int fd, size_t length, const std::string& what) {
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw SystemError(errno, "mapping " + what);
+  try {
+    guard_ = PeerMapping(p, length);
+  } catch (...) {
+    ::munmap(p, length);
+    throw;
+  }
+  base_ = static_cast<uint8_t*>(p);
+  length_ = length;
+}
+
+Backend::PeerBuffer& Backend::PeerBuffer::operator=(PeerBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    base_ = std::exchange(other.base_, nullptr);
+    length_ = std::exchange(other.length_, 0);
+    guard_ = std::move(other.guard_);
+  }
+  return *this;
+}
+
+void Backend::PeerBuffer::reset() {
+  guard_ = PeerMapping();  // unregistered before the address can be reused
+  if (base_) ::munmap(base_, length_);
+  base_ = nullptr;
+  length_ = 0;
 }
 
 // SET_LOG_BASE (LOG_SHMFD): the dirty log of a live migration, in the
@@ -659,27 +677,13 @@ bool Backend::set_log_base(Message& m) {
     throw ProtocolError(what + ": a log is 1 to " + std::to_string(kMaxLogBytes) + " bytes");
   if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.mmap_offset, d.mmap_size); !problem.empty())
     throw ProtocolError(what + ": " + problem);
-  const size_t len = d.mmap_offset + d.mmap_size;  // mmap wants a page-aligned offset: map from 0
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fds[0].get(), 0);
-  if (p == MAP_FAILED) throw SystemError(errno, device_.name() + ": mapping the dirty log");
-  PeerMapping guard;
-  try {
-    guard = PeerMapping(p, len);
-  } catch (...) {
-    ::munmap(p, len);
-    throw;
-  }
+  PeerBuffer fresh(m.fds[0].get(), d.mmap_offset + d.mmap_size, device_.name() + ": the dirty log");
   device_.stop();
-  if (device_.wedged()) {
-    guard = PeerMapping();
-    ::munmap(p, len);
+  if (device_.wedged())
     throw ProtocolError(what + ": the device's worker did not stop and may still write the old log");
-  }
   drop_log();
-  log_map_ = static_cast<uint8_t*>(p);
-  log_map_len_ = len;
-  log_guard_ = std::move(guard);
-  log_ = std::make_unique<virtio::DirtyLog>(log_map_ + d.mmap_offset, d.mmap_size, memory_);
+  log_map_ = std::move(fresh);
+  log_ = std::make_unique<virtio::DirtyLog>(log_map_.data() + d.mmap_offset, d.mmap_size, memory_);
   if (log_fd_) log_->set_notify_fd(log_fd_.get());
   ++stats_.log_bases;
   install_log();
@@ -725,10 +729,7 @@ void Backend::drop_log() {
   if (device_.wedged()) return;  // its worker may still mark pages in it
   memory_.set_dirty_log(nullptr);
   log_.reset();
-  log_guard_ = PeerMapping();  // unregistered before the address can be reused
-  if (log_map_) ::munmap(log_map_, log_map_len_);
-  log_map_ = nullptr;
-  log_map_len_ = 0;
+  log_map_.reset();
 }
 
 // SEND_RARP (PROTOCOL_F_RARP): the front-end, on the migration's

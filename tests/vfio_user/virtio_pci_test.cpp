@@ -89,6 +89,16 @@ class VirtioPciTest : public ::testing::Test {
     std::memset(f.data(), 0, 12);  // virtio_net_hdr_v1: no offload
     return f;
   }
+  // The configuration change vector (the last, after the three queues),
+  // wired to an eventfd and unmasked; the eventfd.
+  static UniqueFd config_vector(guest::VfioUserClient& c) {
+    UniqueFd irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    const int fds[1] = {irq.get()};
+    c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
+    c.write32(1, 3 * 16 + 12, 0);
+    c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
+    return irq;
+  }
   std::vector<uint8_t> from_peer(int timeout_ms = 2000) {
     pollfd p{port->peer(), POLLIN, 0};
     if (::poll(&p, 1, timeout_ms) != 1) return {};
@@ -517,12 +527,7 @@ TEST_F(VirtioPciTest, LinkChangeIsAConfigurationChange) {
   guest::VfioUserClient c(socket);
   guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
-  // The configuration change vector: the last one (after the three queues).
-  UniqueFd cfg_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  const int fds[1] = {cfg_irq.get()};
-  c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
-  c.write32(1, 3 * 16 + 12, 0);
-  c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
+  UniqueFd cfg_irq = config_vector(c);
   auto status = [&] { return c.read32(0, VirtioPci::kDeviceOffset + 4) >> 16U; };
   auto generation = [&] {
     uint8_t g = 0;
@@ -555,11 +560,7 @@ TEST_F(VirtioPciTest, ADriverThatTakesGuestAnnounceIsAskedToAnnounceAndAcknowled
   guest::VirtioNetDriver d(c, {.queue_size = 64, .packed = false, .offloads = false, .control_queue = true});
   d.bring_up();
   ASSERT_TRUE(net->features() & virtio::kNetGuestAnnounce);
-  UniqueFd cfg_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  const int fds[1] = {cfg_irq.get()};
-  c.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 3, fds);
-  c.write32(1, 3 * 16 + 12, 0);
-  c.write(0, 0x10, std::vector<uint8_t>{3, 0});  // config_msix_vector = 3
+  UniqueFd cfg_irq = config_vector(c);
   auto status = [&] { return c.read32(0, VirtioPci::kDeviceOffset + 4) >> 16U; };
   EXPECT_EQ(status(), 1U) << "link up, nothing to announce";
   EXPECT_EQ(d.control(3, 0, {}), 0) << "an ack with nothing asked is harmless";

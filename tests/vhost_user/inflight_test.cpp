@@ -102,22 +102,14 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
     device = &vu->device;
     backend = &vu->backend;
-    ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
-    ASSERT_EQ(::ftruncate(ram_fd.get(), kRam), 0);
-    ram = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
-    if (packed()) {
-      rx_packed = std::make_unique<guest::PackedDriver>(ram, 0, kQueue);
-      tx_packed = std::make_unique<guest::PackedDriver>(ram + 0x8000, 0x8000, kQueue);
-    } else {
-      rx_split = std::make_unique<guest::SplitDriver>(ram, 0, kQueue);
-      tx_split = std::make_unique<guest::SplitDriver>(ram + 0x8000, 0x8000, kQueue);
-    }
+    g = std::make_unique<test::GuestRings>(kRam, kQueue, packed());
+    ram = g->ram;
   }
   void TearDown() override {
     port->hold(false);
     sock.reset();
     vu.reset();
-    ::munmap(ram, kRam);
+    g.reset();
     if (inflight) ::munmap(inflight, inflight_size);
   }
   bool packed() const { return GetParam(); }
@@ -142,27 +134,18 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     const uint64_t proto = kProtoReplyAck | kProtoInflightShmfd;
     send(kSetProtocolFeatures, &proto, 8);
     if (!inflight_fd) {
-      InflightDesc want{0, 0, 2, kQueue, 0};
-      const Header h{kGetInflightFd, kVersion, sizeof want};
-      const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {&want, sizeof want}};
-      ASSERT_EQ(send_with_fds(sock.get(), iov, {}), static_cast<ssize_t>(sizeof h + sizeof want));
-      struct {
-        Header h;
-        InflightDesc d;
-      } __attribute__((packed)) got{};
-      std::vector<UniqueFd> fds;
-      bool truncated = false;
-      ASSERT_EQ(recv_with_fds(sock.get(), &got, sizeof got, fds, MSG_WAITALL, truncated),
-                static_cast<ssize_t>(sizeof got));
-      ASSERT_EQ(fds.size(), 1U);
-      EXPECT_EQ(got.h.flags & kFlagReply, kFlagReply);
-      EXPECT_EQ(got.d.num_queues, 2);
-      EXPECT_EQ(got.d.queue_size, kQueue);
-      EXPECT_GE(got.d.mmap_size, 2 * virtio::inflight_queue_bytes(kQueue));
-      EXPECT_TRUE(::fcntl(fds[0].get(), F_GET_SEALS) & F_SEAL_SHRINK) << "the buffer cannot shrink under a mapping";
-      inflight_fd = std::move(fds[0]);
-      inflight_desc = got.d;
-      inflight_size = got.d.mmap_size;
+      Header reply{};
+      InflightDesc got{};
+      inflight_fd = test::get_inflight_fd(sock.get(), 2, kQueue, got, reply);
+      ASSERT_TRUE(inflight_fd.valid());
+      EXPECT_EQ(reply.flags & kFlagReply, kFlagReply);
+      EXPECT_EQ(got.num_queues, 2);
+      EXPECT_EQ(got.queue_size, kQueue);
+      EXPECT_GE(got.mmap_size, 2 * virtio::inflight_queue_bytes(kQueue));
+      EXPECT_TRUE(::fcntl(inflight_fd.get(), F_GET_SEALS) & F_SEAL_SHRINK)
+          << "the buffer cannot shrink under a mapping";
+      inflight_desc = got;
+      inflight_size = got.mmap_size;
       inflight = static_cast<uint8_t*>(
           ::mmap(nullptr, inflight_size, PROT_READ | PROT_WRITE, MAP_SHARED, inflight_fd.get(), 0));
       ASSERT_NE(inflight, MAP_FAILED);
@@ -173,24 +156,12 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     MemTable t{};
     t.nregions = 1;
     t.regions[0] = {0, kRam, 0x7f0000000000ULL, 0};
-    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
+    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {g->fd.get()});
     for (unsigned q = 0; q < 2; ++q) {
-      const auto r =
-          packed() ? (q == 0 ? rx_packed : tx_packed)->addresses() : (q == 0 ? rx_split : tx_split)->addresses();
-      VringState num{q, kQueue};
-      send(kSetVringNum, &num, sizeof num);
+      const auto r = g->addresses(q);
       const uint64_t u = 0x7f0000000000ULL;
-      VringAddr addr{q, 0, u + r.desc, u + r.device, u + r.driver, 0};
-      send(kSetVringAddr, &addr, sizeof addr);
-      VringState b{q, base};
-      send(kSetVringBase, &b, sizeof b);
-      kicks[q].reset(::eventfd(0, EFD_NONBLOCK));
-      calls[q].reset(::eventfd(0, EFD_NONBLOCK));
-      uint64_t idx = q;
-      send(kSetVringKick, &idx, 8, {kicks[q].get()});
-      send(kSetVringCall, &idx, 8, {calls[q].get()});
-      VringState on{q, 1};
-      send(kSetVringEnable, &on, sizeof on);
+      test::start_vring([this](auto... a) { send(a...); }, q, kQueue,
+                        VringAddr{q, 0, u + r.desc, u + r.device, u + r.driver, 0}, base, kicks[q], calls[q]);
     }
     if (!hangup_ok) {
       ASSERT_TRUE(eventually([&] { return device->running(); }));
@@ -205,12 +176,12 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     std::memset(ram + gpa + 12, n, 60);
     const guest::Buffer b{gpa, 72, false};
     if (packed()) {
-      ASSERT_GE(tx_packed->add({&b, 1}), 0);
+      ASSERT_GE(g->tx_packed->add({&b, 1}), 0);
     } else {
-      const int head = tx_split->add({&b, 1});
+      const int head = g->tx_split->add({&b, 1});
       ASSERT_GE(head, 0);
       heads[n] = static_cast<uint16_t>(head);
-      tx_split->publish();
+      g->tx_split->publish();
     }
     const uint64_t one = 1;
     ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
@@ -220,11 +191,11 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     unsigned got = 0;
     uint32_t id = 0, len = 0;
     eventually([&] {
-      while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) ++got;
+      while (packed() ? g->tx_packed->take_used(id, len) : g->tx_split->take_used(id, len)) ++got;
       return got >= n;
     });
     std::this_thread::sleep_for(20ms);  // and nothing more comes
-    while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) ++got;
+    while (packed() ? g->tx_packed->take_used(id, len) : g->tx_split->take_used(id, len)) ++got;
     return got == n;
   }
   std::vector<uint8_t> sent() { return port->sent(); }
@@ -244,13 +215,12 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<test::BackendRunner> vu;
   virtio::NetDevice* device = nullptr;
   Backend* backend = nullptr;
-  UniqueFd ram_fd, sock, inflight_fd;
-  uint8_t* ram = nullptr;
+  std::unique_ptr<test::GuestRings> g;
+  UniqueFd sock, inflight_fd;
+  uint8_t* ram = nullptr;  // g's
   uint8_t* inflight = nullptr;
   size_t inflight_size = 0;
   InflightDesc inflight_desc{};
-  std::unique_ptr<guest::SplitDriver> rx_split, tx_split;
-  std::unique_ptr<guest::PackedDriver> rx_packed, tx_packed;
   UniqueFd kicks[2], calls[2];
   bool hangup_ok = false, hung_up = false;
   uint16_t heads[256] = {};
@@ -325,7 +295,7 @@ TEST_P(InflightTest, GuestRamTruncatedUnderARunningDeviceBreaksOnlyThatDevice) {
   connect(0);
   transmit(1);
   ASSERT_TRUE(port->wait_sent(1));
-  ASSERT_EQ(::ftruncate(ram_fd.get(), 0), 0);  // from here on the test does not touch `ram` either
+  ASSERT_EQ(::ftruncate(g->fd.get(), 0), 0);  // from here on the test does not touch `ram` either
   const uint64_t one = 1;
   ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
   ASSERT_TRUE(eventually([&] { return device->broken(); })) << "the device did not notice its memory went";
@@ -376,7 +346,7 @@ TEST_P(InflightTest, AGuestThatKeepsItsRingFullCannotHoldOffTheStop) {
     uint32_t id = 0, len = 0;
     while (driving) {
       bool any = false;
-      while (packed() ? tx_packed->take_used(id, len) : tx_split->take_used(id, len)) {
+      while (packed() ? g->tx_packed->take_used(id, len) : g->tx_split->take_used(id, len)) {
         any = true;
         transmit(static_cast<uint8_t>(reposted++ % kQueue));
       }

@@ -101,19 +101,8 @@ class IotlbTest : public ::testing::Test {
     tx = std::make_unique<guest::SplitDriver>(ram + 0x4000, kRingIova + 0x4000, kQueue);
     for (unsigned q = 0; q < 2; ++q) {
       const auto r = (q == 0 ? rx : tx)->addresses();
-      VringState num{q, kQueue};
-      send(kSetVringNum, &num, sizeof num);
-      VringAddr addr{q, 0, r.desc, r.device, r.driver, 0};
-      send(kSetVringAddr, &addr, sizeof addr);
-      VringState base{q, 0};
-      send(kSetVringBase, &base, sizeof base);
-      kicks[q].reset(::eventfd(0, EFD_NONBLOCK));
-      calls[q].reset(::eventfd(0, EFD_NONBLOCK));
-      uint64_t idx = q;
-      send(kSetVringKick, &idx, 8, {kicks[q].get()});
-      send(kSetVringCall, &idx, 8, {calls[q].get()});
-      VringState on{q, 1};
-      send(kSetVringEnable, &on, sizeof on);
+      test::start_vring([this](auto... a) { send(a...); }, q, kQueue, VringAddr{q, 0, r.desc, r.device, r.driver, 0}, 0,
+                        kicks[q], calls[q]);
     }
     ASSERT_TRUE(wait_for([&] { return device->running(); }));
   }

@@ -93,32 +93,22 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
     auto p = std::make_unique<StreamPort>();
     port = p.get();
     vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
-    ram_fd.reset(::memfd_create("ram", MFD_CLOEXEC));
-    ASSERT_EQ(::ftruncate(ram_fd.get(), kRam), 0);
-    ram = static_cast<uint8_t*>(::mmap(nullptr, kRam, PROT_READ | PROT_WRITE, MAP_SHARED, ram_fd.get(), 0));
+    g = std::make_unique<test::GuestRings>(kRam, kQueue, packed());
+    ram = g->ram;
     log_fd.reset(::memfd_create("log", MFD_CLOEXEC));
     ASSERT_EQ(::ftruncate(log_fd.get(), kLogBytes), 0);
     log = static_cast<uint8_t*>(::mmap(nullptr, kLogBytes, PROT_READ | PROT_WRITE, MAP_SHARED, log_fd.get(), 0));
-    if (packed()) {
-      rx_packed = std::make_unique<guest::PackedDriver>(ram, 0, kQueue);
-      tx_packed = std::make_unique<guest::PackedDriver>(ram + 0x8000, 0x8000, kQueue);
-    } else {
-      rx_split = std::make_unique<guest::SplitDriver>(ram, 0, kQueue);
-      tx_split = std::make_unique<guest::SplitDriver>(ram + 0x8000, 0x8000, kQueue);
-    }
   }
   void TearDown() override {
     stop_guest();
     port->flow(false);
     sock.reset();
     vu.reset();
-    ::munmap(ram, kRam);
+    g.reset();
     ::munmap(log, kLogBytes);
   }
   bool packed() const { return GetParam(); }
-  virtio::RingAddresses rings(unsigned q) const {
-    return packed() ? (q == 0 ? rx_packed : tx_packed)->addresses() : (q == 0 ? rx_split : tx_split)->addresses();
-  }
+  virtio::RingAddresses rings(unsigned q) const { return g->addresses(q); }
 
   void send(uint32_t request, const void* payload, uint32_t size, std::vector<int> fds = {}) {
     EXPECT_EQ(test::acked_request(sock.get(), request, payload, size, fds), 0) << request_name(request);
@@ -164,9 +154,12 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
                        (log_all ? kFeatureLogAll : 0);
     send(kSetFeatures, &f, 8);
   }
-  void set_vring_addr(unsigned q, bool log_flag) {
+  VringAddr vring_addr(unsigned q, bool log_flag) const {
     const virtio::RingAddresses r = rings(q);
-    VringAddr a{q, log_flag ? kVringFlagLog : 0, kUser + r.desc, kUser + r.device, kUser + r.driver, r.device};
+    return {q, log_flag ? kVringFlagLog : 0, kUser + r.desc, kUser + r.device, kUser + r.driver, r.device};
+  }
+  void set_vring_addr(unsigned q, bool log_flag) {
+    const VringAddr a = vring_addr(q, log_flag);
     send(kSetVringAddr, &a, sizeof a);
   }
 
@@ -181,21 +174,10 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
     MemTable t{};
     t.nregions = 1;
     t.regions[0] = {0, kRam, kUser, 0};
-    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {ram_fd.get()});
-    for (unsigned q = 0; q < 2; ++q) {
-      VringState num{q, kQueue};
-      send(kSetVringNum, &num, sizeof num);
-      set_vring_addr(q, log_all);
-      VringState b{q, bases[q]};
-      send(kSetVringBase, &b, sizeof b);
-      kicks[q].reset(::eventfd(0, EFD_NONBLOCK));
-      calls[q].reset(::eventfd(0, EFD_NONBLOCK));
-      uint64_t idx = q;
-      send(kSetVringKick, &idx, 8, {kicks[q].get()});
-      send(kSetVringCall, &idx, 8, {calls[q].get()});
-      VringState on{q, 1};
-      send(kSetVringEnable, &on, sizeof on);
-    }
+    send(kSetMemTable, &t, 8 + sizeof(MemRegion), {g->fd.get()});
+    for (unsigned q = 0; q < 2; ++q)
+      test::start_vring([this](auto... a) { send(a...); }, q, kQueue, vring_addr(q, log_all), bases[q], kicks[q],
+                        calls[q]);
     if (wait_running) {
       ASSERT_TRUE(eventually([&] { return vu->device.running(); }));
     }
@@ -205,21 +187,9 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
   // once, then handed to every back-end (the destination's too).
   void give_inflight() {
     if (!inflight_fd) {
-      InflightDesc want{0, 0, 2, kQueue, 0};
-      const Header h{kGetInflightFd, kVersion, sizeof want};
-      const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {&want, sizeof want}};
-      ASSERT_EQ(send_with_fds(sock.get(), iov, {}), static_cast<ssize_t>(sizeof h + sizeof want));
-      struct {
-        Header h;
-        InflightDesc d;
-      } __attribute__((packed)) got{};
-      std::vector<UniqueFd> fds;
-      bool truncated = false;
-      ASSERT_EQ(recv_with_fds(sock.get(), &got, sizeof got, fds, MSG_WAITALL, truncated),
-                static_cast<ssize_t>(sizeof got));
-      ASSERT_EQ(fds.size(), 1U);
-      inflight_fd = std::move(fds[0]);
-      inflight_desc = got.d;
+      Header reply{};
+      inflight_fd = test::get_inflight_fd(sock.get(), 2, kQueue, inflight_desc, reply);
+      ASSERT_TRUE(inflight_fd.valid());
     }
     send(kSetInflightFd, &inflight_desc, sizeof inflight_desc, {inflight_fd.get()});
   }
@@ -228,10 +198,10 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
   // checks it is the next of the stream and posts the buffer again.
   void post(uint64_t gpa) {
     const guest::Buffer b{gpa, 2048, true};
-    const int id = packed() ? rx_packed->add({&b, 1}) : rx_split->add({&b, 1});
+    const int id = packed() ? g->rx_packed->add({&b, 1}) : g->rx_split->add({&b, 1});
     ASSERT_GE(id, 0);
     buffer_of[static_cast<uint32_t>(id)] = gpa;
-    if (!packed()) rx_split->publish();
+    if (!packed()) g->rx_split->publish();
   }
   // Each packet must be the stream's next: a later one is a loss (gaps),
   // an earlier one, a repeat or a wrong byte is corrupt.
@@ -246,7 +216,7 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
       uint32_t id = 0, len = 0;
       while (!guest_stop.load()) {
         bool any = false;
-        while (packed() ? rx_packed->take_used(id, len) : rx_split->take_used(id, len)) {
+        while (packed() ? g->rx_packed->take_used(id, len) : g->rx_split->take_used(id, len)) {
           any = true;
           const uint64_t gpa = buffer_of.at(id);
           uint32_t seq = 0;
@@ -303,12 +273,11 @@ class MigrationTest : public ::testing::TestWithParam<bool> {
   sriovd::test::TempDir dir;
   StreamPort* port = nullptr;
   std::unique_ptr<test::BackendRunner> vu;
-  UniqueFd ram_fd, log_fd, sock;
-  uint8_t* ram = nullptr;
+  std::unique_ptr<test::GuestRings> g;
+  UniqueFd log_fd, sock;
+  uint8_t* ram = nullptr;  // g's
   uint8_t* log = nullptr;
   std::vector<uint8_t> dest;
-  std::unique_ptr<guest::SplitDriver> rx_split, tx_split;
-  std::unique_ptr<guest::PackedDriver> rx_packed, tx_packed;
   UniqueFd kicks[2], calls[2];
   std::map<uint32_t, uint64_t> buffer_of;
   std::thread guest;

@@ -158,6 +158,29 @@ class Backend {
     std::vector<irq::RouteId> ids;
   };
 
+  // A buffer of the front-end's (the inflight buffer, the dirty log)
+  // mapped whole from its fd (mmap wants a page-aligned offset: from 0),
+  // under PeerMapping's guard: the front-end truncating it fails that
+  // session, not the daemon.
+  class PeerBuffer {
+   public:
+    PeerBuffer() = default;
+    PeerBuffer(int fd, size_t length, const std::string& what);  // throws SystemError
+    ~PeerBuffer() { reset(); }
+    PeerBuffer(PeerBuffer&& other) noexcept { *this = std::move(other); }
+    PeerBuffer& operator=(PeerBuffer&& other) noexcept;
+    PeerBuffer(const PeerBuffer&) = delete;
+    PeerBuffer& operator=(const PeerBuffer&) = delete;
+    void reset();
+    [[nodiscard]] uint8_t* data() const { return base_; }
+    [[nodiscard]] bool faulted() const { return guard_.faulted(); }
+
+   private:
+    uint8_t* base_ = nullptr;
+    size_t length_ = 0;
+    PeerMapping guard_;
+  };
+
   std::string path_;
   virtio::Device& device_;
   CallRoutes calls_;
@@ -174,15 +197,11 @@ class Backend {
   asio::posix::stream_descriptor miss_watch_;
   bool access_platform_ = false;
   // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
-  uint8_t* inflight_map_ = nullptr;
-  size_t inflight_map_len_ = 0;
-  PeerMapping inflight_guard_;
+  PeerBuffer inflight_;
   // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
   // is negotiated (install_log).
   bool log_all_ = false;
-  uint8_t* log_map_ = nullptr;
-  size_t log_map_len_ = 0;
-  PeerMapping log_guard_;
+  PeerBuffer log_map_;
   std::unique_ptr<virtio::DirtyLog> log_;
   UniqueFd log_fd_;               // SET_LOG_FD's eventfd: signalled after logged writes are published
   uint64_t faults_seen_ = 0;      // peer_mapping_faults() when last looked at
