@@ -35,7 +35,7 @@ constexpr uint32_t kDeviceFeatureSelect = 0x00, kDeviceFeature = 0x04, kDriverFe
 
 class PciTransport final : public Transport {
  public:
-  PciTransport(VfioUserClient& client, const VirtioNetDriverOptions& options) : c_(client), options_(options) {}
+  PciTransport(VfioUserClient& client, const VirtioNetDriverOptions& options) : c_(&client), options_(options) {}
   ~PciTransport() override {
     try {
       if (found_) set_status(0);  // the device stops using guest RAM before it goes
@@ -75,7 +75,7 @@ class PciTransport final : public Transport {
   unsigned queue_pairs(uint64_t features, unsigned asked) override {
     if (!(features & virtio::kNetMq)) return 1;
     uint16_t max_pairs = 0;
-    c_.read(device_.bar, device_.offset + 8, {reinterpret_cast<uint8_t*>(&max_pairs), 2});
+    c_->read(device_.bar, device_.offset + 8, {reinterpret_cast<uint8_t*>(&max_pairs), 2});
     return std::clamp<unsigned>(asked, 1, std::max<uint16_t>(max_pairs, 1));
   }
 
@@ -83,7 +83,7 @@ class PciTransport final : public Transport {
   unsigned control_queue(unsigned /*pairs*/) override { return (common32(kNumQueues) >> 16U) - 1; }
 
   uint64_t share(const GuestRam& ram) override {
-    c_.dma_map(kRamBase, ram.size, ram.fd, 0);
+    c_->dma_map(kRamBase, ram.size, ram.fd, 0);
     return kRamBase;
   }
 
@@ -95,7 +95,7 @@ class PciTransport final : public Transport {
       common_write(kQueueSize, q.size, 2);
       common_write(kQueueMsixVector, q.vector, 2);
       uint16_t vector = 0;
-      c_.read(common_.bar, common_.offset + kQueueMsixVector, {reinterpret_cast<uint8_t*>(&vector), 2});
+      c_->read(common_.bar, common_.offset + kQueueMsixVector, {reinterpret_cast<uint8_t*>(&vector), 2});
       if (vector != q.vector)
         throw std::runtime_error("queue " + std::to_string(q.index) + " refused MSI-X vector " +
                                  std::to_string(q.vector));
@@ -111,25 +111,35 @@ class PciTransport final : public Transport {
   }
 
   void notify(unsigned q) override {
-    c_.write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
+    c_->write(notify_.bar, notify_.offset + q * notify_multiplier_, {reinterpret_cast<const uint8_t*>(&q), 2});
   }
 
   void mask_vector(unsigned v, bool masked) override {
     if (options_.keeps_msix_table) {
-      c_.mask(kMsixIrq, v, masked);
+      c_->mask(kMsixIrq, v, masked);
       return;
     }
     const uint32_t control = masked ? 1U : 0U;
     const uint64_t at = msix_table_ + 16 * v + 12;
     if (options_.posted_mask_writes)
-      c_.post_write(msix_bir_, at, {reinterpret_cast<const uint8_t*>(&control), sizeof control});
+      c_->post_write(msix_bir_, at, {reinterpret_cast<const uint8_t*>(&control), sizeof control});
     else
-      c_.write32(msix_bir_, at, control);
+      c_->write32(msix_bir_, at, control);
+  }
+
+  std::vector<UniqueFd> moved_to(VfioUserClient& to, const GuestRam& ram,
+                                 std::span<const UniqueFd> interrupts) override {
+    c_ = &to;
+    c_->dma_map(kRamBase, ram.size, ram.fd, 0);
+    std::vector<int> fds;
+    for (const UniqueFd& fd : interrupts) fds.push_back(fd.get());
+    c_->set_irq_eventfds(kMsixIrq, 0, fds);
+    return doorbells();
   }
 
   std::string mac() override {
     uint8_t m[6];
-    c_.read(device_.bar, device_.offset, {m, 6});
+    c_->read(device_.bar, device_.offset, {m, 6});
     char out[18];
     std::snprintf(out, sizeof out, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
     return out;
@@ -145,7 +155,7 @@ class PciTransport final : public Transport {
   // The first common, notify and device configuration capabilities (§4.1.4).
   void find_caps() {
     std::vector<uint8_t> cfg(256);
-    c_.read(kConfigRegion, 0, cfg);
+    c_->read(kConfigRegion, 0, cfg);
     const uint16_t vendor = pci::get16(cfg, 0);
     if (vendor != 0x1af4) throw std::runtime_error("not a virtio device (vendor " + std::to_string(vendor) + ")");
     bool have_common = false, have_notify = false, have_device = false;
@@ -181,7 +191,7 @@ class PciTransport final : public Transport {
   // and every vector unmasked.
   void program_msix(size_t nvec, std::vector<UniqueFd>& interrupts) {
     std::vector<uint8_t> cfg(256);
-    c_.read(kConfigRegion, 0, cfg);
+    c_->read(kConfigRegion, 0, cfg);
     const auto msix = pci::find_msix(cfg);
     if (!msix || msix->vectors < nvec) throw std::runtime_error("the device has too few MSI-X vectors");
     msix_bir_ = msix->table_bir;
@@ -192,14 +202,14 @@ class PciTransport final : public Transport {
       if (!interrupts.back()) throw_errno("interrupt eventfd");
       fds[v] = interrupts.back().get();
       if (options_.keeps_msix_table) continue;  // the table is the VMM's (QEMU)
-      c_.write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
-      c_.write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
+      c_->write32(msix->table_bir, msix->table_offset + 16 * v, 0xfee00000);
+      c_->write32(msix->table_bir, msix->table_offset + 16 * v + 8, 0x30 + v);
     }
-    c_.set_irq_eventfds(kMsixIrq, 0, fds);
-    const uint32_t dw0 = c_.read32(kConfigRegion, msix->cap_offset);
-    c_.write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
+    c_->set_irq_eventfds(kMsixIrq, 0, fds);
+    const uint32_t dw0 = c_->read32(kConfigRegion, msix->cap_offset);
+    c_->write32(kConfigRegion, msix->cap_offset, (dw0 & 0x3fffffffU) | 0x80000000U);
     if (options_.keeps_msix_table) return;
-    for (unsigned v = 0; v < nvec; ++v) c_.write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
+    for (unsigned v = 0; v < nvec; ++v) c_->write32(msix->table_bir, msix->table_offset + 16 * v + 12, 0);
   }
 
   // One eventfd per queue where the server has them; none (REGION_WRITE
@@ -207,7 +217,7 @@ class PciTransport final : public Transport {
   std::vector<UniqueFd> doorbells() {
     std::vector<UniqueFd> out;
     try {
-      auto io = c_.region_io_fds(notify_.bar);
+      auto io = c_->region_io_fds(notify_.bar);
       for (const auto& e : io.entries) {
         const uint64_t q = (e.offset - notify_.offset) / std::max<uint32_t>(notify_multiplier_, 1);
         if (e.fd_index >= io.fds.size() || q > 0xffff) continue;
@@ -220,18 +230,18 @@ class PciTransport final : public Transport {
     return out;
   }
 
-  uint32_t common32(uint32_t off) { return c_.read32(common_.bar, common_.offset + off); }
+  uint32_t common32(uint32_t off) { return c_->read32(common_.bar, common_.offset + off); }
   void common_write(uint32_t off, uint64_t value, unsigned size) {
-    c_.write(common_.bar, common_.offset + off, {reinterpret_cast<const uint8_t*>(&value), size});
+    c_->write(common_.bar, common_.offset + off, {reinterpret_cast<const uint8_t*>(&value), size});
   }
   uint8_t status() {
     uint8_t s = 0;
-    c_.read(common_.bar, common_.offset + kDeviceStatus, {&s, 1});
+    c_->read(common_.bar, common_.offset + kDeviceStatus, {&s, 1});
     return s;
   }
   void set_status(uint8_t s) { common_write(kDeviceStatus, s, 1); }
 
-  VfioUserClient& c_;
+  VfioUserClient* c_;  // another one once the guest migrated (moved_to)
   VirtioNetDriverOptions options_;
   bool found_ = false;
   Cap common_, notify_, device_;

@@ -66,6 +66,14 @@ class Transport {
   // vhost-user IOTLB misses).
   virtual int poll(pollfd* fds, nfds_t count, int timeout_ms) { return ::poll(fds, count, timeout_ms); }
   virtual std::string mac() = 0;
+  // Live migration, the VMM's part on the destination (virtio-pci over
+  // vfio-user): the device is now the one `to` reaches, its state the
+  // source's. Guest RAM shared with it at the same address, its MSI-X
+  // vectors wired to the same `interrupts`; returns its doorbells.
+  virtual std::vector<UniqueFd> moved_to(VfioUserClient& /*to*/, const GuestRam& /*ram*/,
+                                         std::span<const UniqueFd> /*interrupts*/) {
+    throw std::runtime_error("this transport does not migrate");
+  }
 };
 
 class VfioUserClient;

@@ -274,4 +274,99 @@ void VfioUserClient::dma_unmap(uint64_t iova, uint64_t size) {
 
 void VfioUserClient::reset() { call(kDeviceReset, {}); }
 
+std::vector<uint8_t> VfioUserClient::feature(uint32_t flags, std::span<const uint8_t> data, uint32_t reply_data) {
+  const DeviceFeature f{static_cast<uint32_t>(sizeof(DeviceFeature) + std::max<size_t>(data.size(), reply_data)),
+                        flags};
+  std::vector<uint8_t> payload(bytes_of(f).begin(), bytes_of(f).end());
+  payload.insert(payload.end(), data.begin(), data.end());
+  const Reply r = call(kDeviceFeature, payload);
+  if (r.payload.size() < sizeof f)
+    throw std::runtime_error("DEVICE_FEATURE reply of " + std::to_string(r.payload.size()) + " bytes");
+  return {r.payload.begin() + sizeof f, r.payload.end()};
+}
+
+uint64_t VfioUserClient::migration_flags() {
+  const auto d = feature(kFeatureMigration | kFeatureGet, {}, 8);
+  if (d.size() != 8) throw std::runtime_error("MIGRATION reply of " + std::to_string(d.size()) + " bytes");
+  uint64_t flags = 0;
+  std::memcpy(&flags, d.data(), 8);
+  return flags;
+}
+
+uint32_t VfioUserClient::mig_state() {
+  const auto d = feature(kFeatureMigDeviceState | kFeatureGet, {}, sizeof(MigDeviceState));
+  if (d.size() != sizeof(MigDeviceState))
+    throw std::runtime_error("MIG_DEVICE_STATE reply of " + std::to_string(d.size()) + " bytes");
+  MigDeviceState s;
+  std::memcpy(&s, d.data(), sizeof s);
+  return s.device_state;
+}
+
+uint32_t VfioUserClient::set_mig_state(uint32_t state) {
+  const MigDeviceState s{state, -1};
+  const auto d = feature(kFeatureMigDeviceState | kFeatureSet, bytes_of(s));
+  if (d.size() != sizeof s)
+    throw std::runtime_error("MIG_DEVICE_STATE reply of " + std::to_string(d.size()) + " bytes");
+  MigDeviceState got;
+  std::memcpy(&got, d.data(), sizeof got);
+  return got.device_state;
+}
+
+std::vector<uint8_t> VfioUserClient::mig_read_all(uint32_t chunk) {
+  std::vector<uint8_t> out;
+  for (;;) {
+    const MigData q{static_cast<uint32_t>(sizeof(MigData) + chunk), chunk};
+    const Reply r = call(kMigDataRead, bytes_of(q));
+    MigData got;
+    if (r.payload.size() < sizeof got)
+      throw std::runtime_error("MIG_DATA_READ reply of " + std::to_string(r.payload.size()) + " bytes");
+    std::memcpy(&got, r.payload.data(), sizeof got);
+    if (got.size > chunk || r.payload.size() != sizeof got + got.size)
+      throw std::runtime_error("MIG_DATA_READ reply of " + std::to_string(r.payload.size()) + " bytes saying " +
+                               std::to_string(got.size));
+    out.insert(out.end(), r.payload.begin() + sizeof got, r.payload.end());
+    if (got.size < chunk) return out;
+  }
+}
+
+void VfioUserClient::mig_write_all(std::span<const uint8_t> data, uint32_t chunk) {
+  for (size_t done = 0; done < data.size();) {
+    const size_t n = std::min<size_t>(chunk, data.size() - done);
+    const MigData q{static_cast<uint32_t>(sizeof(MigData)), static_cast<uint32_t>(n)};
+    std::vector<uint8_t> payload(bytes_of(q).begin(), bytes_of(q).end());
+    payload.insert(payload.end(), data.begin() + static_cast<ptrdiff_t>(done),
+                   data.begin() + static_cast<ptrdiff_t>(done + n));
+    call(kMigDataWrite, payload);
+    done += n;
+  }
+}
+
+uint64_t VfioUserClient::dma_logging_start(uint64_t page_size, std::span<const DmaRange> ranges) {
+  const DmaLoggingControl c{page_size, static_cast<uint32_t>(ranges.size()), 0};
+  std::vector<uint8_t> data(bytes_of(c).begin(), bytes_of(c).end());
+  const auto* r = reinterpret_cast<const uint8_t*>(ranges.data());
+  data.insert(data.end(), r, r + ranges.size_bytes());
+  const auto d = feature(kFeatureDmaLoggingStart | kFeatureSet, data);
+  if (d.size() != data.size())
+    throw std::runtime_error("DMA_LOGGING_START reply of " + std::to_string(d.size()) + " bytes");
+  DmaLoggingControl got;
+  std::memcpy(&got, d.data(), sizeof got);
+  return got.page_size;
+}
+
+void VfioUserClient::dma_logging_stop() { (void)feature(kFeatureDmaLoggingStop | kFeatureSet, {}); }
+
+std::vector<uint64_t> VfioUserClient::dma_logging_report(uint64_t iova, uint64_t length, uint64_t page_size) {
+  const DmaLoggingReport q{iova, length, page_size};
+  const uint64_t bits = length / page_size + (length % page_size ? 1 : 0);
+  const uint64_t words = (bits + 63) / 64;
+  const auto d =
+      feature(kFeatureDmaLoggingReport | kFeatureGet, bytes_of(q), static_cast<uint32_t>(sizeof q + words * 8));
+  if (d.size() != sizeof q + words * 8)
+    throw std::runtime_error("DMA_LOGGING_REPORT reply of " + std::to_string(d.size()) + " bytes");
+  std::vector<uint64_t> bitmap(words);
+  std::memcpy(bitmap.data(), d.data() + sizeof q, words * 8);
+  return bitmap;
+}
+
 }  // namespace sriovd::guest

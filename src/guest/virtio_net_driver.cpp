@@ -118,6 +118,10 @@ void VirtioNetDriver::bring_up() {
 
 std::string VirtioNetDriver::mac() const { return transport_->mac(); }
 
+void VirtioNetDriver::moved_to(VfioUserClient& to) {
+  doorbells_ = transport_->moved_to(to, {ram_fd_.get(), ram_, ram_size_}, irq_fds_);
+}
+
 // Guest RAM: per pair an RX and a TX ring, the control ring; per pair TX
 // and RX buffers; a command page.
 void VirtioNetDriver::map_ram(unsigned pairs) {

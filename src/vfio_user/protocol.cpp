@@ -18,6 +18,9 @@ const char* command_name(uint16_t c) {
     case kDmaWrite: return "DMA_WRITE";
     case kDeviceReset: return "DEVICE_RESET";
     case kRegionWriteMulti: return "REGION_WRITE_MULTI";
+    case kDeviceFeature: return "DEVICE_FEATURE";
+    case kMigDataRead: return "MIG_DATA_READ";
+    case kMigDataWrite: return "MIG_DATA_WRITE";
     default: return "unknown";
   }
 }

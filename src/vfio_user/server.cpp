@@ -81,6 +81,7 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
             ++stats_.refused_peers;
             stats_.last_error = why;
           }) {
+  if (Migratable* m = device_.migratable()) migration_ = std::make_unique<Migration>(*m, device_.name());
   spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
 }
 
@@ -263,6 +264,9 @@ const Server::Command* Server::command_of(uint16_t command) {
       {kRegionWrite, sizeof(RegionAccess), false, 0, &Server::region_access},
       {kDeviceReset, 0, true, 0, &Server::device_reset},
       {kRegionWriteMulti, sizeof(uint64_t), false, 0, &Server::region_write_multi},
+      {kDeviceFeature, sizeof(DeviceFeature), false, 0, &Server::device_feature},
+      {kMigDataRead, sizeof(MigData), true, 0, &Server::mig_data_read},
+      {kMigDataWrite, sizeof(MigData), false, 0, &Server::mig_data_write},
   };
   for (const Command& c : table)
     if (c.command == command) return &c;
@@ -303,6 +307,171 @@ void Server::region_access(Message& m, Reply& r) {
 void Server::device_reset(Message& /*m*/, Reply& /*r*/) {
   if (!device_.can_reset()) throw Error(ENOTSUP, device_.name() + " cannot be reset");
   device_.reset();
+  if (migration_) migration_->device_reset();  // RUNNING again (ERROR ends here)
+}
+
+namespace {
+
+const char* feature_name(uint32_t feature) {
+  switch (feature) {
+    case kFeatureMigration: return "MIGRATION";
+    case kFeatureMigDeviceState: return "MIG_DEVICE_STATE";
+    case kFeatureDmaLoggingStart: return "DMA_LOGGING_START";
+    case kFeatureDmaLoggingStop: return "DMA_LOGGING_STOP";
+    case kFeatureDmaLoggingReport: return "DMA_LOGGING_REPORT";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+// VFIO_USER_DEVICE_FEATURE: the migration features (the only ones the
+// protocol carries). GET or SET, or PROBE with either or neither; each
+// feature takes the operations linux/vfio.h gives it. A device that cannot
+// be migrated refuses them all with ENOTTY, as VFIO does (a client then
+// blocks migration instead of trying it).
+void Server::device_feature(Message& m, Reply& r) {
+  const auto f = load<DeviceFeature>(m.payload);
+  const uint32_t feature = f.flags & kFeatureMask;
+  const uint32_t ops = f.flags & ~kFeatureMask;
+  const std::span<const uint8_t> data = std::span<const uint8_t>(m.payload).subspan(sizeof f);
+  const std::string what =
+      std::string("DEVICE_FEATURE ") + feature_name(feature) + " (" + std::to_string(feature) + ")";
+  if (ops & ~(kFeatureGet | kFeatureSet | kFeatureProbe)) throw Error(EINVAL, what + " with unknown flags " + hex(ops));
+  const bool get = ops & kFeatureGet, set = ops & kFeatureSet, probe = ops & kFeatureProbe;
+  if (!probe && get == set) throw Error(EINVAL, what + ": GET or SET, one of them");
+  if (!migration_) throw Error(ENOTTY, what + ": " + device_.name() + " cannot be migrated");
+  uint32_t allowed = 0;
+  switch (feature) {
+    case kFeatureMigration:
+    case kFeatureDmaLoggingReport: allowed = kFeatureGet; break;
+    case kFeatureMigDeviceState: allowed = kFeatureGet | kFeatureSet; break;
+    case kFeatureDmaLoggingStart:
+    case kFeatureDmaLoggingStop: allowed = kFeatureSet; break;
+    default: throw Error(ENOTTY, what + " is not served");
+  }
+  if (ops & (kFeatureGet | kFeatureSet) & ~allowed)
+    throw Error(EINVAL, what + " does not take " + (get ? "GET" : "SET"));
+  // The reply: the request's header and data (SET, PROBE), or the header
+  // and the feature's data (GET), with argsz what the whole needs - no
+  // more than the client's buffer (the request's argsz).
+  const auto answer = [&](std::span<const uint8_t> out, std::span<const uint8_t> tail = {}) {
+    const uint64_t need = sizeof f + out.size() + tail.size();
+    if (f.argsz < need)
+      throw Error(EINVAL, what + " with argsz " + std::to_string(f.argsz) + ": the reply is " + std::to_string(need) +
+                              " bytes");
+    append(r.payload, DeviceFeature{static_cast<uint32_t>(need), f.flags});
+    r.payload.insert(r.payload.end(), out.begin(), out.end());
+    r.payload.insert(r.payload.end(), tail.begin(), tail.end());
+  };
+  if (probe) {
+    answer(data);
+    return;
+  }
+  Migration& mig = *migration_;
+  const auto as_bytes = [](const auto& v) { return std::span(reinterpret_cast<const uint8_t*>(&v), sizeof v); };
+  const auto want_data = [&](size_t size) {
+    if (data.size() != size)
+      throw Error(EINVAL, what + " with " + std::to_string(data.size()) + " bytes of data, " + std::to_string(size) +
+                              " expected");
+  };
+  switch (feature) {
+    case kFeatureMigration: {
+      want_data(0);
+      answer(as_bytes(kMigrationStopCopy));
+      return;
+    }
+    case kFeatureMigDeviceState: {
+      if (get) {
+        want_data(0);
+        answer(as_bytes(MigDeviceState{static_cast<uint32_t>(mig.state()), -1}));
+        return;
+      }
+      want_data(sizeof(MigDeviceState));
+      MigDeviceState s;
+      std::memcpy(&s, data.data(), sizeof s);
+      mig.set_state(s.device_state);
+      answer(as_bytes(MigDeviceState{static_cast<uint32_t>(mig.state()), -1}));
+      return;
+    }
+    case kFeatureDmaLoggingStart: {
+      if (data.size() < sizeof(DmaLoggingControl)) want_data(sizeof(DmaLoggingControl));
+      DmaLoggingControl c;
+      std::memcpy(&c, data.data(), sizeof c);
+      if (c.num_ranges > DmaLog::kMaxRanges)
+        throw Error(EINVAL, what + " of " + std::to_string(c.num_ranges) + " ranges (at most " +
+                                std::to_string(DmaLog::kMaxRanges) + ")");
+      want_data(sizeof c + size_t{c.num_ranges} * sizeof(DmaRange));
+      std::vector<DmaRange> ranges(c.num_ranges);
+      if (c.num_ranges) std::memcpy(ranges.data(), data.data() + sizeof c, c.num_ranges * sizeof(DmaRange));
+      if (ranges.empty()) {
+        // None: every write is logged - over the windows the device can
+        // write now (DMA_MAP of another writable one is refused meanwhile).
+        for (const DmaWindow& w : windows_)
+          if (w.writable && w.host) ranges.push_back({w.iova, w.size});
+        if (ranges.empty()) throw Error(EINVAL, what + " of every write with no writable DMA window mapped");
+      }
+      const uint64_t before = c.page_size;
+      c.page_size = mig.start_logging(c.page_size, ranges);
+      if (c.page_size != before)
+        spdlog::info("vfio-user: {}: DMA logging by {} byte pages ({} asked for)", device_.name(), c.page_size, before);
+      answer(as_bytes(c), data.subspan(sizeof c));
+      return;
+    }
+    case kFeatureDmaLoggingStop: {
+      want_data(0);
+      mig.stop_logging();
+      answer({});
+      return;
+    }
+    case kFeatureDmaLoggingReport: {
+      want_data(sizeof(DmaLoggingReport));
+      DmaLoggingReport q;
+      std::memcpy(&q, data.data(), sizeof q);
+      DmaLog* log = mig.dma_log();
+      if (!log) throw Error(EINVAL, what + ": DMA logging is not on");
+      if (q.page_size == 0 || q.length / q.page_size / 8 > peer_max_xfer_)
+        throw Error(E2BIG, what + " of [" + hex(q.iova) + ", +" + hex(q.length) + ") by " +
+                               std::to_string(q.page_size) + " byte pages: a bitmap larger than " +
+                               std::to_string(peer_max_xfer_) + " bytes; ask for less at a time");
+      const uint64_t words = DmaLog::report_words(q.length, q.page_size);
+      if (f.argsz < sizeof f + sizeof q + words * 8)
+        throw Error(EINVAL, what + " with argsz " + std::to_string(f.argsz) + ": the reply is " +
+                                std::to_string(sizeof f + sizeof q + words * 8) + " bytes");
+      std::vector<uint64_t> bitmap(words, 0);
+      log->report(q.iova, q.length, q.page_size, bitmap);
+      mig.counted_report();
+      answer(as_bytes(q), std::span(reinterpret_cast<const uint8_t*>(bitmap.data()), words * 8));
+      return;
+    }
+    default: return;
+  }
+}
+
+// MIG_DATA_READ: the next part of the state STOP_COPY took; fewer bytes
+// than asked for is its end.
+void Server::mig_data_read(Message& m, Reply& r) {
+  const auto q = load<MigData>(m.payload);
+  if (!migration_) throw Error(ENOTTY, "MIG_DATA_READ: " + device_.name() + " cannot be migrated");
+  if (q.size > peer_max_xfer_)
+    throw Error(EINVAL, "MIG_DATA_READ of " + std::to_string(q.size) + " bytes (at most " +
+                            std::to_string(peer_max_xfer_) + ")");
+  if (q.argsz < sizeof q + uint64_t{q.size})
+    throw Error(EINVAL, "MIG_DATA_READ of " + std::to_string(q.size) + " bytes with argsz " + std::to_string(q.argsz));
+  r.payload.resize(sizeof q + q.size);
+  const size_t n = migration_->read(std::span<uint8_t>(r.payload).subspan(sizeof q));
+  r.payload.resize(sizeof q + n);
+  const MigData head{static_cast<uint32_t>(sizeof q + n), static_cast<uint32_t>(n)};
+  std::memcpy(r.payload.data(), &head, sizeof head);
+}
+
+void Server::mig_data_write(Message& m, Reply& /*r*/) {
+  const auto q = load<MigData>(m.payload);
+  if (!migration_) throw Error(ENOTTY, "MIG_DATA_WRITE: " + device_.name() + " cannot be migrated");
+  if (m.payload.size() != sizeof q + uint64_t{q.size})
+    throw Error(EINVAL, "MIG_DATA_WRITE of " + std::to_string(q.size) + " bytes carrying " +
+                            std::to_string(m.payload.size() - sizeof q));
+  migration_->write(std::span<const uint8_t>(m.payload).subspan(sizeof q));
 }
 
 void Server::version(Message& m, Reply& r) {
@@ -369,6 +538,11 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
   for (const DmaWindow& w : windows_)
     if (d.address < w.iova + w.size && w.iova < d.address + d.size)
       throw Error(EEXIST, what + " overlaps [" + hex(w.iova) + ", +" + hex(w.size) + ")");
+  // While a migration logs the device's writes, a window it could write
+  // outside the logged ranges would be written unseen by the copy.
+  if (migration_ && migration_->dma_log() && (d.flags & kDmaFlagWrite) && !m.fds.empty() &&
+      !migration_->dma_log()->tracks(d.address, d.size))
+    throw Error(EBUSY, what + ": DMA logging is on and does not cover it (a page written there would not be copied)");
   DmaWindow w{d.address, d.size, nullptr, (d.flags & kDmaFlagRead) != 0, (d.flags & kDmaFlagWrite) != 0};
   Mapping map;
   if (!m.fds.empty()) {
@@ -708,6 +882,15 @@ void Server::on_end(const std::string& why, bool framing) {
     device_.client_gone();
   } catch (const std::exception& e) {
     spdlog::error("vfio-user: {}: releasing the client's state: {}", device_.name(), e.what());
+  }
+  // A migration the client was making ends with it (its DMA log with the
+  // device stopped; one whose worker did not stop keeps it).
+  if (migration_) {
+    try {
+      migration_->client_gone();
+    } catch (const std::exception& e) {
+      spdlog::error("vfio-user: {}: ending the client's migration: {}", device_.name(), e.what());
+    }
   }
   unmap_all();
   deferred_.clear();

@@ -348,6 +348,10 @@ void VirtioPci::set_status(uint8_t status) {
     }
   }
   status_ = status;
+  if ((added & kDriverOk) && (status_ & kFeaturesOk) && quiesced_) {
+    start_pending_ = true;  // a migration stopped the device: it starts at RUNNING
+    return;
+  }
   if ((added & kDriverOk) && (status_ & kFeaturesOk)) {
     try {
       start_device();
@@ -386,6 +390,7 @@ void VirtioPci::start_device() {
     if (!kick) throw_errno(name_ + ": dup of a doorbell");
     device_.set_queue_kick(i, std::move(kick));
     device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
+    wire_queue_log(i);
     device_.set_queue_enabled(i, true);
   }
   device_.start();
@@ -406,6 +411,7 @@ void VirtioPci::resume_device() {
     if (!kick) throw_errno(name_ + ": dup of a doorbell");
     device_.set_queue_kick(i, std::move(kick));
     device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
+    wire_queue_log(i);
   }
   device_.start();
   spdlog::info("virtio-pci {}: resumed from a saved state, features 0x{:x}", name_, device_.features());
@@ -511,13 +517,89 @@ void VirtioPci::restore_state(const virtio::DeviceState& state) {
   msix_->restore(m);
   if ((status_ & kDriverOk) && (status_ & kFeaturesOk)) {
     resume_pending_ = true;
-    if (std::any_of(windows_.begin(), windows_.end(), [](const DmaWindow& w) { return w.host != nullptr; }))
+    if (!quiesced_ &&
+        std::any_of(windows_.begin(), windows_.end(), [](const DmaWindow& w) { return w.host != nullptr; }))
       resume_device();
   }
 }
 
+// --- live migration (vfio_user/migration.hpp) ---
+
+// A queue's ring logs its device area at its guest address (IOVA and
+// guest address are one here) while a DMA log is on.
+void VirtioPci::wire_queue_log(unsigned q) {
+  device_.set_queue_log(q, dma_log_ ? std::optional(queues_[q].device) : std::nullopt);
+}
+
+void VirtioPci::set_dma_log(const virtio::DirtyLog* log) {
+  const bool was_running = device_.running();
+  stop_device();  // the log changes only under stopped workers (Error: one did not stop)
+  memory_.set_dirty_log(log);
+  dma_log_ = log;
+  for (unsigned q = 0; q < num_queues_; ++q) wire_queue_log(q);
+  if (!was_running) return;
+  try {
+    device_.start();
+  } catch (const std::exception& e) {
+    spdlog::error("virtio-pci {}: restarting with the DMA log {}: {}", name_, log ? "on" : "off", e.what());
+    device_.reset();
+    status_ |= kNeedsReset;
+  }
+}
+
+void VirtioPci::mig_stop() {
+  ran_at_stop_ = device_.running();
+  quiesced_ = true;
+  device_.stop();
+  // A worker that does not come out still writes guest memory: that is no
+  // STOP (the arc fails, the migration is in ERROR).
+  if (device_.wedged()) throw std::runtime_error(name_ + ": the device's worker did not stop");
+}
+
+void VirtioPci::mig_run() {
+  quiesced_ = false;
+  const bool memory = std::any_of(windows_.begin(), windows_.end(), [](const DmaWindow& w) { return w.host; });
+  try {
+    if (resume_pending_) {
+      if (memory) resume_device();  // a loaded state, which also announces the guest
+    } else if (start_pending_) {
+      start_pending_ = false;
+      start_device();
+    } else if (ran_at_stop_ && !device_.broken()) {
+      rebuild_memory();  // windows mapped or unmapped while it stood
+      device_.start();   // on from where it stood
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("virtio-pci {}: cannot run after the migration stop: {}", name_, e.what());
+    device_.reset();
+    status_ |= kNeedsReset;
+  }
+  ran_at_stop_ = false;
+  if (config_irq_pending_) {
+    config_irq_pending_ = false;
+    config_changed();
+  }
+}
+
+std::vector<uint8_t> VirtioPci::mig_save() { return save_state().serialize(); }
+
+// STOP -> RESUMING: whatever a driver did here goes (the state replaces it).
+void VirtioPci::mig_prepare_resume() {
+  ran_at_stop_ = false;
+  start_pending_ = false;
+  if (status_ != 0) virtio_reset();
+}
+
+void VirtioPci::mig_load(std::span<const uint8_t> data) {
+  const virtio::DeviceState state = virtio::DeviceState::parse(data, name_ + ": migration data");
+  if (status_ != 0) virtio_reset();  // a client that wrote a status while RESUMING
+  start_pending_ = false;
+  restore_state(state);  // checks everything first; runs at RUNNING (quiesced)
+}
+
 void VirtioPci::virtio_reset() {
   resume_pending_ = false;
+  start_pending_ = false;
   device_.reset();
   device_feature_select_ = driver_feature_select_ = 0;
   driver_features_ = 0;
@@ -543,6 +625,10 @@ void VirtioPci::rebuild_memory() {
 
 void VirtioPci::config_changed() {
   ++config_generation_;
+  if (quiesced_) {
+    config_irq_pending_ = true;  // no interrupt from a stopped device: it fires at RUNNING
+    return;
+  }
   if (config_msix_vector_ != kNoVector && (status_ & kDriverOk)) engine_.trigger(routes_[config_msix_vector_]);
 }
 
@@ -579,7 +665,7 @@ void VirtioPci::trigger_irq(uint32_t index, uint32_t vector) {
 void VirtioPci::dma_mapped(const DmaWindow& w) {
   windows_.push_back(w);
   if (!w.host) return;
-  if (resume_pending_) {
+  if (resume_pending_ && !quiesced_) {
     try {
       resume_device();
     } catch (const std::exception& e) {
@@ -619,6 +705,7 @@ void VirtioPci::remap_running_device() {
 void VirtioPci::reset() {
   virtio_reset();
   msix_->reset();
+  quiesced_ = ran_at_stop_ = config_irq_pending_ = false;  // RUNNING again
 }
 
 // Stops the workers before the memory map changes; a worker that does not
@@ -632,6 +719,7 @@ void VirtioPci::stop_device() {
 
 void VirtioPci::client_gone() {
   virtio_reset();
+  quiesced_ = ran_at_stop_ = config_irq_pending_ = false;
   windows_.clear();
   if (device_.wedged()) {
     spdlog::error("vfio-user: {}: the client left but the device's worker has not stopped: its memory stays", name_);

@@ -11,8 +11,12 @@ namespace sriovd::virtio {
 
 void DirtyLog::mark_gpa(uint64_t gpa, uint64_t len) const {
   if (len == 0) return;
-  const uint64_t first = gpa / kPage;
-  const uint64_t last = (gpa + len - 1) / kPage;
+  if (gpa < base_) {  // before the log's start
+    missed_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t first = (gpa - base_) / kPage;
+  const uint64_t last = (gpa - base_ + len - 1) / kPage;
   if (last < first || last / 8 >= bytes_) {  // wrapped, or past the log's end
     missed_.fetch_add(1, std::memory_order_relaxed);
     return;

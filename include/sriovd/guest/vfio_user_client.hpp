@@ -87,6 +87,24 @@ class VfioUserClient {
   void dma_unmap(uint64_t iova, uint64_t size);
   void reset();
 
+  // Live migration (DEVICE_FEATURE and MIG_DATA_READ/WRITE), as a VMM
+  // moving its guest: the migration flags (VFIO_MIGRATION_*), the device's
+  // state, a state change (returns the state reached), the state's bytes.
+  uint64_t migration_flags();
+  uint32_t mig_state();
+  uint32_t set_mig_state(uint32_t state);
+  // Reads the whole stream in `chunk`-byte reads (until a short one).
+  std::vector<uint8_t> mig_read_all(uint32_t chunk = 64 * 1024);
+  void mig_write_all(std::span<const uint8_t> data, uint32_t chunk = 64 * 1024);
+  // DMA logging: returns the page size the device took; the report is
+  // one bit per page_size from iova (pages written since the last report).
+  uint64_t dma_logging_start(uint64_t page_size, std::span<const vfio_user::DmaRange> ranges);
+  void dma_logging_stop();
+  std::vector<uint64_t> dma_logging_report(uint64_t iova, uint64_t length, uint64_t page_size);
+  // One DEVICE_FEATURE as is: flags (feature | GET/SET/PROBE), data; the
+  // reply's data (after the argsz/flags header).
+  std::vector<uint8_t> feature(uint32_t flags, std::span<const uint8_t> data, uint32_t reply_data = 0);
+
   [[nodiscard]] int fd() const { return sock_.get(); }
   [[nodiscard]] uint64_t dma_requests_served() const { return dma_served_; }
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,17 @@ class VirtioNetDriver {
 
   // One control command (§5.1.6.5); returns the device's ack (0: OK).
   uint8_t control(uint8_t cls, uint8_t cmd, const std::vector<uint8_t>& data);
+
+  // Live migration as the VMM makes it (virtio-pci over vfio-user): the
+  // device is now the one `to` reaches, its state restored from the
+  // source's. Guest RAM is shared with it, its vectors wired to the
+  // driver's interrupt eventfds, its doorbells taken; the guest itself
+  // does nothing else (it does not know it moved).
+  void moved_to(VfioUserClient& to);
+  // Guest RAM as the VMM sees it (what a migration copies), and where it
+  // starts in the addresses the device is given.
+  [[nodiscard]] std::span<uint8_t> ram() const { return {ram_, ram_size_}; }
+  [[nodiscard]] uint64_t ram_iova() const { return dma_base_; }
 
   [[nodiscard]] uint64_t features() const { return features_; }
   [[nodiscard]] bool packed() const { return packed_; }

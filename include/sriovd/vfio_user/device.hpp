@@ -50,6 +50,8 @@ struct DmaWindow {
   const PeerMapping* guard = nullptr;
 };
 
+class Migratable;  // vfio_user/migration.hpp
+
 class ExportedDevice {
  public:
   virtual ~ExportedDevice() = default;
@@ -76,6 +78,10 @@ class ExportedDevice {
 
   virtual void dma_mapped(const DmaWindow& /*window*/) {}
   virtual void dma_unmapped(const DmaWindow& /*window*/) {}
+
+  // Live migration (DEVICE_FEATURE MIGRATION and the rest); null: the
+  // device cannot be migrated and the features are refused (ENOTTY).
+  virtual Migratable* migratable() { return nullptr; }
 
   virtual void reset() = 0;
   // The client went away: drop every fd it gave and reset the device. Its

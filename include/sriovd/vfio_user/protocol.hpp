@@ -37,6 +37,9 @@ enum Command : uint16_t {
   kDmaWrite = 12,
   kDeviceReset = 13,
   kRegionWriteMulti = 15,
+  kDeviceFeature = 16,
+  kMigDataRead = 17,
+  kMigDataWrite = 18,
 };
 
 const char* command_name(uint16_t command);
@@ -180,5 +183,61 @@ struct DmaAccess {
   uint64_t count = 0;
 };
 static_assert(sizeof(DmaAccess) == 16);
+
+// VFIO_USER_DEVICE_FEATURE: VFIO's struct vfio_device_feature, its data
+// after it. The feature index is the low 16 bits of flags; GET, SET and
+// PROBE the bits above (linux/vfio.h's VFIO_DEVICE_FEATURE_*).
+struct DeviceFeature {
+  uint32_t argsz = 0;
+  uint32_t flags = 0;
+};
+static_assert(sizeof(DeviceFeature) == 8);
+inline constexpr uint32_t kFeatureMask = 0xffff;
+inline constexpr uint32_t kFeatureGet = 1U << 16U;
+inline constexpr uint32_t kFeatureSet = 1U << 17U;
+inline constexpr uint32_t kFeatureProbe = 1U << 18U;
+// The features vfio-user carries: migration's.
+inline constexpr uint32_t kFeatureMigration = 1;
+inline constexpr uint32_t kFeatureMigDeviceState = 2;
+inline constexpr uint32_t kFeatureDmaLoggingStart = 6;
+inline constexpr uint32_t kFeatureDmaLoggingStop = 7;
+inline constexpr uint32_t kFeatureDmaLoggingReport = 8;
+inline constexpr uint64_t kMigrationStopCopy = 1U << 0U;  // VFIO_MIGRATION_STOP_COPY
+
+// MIG_DEVICE_STATE's data: the state (enum vfio_device_mig_state) and a
+// data_fd vfio-user does not use (MIG_DATA_READ/WRITE carry the data).
+struct MigDeviceState {
+  uint32_t device_state = 0;
+  int32_t data_fd = -1;
+};
+static_assert(sizeof(MigDeviceState) == 8);
+
+// DMA_LOGGING_START's data, then num_ranges of DmaRange.
+struct DmaLoggingControl {
+  uint64_t page_size = 0;
+  uint32_t num_ranges = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(DmaLoggingControl) == 16);
+struct DmaRange {
+  uint64_t iova = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(DmaRange) == 16);
+// DMA_LOGGING_REPORT's data; the reply's adds the bitmap (u64s, bit n for
+// the page_size unit at iova + n * page_size).
+struct DmaLoggingReport {
+  uint64_t iova = 0;
+  uint64_t length = 0;
+  uint64_t page_size = 0;
+};
+static_assert(sizeof(DmaLoggingReport) == 24);
+
+// MIG_DATA_READ / MIG_DATA_WRITE: argsz, size, then (reply / write) data.
+struct MigData {
+  uint32_t argsz = 0;
+  uint32_t size = 0;
+};
+static_assert(sizeof(MigData) == 8);
 
 }  // namespace sriovd::vfio_user

@@ -27,6 +27,7 @@
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/vfio_user/device.hpp"
+#include "sriovd/vfio_user/migration.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 
 namespace sriovd::vfio_user {
@@ -70,6 +71,8 @@ class Server {
   [[nodiscard]] bool connected() const { return conn_.connected(); }
   [[nodiscard]] const ServerStats& stats() const { return stats_; }
   [[nodiscard]] const std::vector<DmaWindow>& dma_windows() const { return windows_; }
+  // The device's live migration (null: it cannot be migrated).
+  [[nodiscard]] const Migration* migration() const { return migration_.get(); }
   // The clients (pids) this server handed a region's fd to - with
   // bar_access: mmap, the VF's own device fd, which such a client may keep
   // after it disconnects (vfio/holders.hpp).
@@ -126,6 +129,9 @@ class Server {
   void region_access(Message& m, Reply& r);
   void region_write_multi(Message& m, Reply& r);
   void device_reset(Message& m, Reply& r);
+  void device_feature(Message& m, Reply& r);
+  void mig_data_read(Message& m, Reply& r);
+  void mig_data_write(Message& m, Reply& r);
   void check_access(uint32_t region, uint64_t offset, uint32_t count, bool write) const;
   void unmap_all();
 
@@ -166,6 +172,7 @@ class Server {
   uint64_t refusals_unlogged_ = 0;
   [[nodiscard]] bool memory_faulted() const;
   ServerStats stats_;
+  std::unique_ptr<Migration> migration_;  // when the device is migratable
   // Last: the connection and listener call into everything above.
   PeerConnection conn_;
   UnixListener listener_;

@@ -22,10 +22,11 @@
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/device.hpp"
 #include "sriovd/vfio_user/device.hpp"
+#include "sriovd/vfio_user/migration.hpp"
 
 namespace sriovd::vfio_user {
 
-class VirtioPci : public ExportedDevice {
+class VirtioPci : public ExportedDevice, public Migratable {
  public:
   // BAR0 layout.
   static constexpr uint64_t kBar0Size = 0x4000;
@@ -62,6 +63,21 @@ class VirtioPci : public ExportedDevice {
   void dma_unmapped(const DmaWindow& window) override;
   void reset() override;
   void client_gone() override;
+
+  // Live migration over vfio-user (vfio_user/migration.hpp): the state is
+  // save_state()'s, serialised; stopped, nothing runs until RUNNING (a
+  // driver's DRIVER_OK, a restored state's resume, a link change's
+  // interrupt wait for it); the DMA log is installed into guest memory and
+  // every ring, as vhost-user's dirty log is.
+  Migratable* migratable() override { return this; }
+  void mig_stop() override;
+  void mig_run() override;
+  std::vector<uint8_t> mig_save() override;
+  void mig_prepare_resume() override;
+  void mig_load(std::span<const uint8_t> data) override;
+  [[nodiscard]] const virtio::GuestMemory& dma_memory() const override { return memory_; }
+  void set_dma_log(const virtio::DirtyLog* log) override;
+  [[nodiscard]] bool quiesced() const { return quiesced_; }
 
   [[nodiscard]] uint8_t status() const { return status_; }
   // The device configuration changed (the link): config_generation moves
@@ -135,7 +151,14 @@ class VirtioPci : public ExportedDevice {
   uint32_t cfg_offset_ = 0, cfg_length_ = 0;
   // DMA windows, as guest memory for the rings and buffers.
   std::vector<DmaWindow> windows_;
-  bool resume_pending_ = false;  // restored as started, waiting for guest memory
+  bool resume_pending_ = false;  // restored as started, waiting for guest memory (or RUNNING)
+  // Migration: stopped (STOP, STOP_COPY, RESUMING), and what waits for RUNNING.
+  bool quiesced_ = false;
+  bool ran_at_stop_ = false;         // the device ran when it stopped
+  bool start_pending_ = false;       // DRIVER_OK came while stopped
+  bool config_irq_pending_ = false;  // a configuration change came while stopped
+  const virtio::DirtyLog* dma_log_ = nullptr;
+  void wire_queue_log(unsigned q);
   virtio::GuestMemory memory_;
 };
 

@@ -29,9 +29,12 @@ class GuestMemory;
 class DirtyLog {
  public:
   static constexpr uint64_t kPage = 4096;
-  // `bits`: the mapped log, `bytes` long; `memory`: the guest memory whose
-  // host pointers mark_host() turns back into guest addresses.
-  DirtyLog(uint8_t* bits, uint64_t bytes, const GuestMemory& memory) : bits_(bits), bytes_(bytes), memory_(memory) {}
+  // `bits`: the mapped log, `bytes` long, bit 0 for the page at `base`
+  // (vhost-user's log starts at guest address 0; a vfio-user DMA log at
+  // the first IOVA it tracks); `memory`: the guest memory whose host
+  // pointers mark_host() turns back into guest addresses.
+  DirtyLog(uint8_t* bits, uint64_t bytes, const GuestMemory& memory, uint64_t base = 0)
+      : bits_(bits), bytes_(bytes), base_(base), memory_(memory) {}
   DirtyLog(const DirtyLog&) = delete;
   DirtyLog& operator=(const DirtyLog&) = delete;
 
@@ -44,8 +47,9 @@ class DirtyLog {
   // addresses; the spec's log is by guest physical address, and with an
   // IOTLB the address the device was given is an IOVA, never logged).
   void mark_host(const void* p, uint64_t len) const;
-  // Guest addresses below this are in the log.
-  [[nodiscard]] uint64_t covers() const { return bytes_ * 8 * kPage; }
+  // Guest addresses from base() up to covers() are in the log.
+  [[nodiscard]] uint64_t covers() const { return base_ + bytes_ * 8 * kPage; }
+  [[nodiscard]] uint64_t base() const { return base_; }
   [[nodiscard]] uint64_t bytes() const { return bytes_; }
   // Writes the log could not mark: past its end (a front-end that sized
   // it too small), or a pointer in no region. Each is a page the
@@ -59,6 +63,7 @@ class DirtyLog {
  private:
   uint8_t* bits_;
   uint64_t bytes_;
+  uint64_t base_;
   const GuestMemory& memory_;
   int notify_fd_ = -1;
   mutable std::atomic<bool> notify_blocked_{false};
