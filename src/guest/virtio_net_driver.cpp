@@ -118,6 +118,19 @@ void VirtioNetDriver::bring_up() {
 
 std::string VirtioNetDriver::mac() const { return transport_->mac(); }
 
+std::vector<VirtioNetDriver::Area> VirtioNetDriver::device_only_areas() const {
+  std::vector<Area> out;
+  for (unsigned p = 0; p < pairs_.size(); ++p)
+    out.push_back({rx_offset(p, 0), uint64_t{options_.queue_size} * kBufSize});
+  if (!packed_) {
+    const uint64_t used = virtio::split_layout(options_.queue_size).device_bytes;
+    for (const Pair& p : pairs_)
+      for (const Ring* r : {p.rx.get(), p.tx.get()}) out.push_back({r->addresses().device - dma_base_, used});
+    if (ctrl_) out.push_back({ctrl_->addresses().device - dma_base_, used});
+  }
+  return out;
+}
+
 void VirtioNetDriver::moved_to(VfioUserClient& to) {
   doorbells_ = transport_->moved_to(to, {ram_fd_.get(), ram_, ram_size_}, irq_fds_);
 }

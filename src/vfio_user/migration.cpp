@@ -103,7 +103,7 @@ void DmaLog::report(uint64_t iova, uint64_t length, uint64_t page_size, std::spa
     for (unsigned b = 0; got; ++b, got >>= 1U) {
       if (!(got & 1U)) continue;
       // The tracked page's bytes, relative to iova, in report units.
-      const uint64_t at = (byte * 8 + (page % 8) + b - first) * kPage;
+      const uint64_t at = (byte * 8 + b - first) * kPage;
       for (uint64_t unit = at / page_size; unit <= (at + kPage - 1) / page_size; ++unit)
         bitmap[unit / 64] |= 1ULL << (unit % 64);
     }

@@ -21,46 +21,11 @@
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/virtio/net.hpp"
+#include "support/stream_port.hpp"
 
 namespace sriovd::vhost_user::test {
 
-// A port whose fd is an eventfd the port itself signals; by default
-// nothing arrives and what is sent goes nowhere.
-class EventPort : public virtio::PacketPort {
- public:
-  explicit EventPort(std::string name, unsigned queues = 1)
-      : name_(std::move(name)), queues_(queues), fd_(::eventfd(0, EFD_NONBLOCK)) {}
-  [[nodiscard]] const std::string& name() const override { return name_; }
-  [[nodiscard]] unsigned queues() const override { return queues_; }
-  [[nodiscard]] int fd(unsigned) const override { return fd_.get(); }
-  ssize_t send(unsigned, const iovec*, int) override { return 0; }
-  ssize_t recv(unsigned, uint8_t*, size_t) override { return -1; }
-  void set_offloads(unsigned) override {}
-
- protected:
-  void signal() {
-    const uint64_t one = 1;
-    (void)::write(fd_.get(), &one, sizeof one);
-  }
-  void drain() {
-    uint64_t v;
-    (void)::read(fd_.get(), &v, sizeof v);
-  }
-  // The bytes of a packet the device sends.
-  static std::vector<uint8_t> gather(const iovec* iov, int count) {
-    std::vector<uint8_t> p;
-    for (int i = 0; i < count; ++i) {
-      const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
-      p.insert(p.end(), b, b + iov[i].iov_len);
-    }
-    return p;
-  }
-
- private:
-  std::string name_;
-  unsigned queues_;
-  UniqueFd fd_;
-};
+using sriovd::test::EventPort;
 
 // A device with `port` served by a back-end on `socket`, the protocol on
 // an io thread of its own (relay threads off: the tests read the routes).

@@ -37,50 +37,10 @@ constexpr uint64_t kRam = 1 << 20;
 constexpr uint64_t kUser = 0x7f0000000000ULL;  // where the "front-end" has guest RAM
 constexpr uint16_t kQueue = 64;
 constexpr uint64_t kBufs = 0x40000;  // RX buffers, one 4 KiB page each
-constexpr uint32_t kPayload = 1400;
+using sriovd::test::stream_byte;
+using sriovd::test::StreamPort;
+constexpr uint32_t kPayload = StreamPort::kPayload;
 constexpr uint64_t kLogBytes = 4096;
-
-uint8_t stream_byte(uint32_t seq, uint32_t i) { return static_cast<uint8_t>(seq * 7U + i); }
-
-// Packets without end while on: packet n's payload is n (4 bytes), then
-// stream_byte(n, i). What the device sends is kept (a RARP).
-class StreamPort : public test::EventPort {
- public:
-  StreamPort() : EventPort("stream0") {}
-  ssize_t recv(unsigned, uint8_t* buf, size_t size) override {
-    if (!on_.load() || size < 12 + kPayload) {
-      drain();
-      return -1;
-    }
-    std::memset(buf, 0, 12);
-    const uint32_t seq = next_++;
-    std::memcpy(buf + 12, &seq, 4);
-    for (uint32_t i = 4; i < kPayload; ++i) buf[12 + i] = stream_byte(seq, i);
-    return 12 + kPayload;
-  }
-  ssize_t send(unsigned, const iovec* iov, int count) override {
-    std::lock_guard lock(mutex_);
-    sent_.push_back(gather(iov, count));
-    return static_cast<ssize_t>(sent_.back().size());
-  }
-  void flow(bool on) {
-    on_.store(on);
-    if (on) signal();
-  }
-  std::vector<std::vector<uint8_t>> sent() {
-    std::lock_guard lock(mutex_);
-    return sent_;
-  }
-  // The destination's wire goes on where the source's stopped.
-  void start_at(uint32_t seq) { next_.store(seq); }
-  [[nodiscard]] uint32_t generated() const { return next_.load(); }
-
- private:
-  std::atomic<bool> on_{false};
-  std::atomic<uint32_t> next_{0};
-  std::mutex mutex_;
-  std::vector<std::vector<uint8_t>> sent_;
-};
 
 bool eventually(const std::function<bool()>& f) { return sriovd::test::wait_until(f, 5s); }
 

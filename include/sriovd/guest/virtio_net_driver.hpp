@@ -105,6 +105,15 @@ class VirtioNetDriver {
   // starts in the addresses the device is given.
   [[nodiscard]] std::span<uint8_t> ram() const { return {ram_, ram_size_}; }
   [[nodiscard]] uint64_t ram_iova() const { return dma_base_; }
+  // The parts of guest RAM only the device writes (offsets into ram()):
+  // every RX buffer, and each split ring's used ring. What a migration's
+  // dirty log alone must bring over - the guest's own writes are its
+  // hypervisor's to track.
+  struct Area {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  [[nodiscard]] std::vector<Area> device_only_areas() const;
 
   [[nodiscard]] uint64_t features() const { return features_; }
   [[nodiscard]] bool packed() const { return packed_; }
