@@ -83,6 +83,14 @@ void print_devices(const json& r) {
       if (d.contains("vhost_user") && d["vhost_user"].contains("migration") &&
           d["vhost_user"]["migration"].value("logging", false))
         state += " (migrating: dirty logging)";
+      if (d.contains("vfio_user") && d["vfio_user"].contains("migration")) {
+        const json& m = d["vfio_user"]["migration"];
+        const std::string mig = m.value("state", "RUNNING");
+        if (mig != "RUNNING")
+          state += " (migration: " + mig + ")";
+        else if (m.value("dma_logging", false))
+          state += " (migrating: DMA logging)";
+      }
       virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
                   field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend, state});
     }

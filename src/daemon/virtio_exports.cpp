@@ -325,6 +325,15 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
         j["needs_reset"] = e.device->broken();
         j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
         j["vfio_user"]["last_error"] = st.last_error;
+        // Live migration: the state the client set, the DMA log while one
+        // runs, and what it missed (a write outside the ranges logged).
+        if (const vfio_user::Migration* mig = e.pci_server->migration()) {
+          json& m = j["vfio_user"]["migration"];
+          m = counters_json(mig->stats(), vfio_user::kMigrationCounters);
+          m["state"] = vfio_user::mig_state_name(static_cast<uint32_t>(mig->state()));
+          m["dma_logging"] = mig->dma_log() != nullptr;
+          m["dma_log_missed"] = mig->dma_log() ? mig->dma_log()->log().missed() : 0;
+        }
         j["queues"] = queue_stats(*e.device);
         continue;
       }
@@ -357,6 +366,13 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
   TypedCounters migration("sriovd_vhost_user", vhost_user::kMigrationCounters);
   Family logging("sriovd_vhost_user_logging", "1 while the device logs its writes for a live migration",
                  MetricType::Gauge);
+  TypedCounters pci_migration("sriovd_vfio_user_migration", vfio_user::kMigrationCounters);
+  Family pci_logging("sriovd_vfio_user_dma_logging",
+                     "1 while the virtio-pci device logs its DMA writes for a live migration", MetricType::Gauge);
+  Family pci_state("sriovd_vfio_user_migration_state",
+                   "the device's live migration state (linux/vfio.h: 1 STOP, 2 RUNNING, 3 STOP_COPY, 4 RESUMING, "
+                   "0 ERROR)",
+                   MetricType::Gauge);
   for (const auto& e : exports_) {
     if (!e.device || (!e.backend && !e.pci_server)) {
       connected.add({{"device", e.name}}, 0);
@@ -368,6 +384,10 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
     if (e.backend) {
       migration.add({{"device", e.name}}, e.backend->stats());
       logging.add({{"device", e.name}}, e.backend->logging() ? 1 : 0);
+    } else if (const vfio_user::Migration* mig = e.pci_server->migration()) {
+      pci_migration.add({{"device", e.name}}, mig->stats());
+      pci_logging.add({{"device", e.name}}, mig->dma_log() ? 1 : 0);
+      pci_state.add({{"device", e.name}}, static_cast<double>(mig->state()));
     }
     const virtio::DeviceStats stats = e.device->stats();
     for (unsigned q = 0; q < stats.queues.size(); ++q)
@@ -378,6 +398,9 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
   queues.into(out);
   migration.into(out);
   out.push_back(std::move(logging.f));
+  pci_migration.into(out);
+  out.push_back(std::move(pci_logging.f));
+  out.push_back(std::move(pci_state.f));
 }
 
 }  // namespace sriovd::daemon

@@ -6,6 +6,8 @@
 // the fuzzer gets past it), then messages of any command, flags and
 // payload, with the fds a command carries (a memfd of guest RAM, which the
 // input may also rewrite between messages, eventfds, now and then a pipe).
+// Live migration's messages (DEVICE_FEATURE, MIG_DATA_READ/WRITE) are
+// mostly well formed, so the state machine and the DMA log are walked.
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -115,6 +117,9 @@ size_t usual_size(uint16_t command, uint16_t pick) {
     case kRegionRead: return sizeof(RegionAccess);
     case kRegionWrite: return sizeof(RegionAccess) + 1 + pick % 8;
     case kRegionWriteMulti: return sizeof(uint64_t) + (pick % 4) * sizeof(WriteOne);
+    case kDeviceFeature: return sizeof(DeviceFeature) + (pick % 5) * 8;
+    case kMigDataRead: return sizeof(MigData);
+    case kMigDataWrite: return sizeof(MigData) + pick % 64;
     default: return 0;
   }
 }
@@ -136,6 +141,49 @@ std::vector<UniqueFd> fds_for(World& w, uint16_t command, fuzz::Input& in) {
     }
   }
   return fds;
+}
+
+// A migration message most of the time well formed, so the fuzzer walks
+// the state machine and the DMA log rather than the shape checks: a
+// feature with one operation and its data (a state, a range over the
+// fuzzer's RAM window, a report), MIG_DATA_WRITE's size what it carries.
+std::vector<uint8_t> migration_message(uint16_t command, fuzz::Input& in) {
+  std::vector<uint8_t> p;
+  const auto put = [&p](const auto& v) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&v);
+    p.insert(p.end(), b, b + sizeof v);
+  };
+  if (command == kMigDataRead) {
+    const uint32_t size = in.take<uint16_t>();
+    put(MigData{static_cast<uint32_t>(sizeof(MigData) + size), size});
+    return p;
+  }
+  if (command == kMigDataWrite) {
+    const auto data = in.bytes(in.byte() % 128);
+    put(MigData{static_cast<uint32_t>(sizeof(MigData) + data.size()), static_cast<uint32_t>(data.size())});
+    p.insert(p.end(), data.begin(), data.end());
+    return p;
+  }
+  const uint8_t pick = in.byte();
+  const uint32_t feature = 1 + pick % 8;
+  const uint32_t op = (pick & 0x80U) ? kFeatureProbe : ((pick & 0x40U) ? kFeatureSet : kFeatureGet);
+  put(DeviceFeature{in.byte() % 8 == 0 ? in.take<uint32_t>() : 1U << 20U, feature | op});
+  const uint64_t iova = static_cast<uint64_t>(in.byte() % 4U) * 0x100000;
+  const uint64_t length = static_cast<uint64_t>(in.byte() % 17U) * 0x10000;
+  switch (feature) {
+    case kFeatureMigDeviceState:
+      if (op == kFeatureSet) put(MigDeviceState{in.byte() % 6U, -1});
+      break;
+    case kFeatureDmaLoggingStart: {
+      const uint32_t ranges = in.byte() % 3;
+      put(DmaLoggingControl{in.byte() % 4 == 0 ? in.take<uint64_t>() : 4096, ranges, 0});
+      for (uint32_t i = 0; i < ranges; ++i) put(DmaRange{iova + i * 0x200000, length});
+      break;
+    }
+    case kFeatureDmaLoggingReport: put(DmaLoggingReport{iova, length, uint64_t{1} << (in.byte() % 24)}); break;
+    default: break;
+  }
+  return p;
 }
 
 }  // namespace
@@ -174,11 +222,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(w.host + off, bytes.data(), std::min<size_t>(bytes.size(), kRam - off));
       continue;
     }
-    const uint16_t command = static_cast<uint16_t>(1 + in.byte() % 15);  // 14 (DIRTY_PAGES) is not served
+    const uint16_t command = static_cast<uint16_t>(1 + in.byte() % 18);  // 14 (DIRTY_PAGES) is not served
     const uint32_t flags = in.byte() & (kTypeMask | kNoReply | kError);
     const uint16_t id = in.take<uint16_t>();
     const uint16_t pick = in.take<uint16_t>();
-    const auto payload = in.bytes((pick & 0x8000U) ? pick % 1024 : usual_size(command, pick));
+    const bool migration = command >= kDeviceFeature && (pick & 0x4000U) == 0;
+    std::vector<uint8_t> payload;
+    if (migration) {
+      payload = migration_message(command, in);
+    } else {
+      const auto b = in.bytes((pick & 0x8000U) ? pick % 1024 : usual_size(command, pick));
+      payload.assign(b.begin(), b.end());
+    }
     std::vector<UniqueFd> fds = fds_for(w, command, in);
     std::vector<int> raw;
     for (const auto& f : fds) raw.push_back(f.get());

@@ -1175,6 +1175,113 @@ TEST_F(Daemon, EveryCounterIsInTheDevicesJsonAndInPrometheusAlike) {
   EXPECT_GT(*sample("sriovd_virtio_queue_kicks_total", {"device=\"vfb0\"", "queue=\"1\""}), 0);
 }
 
+// Issue 27: a virtio-net-pci device moves from one sriovd to another (two
+// hosts, their taps in one namespace) with sriovd's vfio-user client as
+// the VMM: what the operator sees on the source while it happens (the
+// devices JSON, Prometheus and sriovctl agree), the state taken on the
+// destination, the guest announced on the destination's wire, and frames
+// from that wire reaching the guest.
+TEST_F(Daemon, AVirtioPciDeviceMigratesToAnotherSriovd) {
+  const std::string ns = "sriovd-mg" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for tap backends";
+  const std::string id = std::to_string(::getpid() % 100000);
+  const std::string tap_a = "mga" + id, tap_b = "mgb" + id;
+  auto device = [&](const std::string& sock, const std::string& tap) {
+    return "virtio_devices:\n  - {name: vp0, type: net, transport: vfio-user, socket: " + sock +
+           ", backend: {type: tap, name: " + tap + ", netns: " + ns + "}}\n";
+  };
+  const std::string sock_a = dir_.file("run/vp0.sock");
+  dir_.write("sriovd.yaml", config_text(socket(), 2) + "metrics: {listen: \"127.0.0.1:0\"}\n" + device(sock_a, tap_a));
+  start();
+  // The destination host: another sriovd with its own state, sysfs and sockets.
+  const std::string control_b = dir_.file("b/run/control.sock"), sock_b = dir_.file("b/run/vp0.sock");
+  dir_.write("b/sriovd.yaml", config_text(control_b, 2) + device(sock_b, tap_b));
+  test::Process daemon_b({SRIOVD_BIN, "--config", dir_.file("b/sriovd.yaml"), "--sysfs-root", dir_.file("b/sys")},
+                         dir_.file("b/sriovd.log"));
+  auto request_b = [&](const json& req) {
+    control::Client c(control_b, 5s);
+    return c.request(req);
+  };
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        try {
+          return request_b({{"cmd", "devices"}})["result"]["virtio_devices"][0].value("state", "") == "listening";
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      10s))
+      << daemon_b.log();
+  const int port = request({{"cmd", "status"}})["result"]["metrics"].value("port", 0);
+  auto pci = [](const json& devices) { return devices["result"]["virtio_devices"][0]; };
+
+  guest::VfioUserClient ca(sock_a);
+  std::optional<guest::VfioUserClient> cb;  // the destination's VMM side: outlives the driver that moves to it
+  guest::VirtioNetDriver d(ca, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  const std::string mac = d.mac();
+  EXPECT_EQ(pci(request({{"cmd", "devices"}}))["vfio_user"]["migration"]["state"], "RUNNING");
+  const vfio_user::DmaRange ram{d.ram_iova(), d.ram().size()};
+  ca.dma_logging_start(4096, {&ram, 1});
+  EXPECT_THAT(ctl({"devices"}).output, HasSubstr("(migrating: DMA logging)"));
+  EXPECT_EQ(ca.set_mig_state(3), 3U);  // STOP_COPY
+  const json m = pci(request({{"cmd", "devices"}}))["vfio_user"]["migration"];
+  EXPECT_EQ(m["state"], "STOP_COPY") << m.dump();
+  EXPECT_EQ(m["dma_logging"], true);
+  EXPECT_THAT(ctl({"devices"}).output, HasSubstr("(migration: STOP_COPY)"));
+  const std::string metrics = scrape(port);
+  EXPECT_THAT(metrics, HasSubstr("sriovd_vfio_user_migration_state{device=\"vp0\"} 3"));
+  EXPECT_THAT(metrics, HasSubstr("sriovd_vfio_user_dma_logging{device=\"vp0\"} 1"));
+  for (const auto& c : vfio_user::kMigrationCounters)
+    EXPECT_THAT(metrics, HasSubstr(std::string("sriovd_vfio_user_migration_") + c.name + "_total{device=\"vp0\"} " +
+                                   std::to_string(m[c.name].get<uint64_t>())))
+        << c.name;
+  const std::vector<uint8_t> state = ca.mig_read_all();
+  (void)ca.dma_logging_report(ram.iova, ram.length, 4096);
+  ca.dma_logging_stop();
+
+  // The destination's wire is watched for the guest's announcement.
+  test::Process sniff(
+      {"/sbin/ip", "netns", "exec", ns, "python3", SRIOVD_SOURCE_DIR "/tests/interop/sniff.py", tap_b, mac},
+      dir_.file("sniff.log"));
+  ASSERT_TRUE(test::wait_until([&] { return sniff.log().find("ready") != std::string::npos; }, 10s)) << sniff.log();
+  cb.emplace(sock_b);
+  d.moved_to(*cb);
+  EXPECT_EQ(cb->set_mig_state(4), 4U);  // RESUMING
+  cb->mig_write_all(state);
+  EXPECT_EQ(cb->set_mig_state(2), 2U);  // RUNNING
+  const json on_b = pci(request_b({{"cmd", "devices"}}));
+  EXPECT_EQ(on_b["state"], "running") << on_b.dump();
+  EXPECT_EQ(on_b["vfio_user"]["migration"]["loaded_bytes"], state.size());
+  EXPECT_TRUE(test::wait_until([&] { return sniff.log().find(tap_b + " 0x8035 " + mac) != std::string::npos; }, 5s))
+      << "no RARP for " << mac << " on the destination's wire: " << sniff.log();
+  // A frame from the destination's wire reaches the guest.
+  std::string eth;
+  for (char c : mac)
+    if (c != ':') eth += c;
+  eth +=
+      "020000000099"
+      "88b5";
+  for (int i = 0; i < 60; ++i) eth += "a5";
+  const test::RunResult sent =
+      test::run({"/sbin/ip", "netns", "exec", ns, "python3", "-c",
+                 "import socket,sys; s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW); s.bind((sys.argv[1],0)); "
+                 "s.send(bytes.fromhex(sys.argv[2]))",
+                 tap_b, eth});
+  ASSERT_EQ(sent.exit_code, 0) << sent.output;
+  std::vector<uint8_t> out(4096);
+  size_t got = 0;
+  for (int i = 0; i < 20 && got != 12 + eth.size() / 2; ++i) got = d.receive(out.data(), out.size(), 500);
+  EXPECT_EQ(got, 12 + eth.size() / 2) << "the frame sent on the destination's tap";
+  EXPECT_EQ(out[12 + 12], 0x88);
+  EXPECT_EQ(out[12 + 13], 0xb5);
+  // The source's VMM resets its side (as QEMU's exit leaves it): RUNNING again.
+  ca.reset();
+  EXPECT_EQ(pci(request({{"cmd", "devices"}}))["vfio_user"]["migration"]["state"], "RUNNING");
+}
+
 // The metrics endpoint keeps nothing pending on the control thread's
 // io_context once the daemon stops: with it on (and scraped), SIGTERM ends
 // the daemon. (Found by the systemd VM test: the stop hung until systemd's

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/counters.hpp"
 #include "sriovd/virtio/dirty_log.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 
@@ -104,6 +105,15 @@ struct MigrationStats {
   uint64_t refused_loads = 0;   // streams that did not parse or fit
   uint64_t dma_log_starts = 0;  // DMA_LOGGING_START taken
   uint64_t dma_log_reports = 0;
+};
+
+inline constexpr Counter<MigrationStats> kMigrationCounters[] = {
+    {"transitions", "live migration state changes (arcs walked)", &MigrationStats::transitions},
+    {"saved_bytes", "device state bytes read out by the client (STOP_COPY)", &MigrationStats::saved_bytes},
+    {"loaded_bytes", "device state bytes loaded (RESUMING)", &MigrationStats::loaded_bytes},
+    {"refused_loads", "migration streams that did not load", &MigrationStats::refused_loads},
+    {"dma_log_starts", "DMA dirty logging started", &MigrationStats::dma_log_starts},
+    {"dma_log_reports", "DMA dirty page reports read", &MigrationStats::dma_log_reports},
 };
 
 class Migration {
