@@ -430,7 +430,9 @@ void Server::device_feature(Message& m, Reply& r) {
       std::memcpy(&q, data.data(), sizeof q);
       DmaLog* log = mig.dma_log();
       if (!log) throw Error(EINVAL, what + ": DMA logging is not on");
-      if (q.page_size == 0 || q.length / q.page_size / 8 > peer_max_xfer_)
+      if (q.page_size == 0 || (q.page_size & (q.page_size - 1)) != 0)
+        throw Error(EINVAL, what + ": page size " + std::to_string(q.page_size) + " is not a power of two");
+      if (q.length / q.page_size / 8 > peer_max_xfer_)
         throw Error(E2BIG, what + " of [" + hex(q.iova) + ", +" + hex(q.length) + ") by " +
                                std::to_string(q.page_size) + " byte pages: a bitmap larger than " +
                                std::to_string(peer_max_xfer_) + " bytes; ask for less at a time");

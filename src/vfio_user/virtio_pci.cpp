@@ -600,6 +600,7 @@ void VirtioPci::mig_load(std::span<const uint8_t> data) {
 void VirtioPci::virtio_reset() {
   resume_pending_ = false;
   start_pending_ = false;
+  ran_at_stop_ = false;  // a driver's reset while a migration has it stopped: nothing to go on with
   device_.reset();
   device_feature_select_ = driver_feature_select_ = 0;
   driver_features_ = 0;

@@ -302,8 +302,11 @@ TEST_P(VfioUserMigration, WhatTheStateMachineRefusesChangesNothing) {
 // (DRIVER_OK in STOP) gets a started device at RUNNING, not before.
 TEST_P(VfioUserMigration, ADriverStartedWhileStoppedRunsAtRunning) {
   const uint64_t iova = d->ram_iova(), size = d->ram().size();
-  d.reset();  // the driver resets the device as it goes
+  EXPECT_EQ(ca->set_mig_state(kStop), kStop);
+  d.reset();  // the driver resets the device as it goes: at RUNNING there is nothing to go on with
   ca->dma_unmap(iova, size);
+  EXPECT_EQ(ca->set_mig_state(kRunning), kRunning);
+  EXPECT_FALSE(a->net.running()) << "a device its driver reset does not start by itself";
   EXPECT_EQ(ca->set_mig_state(kStop), kStop);
   d = std::make_unique<guest::VirtioNetDriver>(
       *ca, guest::VirtioNetDriverOptions{.queue_size = 64, .packed = GetParam(), .offloads = false});
