@@ -139,6 +139,33 @@ TEST_F(VfProxyTest, VersionNegotiatesCapabilities) {
   EXPECT_TRUE(caps.contains("max_dma_maps"));
 }
 
+// A VF behind the proxy has no migration of its own (its state is in the
+// hardware, and VFIO gives none for these NICs): every migration feature and
+// message is refused with ENOTTY, as VFIO refuses it - a VMM then blocks
+// migration of the VM instead of trying - and the session goes on.
+TEST_F(VfProxyTest, MigrationIsRefusedAsVfioRefusesIt) {
+  guest::VfioUserClient c(socket);
+  auto code = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return 0;
+  };
+  EXPECT_EQ(code([&] { (void)c.migration_flags(); }), ENOTTY);
+  EXPECT_EQ(code([&] { (void)c.feature(kFeatureMigration | kFeatureProbe, {}); }), ENOTTY);
+  EXPECT_EQ(code([&] { (void)c.set_mig_state(1); }), ENOTTY);
+  const DmaRange r{0, 4096};
+  EXPECT_EQ(code([&] { (void)c.dma_logging_start(4096, {&r, 1}); }), ENOTTY);
+  EXPECT_EQ(code([&] { (void)c.mig_read_all(); }), ENOTTY);
+  EXPECT_EQ(code([&] { c.mig_write_all(std::vector<uint8_t>(8)); }), ENOTTY);
+  EXPECT_EQ(c.device_info().num_regions, 9U) << "the session goes on";
+  uint64_t protocol_errors = 1;
+  exported->on_server([&] { protocol_errors = exported->server->stats().protocol_errors; });
+  EXPECT_EQ(protocol_errors, 0U);
+}
+
 TEST_F(VfProxyTest, DeviceAndRegionInfo) {
   guest::VfioUserClient c(socket);
   const DeviceInfo info = c.device_info();
