@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # scripts/bench migration: what live migration costs with sriovd's
-# vhost-user NIC, each against its baseline in the same run.
+# NICs, each against its baseline in the same run.
 #  - Dirty logging: iperf3 through sriovd's vhost-user device with its
 #    user-space front-end (scripts/iperf-validate --frontend
 #    sriovd-vhost-user), without and with --dirty-log (the device marks
 #    every page it writes; the front-end takes the log every 10 ms, as a
-#    migration's copy does). Goal: logging costs <= 10 %.
+#    migration's copy does). Goal: logging costs <= 10 %. The same through
+#    virtio-net-pci over vfio-user (--frontend sriovd: the device's DMA
+#    log, a DMA_LOGGING_REPORT every 10 ms).
 #  - The migration: a Linux guest with a TCP stream flowing in, migrated
 #    between two QEMU 7.2 processes (tests/interop/qemu_migration.sh, round
 #    1), with sriovd's NICs and with QEMU's own virtio-net on taps;
@@ -31,15 +33,17 @@ work=$(mktemp -d /tmp/sriovd-bench-migration.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$here"
 for i in $(seq "$runs"); do
-  for mode in off on; do
-    flag=()
-    [[ $mode == on ]] && flag=(--dirty-log)
-    echo "bench migration: iperf3, dirty logging $mode (run $i)" >&2
-    SRIOVD_BIN="$build/src/sriovd" scripts/iperf-validate --frontend sriovd-vhost-user --runs 1 \
-      --seconds "$seconds" "${flag[@]}" >"$work/iperf-$mode-$i.json" || {
-      echo "bench migration: iperf-validate failed" >&2
-      exit 1
-    }
+  for fe in sriovd-vhost-user sriovd; do
+    for mode in off on; do
+      flag=()
+      [[ $mode == on ]] && flag=(--dirty-log)
+      echo "bench migration: iperf3 through $fe, dirty logging $mode (run $i)" >&2
+      SRIOVD_BIN="$build/src/sriovd" scripts/iperf-validate --frontend "$fe" --runs 1 \
+        --seconds "$seconds" "${flag[@]}" >"$work/iperf-$fe-$mode-$i.json" || {
+        echo "bench migration: iperf-validate failed" >&2
+        exit 1
+      }
+    done
   done
   for nic in sriovd qemu-tap; do
     echo "bench migration: migrating a guest on $nic (run $i)" >&2
@@ -57,14 +61,17 @@ w = os.environ["WORK"]
 def med(v):
     return round(statistics.median(v), 3) if v else None
 out = {}
-for mode in ("off", "on"):
-    runs = [json.load(open(f)) for f in sorted(glob.glob(f"{w}/iperf-{mode}-*.json"))]
-    out[f"logging_{mode}_gbps"] = med([r["sriovd_gbps"] for r in runs])
-    out[f"logging_{mode}_per_run_gbps"] = [r["sriovd_gbps"] for r in runs]
-    if mode == "on":
-        out["dirty_pages_per_run"] = [r["dirty_pages"] for r in runs]
-out["logging_on_vs_off"] = (round(out["logging_on_gbps"] / out["logging_off_gbps"], 3)
-                            if out["logging_off_gbps"] else None)
+# vhost-user (the log QEMU shares) as logging_*; virtio-pci over vfio-user
+# (the device's DMA log, reported every 10 ms) as pci_logging_*.
+for fe, key in (("sriovd-vhost-user", "logging"), ("sriovd", "pci_logging")):
+    for mode in ("off", "on"):
+        runs = [json.load(open(f)) for f in sorted(glob.glob(f"{w}/iperf-{fe}-{mode}-*.json"))]
+        out[f"{key}_{mode}_gbps"] = med([r["sriovd_gbps"] for r in runs])
+        out[f"{key}_{mode}_per_run_gbps"] = [r["sriovd_gbps"] for r in runs]
+        if mode == "on":
+            out[f"{key}_dirty_pages_per_run"] = [r["dirty_pages"] for r in runs]
+    out[f"{key}_on_vs_off"] = (round(out[f"{key}_on_gbps"] / out[f"{key}_off_gbps"], 3)
+                               if out[f"{key}_off_gbps"] else None)
 for nic in ("sriovd", "qemu-tap"):
     rs = [json.loads(l) for l in open(f"{w}/mig-{nic}.jsonl") if l.strip()]
     key = nic.replace("-", "_")

@@ -9,8 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/pci/config_space.hpp"
@@ -35,8 +38,10 @@ constexpr uint32_t kDeviceFeatureSelect = 0x00, kDeviceFeature = 0x04, kDriverFe
 
 class PciTransport final : public Transport {
  public:
-  PciTransport(VfioUserClient& client, const VirtioNetDriverOptions& options) : c_(&client), options_(options) {}
+  PciTransport(VfioUserClient& client, const VirtioNetDriverOptions& options, VirtioNetDriverStats& stats)
+      : c_(&client), options_(options), stats_(stats) {}
   ~PciTransport() override {
+    stop_log_reader();
     try {
       if (found_) set_status(0);  // the device stops using guest RAM before it goes
     } catch (...) {
@@ -84,6 +89,7 @@ class PciTransport final : public Transport {
 
   uint64_t share(const GuestRam& ram) override {
     c_->dma_map(kRamBase, ram.size, ram.fd, 0);
+    ram_size_ = ram.size;
     return kRamBase;
   }
 
@@ -107,6 +113,7 @@ class PciTransport final : public Transport {
     s.doorbells = doorbells();
     set_status(kAcknowledge | kDriver | kFeaturesOk | kDriverOk);
     if (!(status() & kDriverOk)) throw std::runtime_error("the device did not take DRIVER_OK");
+    if (options_.dirty_log) start_log_reader();
     return s;
   }
 
@@ -129,6 +136,7 @@ class PciTransport final : public Transport {
 
   std::vector<UniqueFd> moved_to(VfioUserClient& to, const GuestRam& ram,
                                  std::span<const UniqueFd> interrupts) override {
+    stop_log_reader();  // the source's log ended with the source
     c_ = &to;
     c_->dma_map(kRamBase, ram.size, ram.fd, 0);
     std::vector<int> fds;
@@ -241,8 +249,37 @@ class PciTransport final : public Transport {
   }
   void set_status(uint8_t s) { common_write(kDeviceStatus, s, 1); }
 
+  // --dirty-log: the device's DMA log over guest RAM (DMA_LOGGING_START),
+  // and a thread that takes the report every 10 ms as a migration's copy
+  // does (the client serialises its requests).
+  void start_log_reader() {
+    const vfio_user::DmaRange ram{kRamBase, ram_size_};
+    c_->dma_logging_start(4096, {&ram, 1});
+    log_reader_ = std::thread([this] {
+      while (!log_stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        try {
+          uint64_t pages = 0;
+          for (const uint64_t w : c_->dma_logging_report(kRamBase, ram_size_, 4096))
+            pages += static_cast<uint64_t>(__builtin_popcountll(w));
+          stats_.dirty_pages.fetch_add(pages, std::memory_order_relaxed);
+        } catch (const std::exception&) {
+          return;  // the connection ended (the device went with it)
+        }
+      }
+    });
+  }
+  void stop_log_reader() {
+    log_stop_.store(true);
+    if (log_reader_.joinable()) log_reader_.join();
+  }
+
   VfioUserClient* c_;  // another one once the guest migrated (moved_to)
   VirtioNetDriverOptions options_;
+  VirtioNetDriverStats& stats_;
+  uint64_t ram_size_ = 0;
+  std::thread log_reader_;
+  std::atomic<bool> log_stop_{false};
   bool found_ = false;
   Cap common_, notify_, device_;
   uint32_t notify_multiplier_ = 0;
@@ -252,8 +289,9 @@ class PciTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_pci_transport(VfioUserClient& client, const VirtioNetDriverOptions& options) {
-  return std::make_unique<PciTransport>(client, options);
+std::unique_ptr<Transport> make_pci_transport(VfioUserClient& client, const VirtioNetDriverOptions& options,
+                                              VirtioNetDriverStats& stats) {
+  return std::make_unique<PciTransport>(client, options, stats);
 }
 
 }  // namespace sriovd::guest

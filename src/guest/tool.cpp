@@ -237,7 +237,6 @@ json virtio_net(const NetOptions& o) {
   if (o.mask_every_interrupt && !o.vhost_user.empty())
     throw std::invalid_argument("virtio-net: --mask-every-interrupt is for --socket (virtio-pci's MSI-X)");
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
-  if (o.dirty_log && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --dirty-log is for --vhost-user");
   if (!o.vhost_user.empty()) {
     drv = std::make_unique<sriovd::guest::VirtioNetDriver>(o.vhost_user, opts);
   } else {
@@ -333,8 +332,8 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
                     "vhost-user: a guest behind an IOMMU (ACCESS_PLATFORM; IOVAs, IOTLB misses answered with updates)");
   net_cmd->add_option("--iommu-page", no.iommu_page, "bytes each IOTLB update maps")->capture_default_str();
   net_cmd->add_flag("--dirty-log", no.dirty_log,
-                    "vhost-user: a VMM migrating the guest (a dirty log given, LOG_ALL on, marked pages taken every "
-                    "10 ms)");
+                    "a VMM migrating the guest: vhost-user, a dirty log given and LOG_ALL on; virtio-pci, the "
+                    "device's DMA logging on; the marked pages taken every 10 ms");
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
   net_cmd->add_flag("--mask-every-interrupt", no.mask_every_interrupt,
                     "virtio-pci: mask each queue vector (MSI-X Vector Control) on its interrupt, unmask once served");

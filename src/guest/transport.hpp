@@ -77,7 +77,8 @@ class Transport {
 };
 
 class VfioUserClient;
-std::unique_ptr<Transport> make_pci_transport(VfioUserClient& client, const VirtioNetDriverOptions& options);
+std::unique_ptr<Transport> make_pci_transport(VfioUserClient& client, const VirtioNetDriverOptions& options,
+                                              VirtioNetDriverStats& stats);
 std::unique_ptr<Transport> make_vhost_user_transport(std::string socket, const VirtioNetDriverOptions& options,
                                                      VirtioNetDriverStats& stats);
 

@@ -108,6 +108,7 @@ void VfioUserClient::serve_dma(const Reply& m) {
 
 VfioUserClient::Reply VfioUserClient::request(uint16_t command, std::span<const uint8_t> payload,
                                               std::span<const int> fds, uint32_t flags) {
+  const std::lock_guard lock(io_);
   const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
   send(Header{id, command, static_cast<uint32_t>(sizeof(Header) + payload.size()), flags, 0}, payload, fds);
   if (flags & kNoReply) return {};
@@ -203,6 +204,7 @@ void VfioUserClient::post_write(uint32_t region, uint64_t offset, std::span<cons
     uint8_t data[8];
   } m{{offset, region, static_cast<uint32_t>(in.size())}, {}};
   std::memcpy(m.data, in.data(), in.size());
+  const std::lock_guard lock(io_);
   const uint16_t id = dialect_.id_zero ? 0 : next_id_++;
   send(Header{id, kRegionWrite, static_cast<uint32_t>(sizeof(Header) + sizeof m.a + in.size()), kNoReply, 0},
        {reinterpret_cast<const uint8_t*>(&m), sizeof m.a + in.size()}, {});

@@ -64,7 +64,7 @@ class VirtioNetDriver::Ring {
 };
 
 VirtioNetDriver::VirtioNetDriver(VfioUserClient& client, VirtioNetDriverOptions options)
-    : options_(options), transport_(make_pci_transport(client, options_)) {}
+    : options_(options), transport_(make_pci_transport(client, options_, stats_)) {}
 
 VirtioNetDriver::VirtioNetDriver(std::string vhost_user_socket, VirtioNetDriverOptions options)
     : options_(options), transport_(make_vhost_user_transport(std::move(vhost_user_socket), options_, stats_)) {}

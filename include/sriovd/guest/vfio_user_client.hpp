@@ -5,6 +5,7 @@
 // DMA_READ/WRITE from the windows it shared without an fd.
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -114,6 +115,9 @@ class VfioUserClient {
   void serve_dma(const Reply& m);
 
   UniqueFd sock_;
+  // One request and its reply at a time: a VMM's threads share the
+  // connection (the guest's posted writes, a migration's log reader).
+  std::recursive_mutex io_;
   Dialect dialect_;
   struct Mapped {
     uint64_t iova;

@@ -41,10 +41,12 @@ struct VirtioNetDriverOptions {
   // are answered with updates of iommu_page bytes, as a vIOMMU does.
   bool iommu = false;
   uint32_t iommu_page = 4096;
-  // vhost-user: be a VMM in the middle of a live migration: give the
+  // Be a VMM in the middle of a live migration. vhost-user: give the
   // back-end a dirty log (LOG_SHMFD, SET_LOG_BASE), turn on
   // VHOST_F_LOG_ALL and VHOST_VRING_F_LOG, and take the marked pages every
   // 10 ms as a migration's copy does (atomic exchange), counted.
+  // virtio-pci over vfio-user: DMA_LOGGING_START over guest RAM and a
+  // DMA_LOGGING_REPORT every 10 ms, counted the same way.
   bool dirty_log = false;
   // virtio-pci: acknowledge each interrupt as RHEL 5's 2.6.18 MSI code does:
   // the vector masked (its MSI-X Vector Control, a REGION_WRITE) before the
