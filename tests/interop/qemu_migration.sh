@@ -164,6 +164,15 @@ stream() {
 # check_stream ROUND LOG: the guest's checksum of round ROUND is the sender's.
 check_stream() {
   touch "$work/go-$1"
+  # The sender ends once the guest has taken it all; a guest that died (a
+  # panic on the destination) never does, and the sender's socket would
+  # wait minutes: the guest's console is watched meanwhile, 120 s at most.
+  for _ in $(seq 1200); do
+    kill -0 "$stream_pid" 2>/dev/null || break
+    grep -q "Kernel panic" "$2" && fail "round $1: the guest panicked ($(grep -m1 'Kernel panic' "$2" | tr -d '\r'))"
+    sleep 0.1
+  done
+  kill -0 "$stream_pid" 2>/dev/null && fail "round $1: the stream's sender did not finish in 120 s"
   wait "$stream_pid" || fail "round $1: the stream's sender failed"
   wait_log "$2" "^VMTEST STREAM $1 " 120 || fail "round $1: the guest never finished reading the stream"
   local want got
