@@ -27,6 +27,7 @@
 #include "support/process.hpp"
 #include "support/stream_port.hpp"
 #include "support/temp_dir.hpp"
+#include "vfio_user/harness.hpp"
 
 namespace sriovd::vfio_user {
 namespace {
@@ -38,20 +39,10 @@ constexpr uint32_t kRunning = 2, kStop = 1, kStopCopy = 3, kResuming = 4;
 constexpr uint64_t kPage = 4096;
 
 // One host's sriovd: a virtio-net device exported over vfio-user, its wire
-// a StreamPort, the protocol on an io thread of its own.
+// a StreamPort.
 struct Host {
   Host(const std::string& socket, const std::string& name)
-      : port(new StreamPort()),
-        net(config(name), engine, std::unique_ptr<virtio::PacketPort>(port)),
-        pci(net, engine, name),
-        server(io, socket, pci),
-        thread([this] { io.run(); }) {}
-  ~Host() {
-    io.stop();
-    thread.join();
-  }
-  Host(const Host&) = delete;
-  Host& operator=(const Host&) = delete;
+      : port(new StreamPort()), e(socket, config(name), std::unique_ptr<virtio::PacketPort>(port)) {}
   static virtio::NetConfig config(const std::string& name) {
     virtio::NetConfig nc;
     nc.name = name;
@@ -61,9 +52,7 @@ struct Host {
   }
   template <typename F>
   auto on_io(F fn) {
-    std::promise<decltype(fn())> p;
-    asio::post(io, [&] { p.set_value(fn()); });
-    return p.get_future().get();
+    return e.on_io(fn);
   }
   MigrationStats migration() {
     return on_io([this] { return server.migration()->stats(); });
@@ -72,14 +61,10 @@ struct Host {
     return on_io([this] { return static_cast<uint32_t>(server.migration()->state()); });
   }
 
-  irq::Engine engine{irq::EngineOptions{}};
   StreamPort* port;  // the device's
-  virtio::NetDevice net;
-  VirtioPci pci;
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
-  Server server;
-  std::thread thread;
+  test::Exported e;
+  virtio::NetDevice& net = e.net;
+  Server& server = e.server;
 };
 
 // The errno a refused request came back with (0: done).

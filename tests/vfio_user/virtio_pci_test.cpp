@@ -31,6 +31,7 @@
 #include "support/pair_port.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "vfio_user/harness.hpp"
 
 namespace sriovd::vfio_user {
 namespace {
@@ -39,28 +40,7 @@ using namespace std::chrono_literals;
 
 using test::PairPort;
 
-// A device exported over vfio-user on `socket`, served on an io thread of
-// its own; stopped when it goes.
-struct Exported {
-  Exported(const std::string& socket, const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port)
-      : net(nc, engine, std::move(port)),
-        pci(net, engine, nc.name),
-        server(io, socket, pci),
-        thread([this] { io.run(); }) {}
-  ~Exported() {
-    io.stop();
-    thread.join();
-  }
-  Exported(const Exported&) = delete;
-  Exported& operator=(const Exported&) = delete;
-  irq::Engine engine{irq::EngineOptions{}};
-  virtio::NetDevice net;
-  VirtioPci pci;
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
-  Server server;
-  std::thread thread;
-};
+using test::Exported;
 
 class VirtioPciTest : public ::testing::Test {
  public:
