@@ -8,8 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <thread>
 #include <cstdio>
 #include <iostream>
@@ -21,6 +23,7 @@
 #include "sriovd/util/error.hpp"
 #include "sriovd/guest/vfio_user_client.hpp"
 #include "sriovd/guest/virtio_net_driver.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
 #include "sriovd/ports/tap.hpp"
 #include "sriovd/version.hpp"
 
@@ -212,7 +215,68 @@ struct NetOptions {
   double seconds = 0;
   bool mask_every_interrupt = false;
   bool posted_writes = false;
+  std::string migrate_to;
+  double migrate_after = 3;
 };
+
+// Live migration as a VMM makes it (virtio-pci over vfio-user), the guest's
+// RAM shared by both hosts' devices (one machine): on the source, DMA
+// logging on and a few pre-copy rounds while the guest runs, then the
+// guest paused (its driver's bridge stops, as vCPUs do), STOP, STOP_COPY,
+// the state read, the last round; on the destination the same device
+// wired (DMA_MAP, SET_IRQS, doorbells), RESUMING, the state written,
+// RUNNING; the source's connection closed (its VMM exits). `pause` stops
+// the guest and returns once it has stopped. What it took, in JSON.
+json migrate(std::unique_ptr<VfioUserClient>& source, std::unique_ptr<VfioUserClient>& dest,
+             sriovd::guest::VirtioNetDriver& d, const std::string& to, const std::function<void()>& pause) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::duration t) { return std::chrono::duration<double, std::milli>(t).count(); };
+  const auto pages = [](const std::vector<uint64_t>& bits) {
+    uint64_t n = 0;
+    for (const uint64_t w : bits) n += static_cast<uint64_t>(__builtin_popcountll(w));
+    return n;
+  };
+  if (!(source->migration_flags() & sriovd::vfio_user::kMigrationStopCopy))
+    throw std::runtime_error("the source device does not migrate (no VFIO_MIGRATION_STOP_COPY)");
+  const sriovd::vfio_user::DmaRange ram{d.ram_iova(), d.ram().size()};
+  const auto t0 = Clock::now();
+  source->dma_logging_start(4096, {&ram, 1});
+  uint64_t precopy = 0;
+  constexpr int kRounds = 5;
+  for (int r = 0; r < kRounds; ++r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    precopy += pages(source->dma_logging_report(ram.iova, ram.length, 4096));
+  }
+  const auto t_pause = Clock::now();
+  pause();
+  const auto t_paused = Clock::now();
+  constexpr uint32_t kStop = 1, kRunning = 2, kStopCopy = 3, kResuming = 4;
+  source->set_mig_state(kStop);
+  source->set_mig_state(kStopCopy);
+  const std::vector<uint8_t> state = source->mig_read_all();
+  const uint64_t last = pages(source->dma_logging_report(ram.iova, ram.length, 4096));
+  source->dma_logging_stop();
+  dest = std::make_unique<VfioUserClient>(to);
+  d.moved_to(*dest);
+  dest->set_mig_state(kResuming);
+  dest->mig_write_all(state);
+  dest->set_mig_state(kRunning);
+  const auto t_resumed = Clock::now();
+  source.reset();  // the source's VMM exits: that device is reset for its next client
+  std::fprintf(stderr,
+               "sriovd-guest: migrated to %s: %.1f ms in all, the guest paused %.1f ms (the device's part %.1f ms), "
+               "%zu bytes of device state, %llu pages logged before the pause and %llu after\n",
+               to.c_str(), ms(t_resumed - t0), ms(t_resumed - t_pause), ms(t_resumed - t_paused), state.size(),
+               static_cast<unsigned long long>(precopy), static_cast<unsigned long long>(last));
+  return {{"to", to},
+          {"total_ms", ms(t_resumed - t0)},
+          {"downtime_ms", ms(t_resumed - t_pause)},
+          {"device_downtime_ms", ms(t_resumed - t_paused)},
+          {"state_bytes", state.size()},
+          {"precopy_rounds", kRounds},
+          {"precopy_pages", precopy},
+          {"final_pages", last}};
+}
 
 // The guest's virtio-net driver, bridged to a tap: what the guest kernel
 // would send goes out through the device, and what the device delivers
@@ -221,6 +285,7 @@ json virtio_net(const NetOptions& o) {
   if (o.socket.empty() && o.vhost_user.empty())
     throw std::invalid_argument("virtio-net: give --socket (vfio-user) or --vhost-user");
   std::unique_ptr<VfioUserClient> c;
+  std::unique_ptr<VfioUserClient> dest;  // --migrate-to: the destination's connection (the driver's once it moved)
   std::unique_ptr<sriovd::guest::VirtioNetDriver> drv;
   sriovd::guest::VirtioNetDriverOptions opts;
   opts.queue_size = o.queue_size;
@@ -237,6 +302,10 @@ json virtio_net(const NetOptions& o) {
   if (o.mask_every_interrupt && !o.vhost_user.empty())
     throw std::invalid_argument("virtio-net: --mask-every-interrupt is for --socket (virtio-pci's MSI-X)");
   if (o.iommu && o.vhost_user.empty()) throw std::invalid_argument("virtio-net: --iommu is for --vhost-user");
+  if (!o.migrate_to.empty() && o.socket.empty())
+    throw std::invalid_argument("virtio-net: --migrate-to is for --socket (virtio-net-pci over vfio-user)");
+  if (!o.migrate_to.empty() && o.dirty_log)
+    throw std::invalid_argument("virtio-net: --migrate-to makes its own DMA log; --dirty-log is not for it");
   if (!o.vhost_user.empty()) {
     drv = std::make_unique<sriovd::guest::VirtioNetDriver>(o.vhost_user, opts);
   } else {
@@ -264,7 +333,31 @@ json virtio_net(const NetOptions& o) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       g_stop.store(true);
     });
-  d.bridge(tap, g_stop);
+  json migration;
+  if (o.migrate_to.empty()) {
+    d.bridge(tap, g_stop);
+  } else {
+    // The guest runs on the source until --migrate-after, moves, and runs on.
+    std::atomic<bool> paused{false};
+    std::thread vcpu([&] { d.bridge(tap, paused); });
+    const auto at = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.migrate_after);
+    while (!g_stop.load() && std::chrono::steady_clock::now() < at)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto pause = [&] {
+      paused.store(true);
+      if (vcpu.joinable()) vcpu.join();
+    };
+    if (!g_stop.load()) {
+      try {
+        migration = migrate(c, dest, d, o.migrate_to, pause);
+      } catch (...) {
+        pause();
+        throw;
+      }
+      d.bridge(tap, g_stop);
+    }
+    pause();
+  }
   if (timer.joinable()) timer.join();
   const auto& st = d.stats();
   return {{"socket", o.vhost_user.empty() ? o.socket : o.vhost_user},
@@ -290,7 +383,8 @@ json virtio_net(const NetOptions& o) {
           {"iotlb_updates", st.iotlb_updates.load()},
           {"iotlb_faults", st.iotlb_faults.load()},
           {"dirty_log", o.dirty_log},
-          {"dirty_pages", st.dirty_pages.load()}};
+          {"dirty_pages", st.dirty_pages.load()},
+          {"migration", migration}};
 }
 
 CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
@@ -335,6 +429,11 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
                     "a VMM migrating the guest: vhost-user, a dirty log given and LOG_ALL on; virtio-pci, the "
                     "device's DMA logging on; the marked pages taken every 10 ms");
   net_cmd->add_option("--seconds", no.seconds, "stop after this long (0: at SIGINT/SIGTERM)")->capture_default_str();
+  net_cmd->add_option("--migrate-to", no.migrate_to,
+                      "virtio-pci: live-migrate the device, as a VMM does, to this vfio-user socket (another "
+                      "sriovd's export of the same device) after --migrate-after seconds, and go on there");
+  net_cmd->add_option("--migrate-after", no.migrate_after, "seconds on the source before --migrate-to")
+      ->capture_default_str();
   net_cmd->add_flag("--mask-every-interrupt", no.mask_every_interrupt,
                     "virtio-pci: mask each queue vector (MSI-X Vector Control) on its interrupt, unmask once served");
   net_cmd->add_flag("--posted-writes", no.posted_writes,
@@ -343,6 +442,11 @@ CLI::App* add_net_command(CLI::App& app, NetOptions& no) {
 }
 
 void print_net(const json& j) {
+  if (!j["migration"].is_null())
+    std::printf("virtio-net: migrated to %s: downtime %.1f ms (the device's part %.1f ms), %llu bytes of state\n",
+                j["migration"]["to"].get<std::string>().c_str(), j["migration"]["downtime_ms"].get<double>(),
+                j["migration"]["device_downtime_ms"].get<double>(),
+                static_cast<unsigned long long>(j["migration"]["state_bytes"].get<uint64_t>()));
   if (j["dirty_log"].get<bool>())
     std::printf("virtio-net: %llu dirty pages taken from the log\n",
                 static_cast<unsigned long long>(j["dirty_pages"].get<uint64_t>()));

@@ -227,7 +227,8 @@ wait_log "$work/sniff.out" "^mgB0$$ 0x0806 $mac0" 10 || fail "eth0 did not annou
 [[ $nic == qemu-tap ]] || grep -q "SEND_RARP" "$work/B.log" || fail "B never got SEND_RARP"
 moved=0
 for _ in $(seq 50); do
-  bridge -n "$ns" fdb show br br0 | grep -q "$mac0 dev mgB0$$" && { moved=1; break; }
+  # whole, then searched: grep -q would cut the pipe, and pipefail fail the check
+  grep -q "$mac0 dev mgB0$$" <<<"$(bridge -n "$ns" fdb show br br0)" && { moved=1; break; }
   sleep 0.1
 done
 [[ $moved -eq 1 ]] || fail "the wire still sends the guest's MAC to A: $(bridge -n "$ns" fdb show br br0 | grep "$mac0")"

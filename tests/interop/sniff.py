@@ -10,7 +10,11 @@ import select
 import socket
 import sys
 
-ETH_P_ALL = 0x0003
+# One socket per netdev and ethertype: the kernel hands this process only
+# those frames. A socket for every frame (ETH_P_ALL) would also queue the
+# test's bulk TCP traffic, overflow under it and drop the very frame
+# watched for (a RARP in the middle of an iperf3 run).
+ETHERTYPES = (0x0806, 0x8035, 0x86DD)
 
 
 def main():
@@ -18,9 +22,10 @@ def main():
     macs = {m.lower() for m in sys.argv[2].split(",")}
     socks = {}
     for n in netdevs:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        s.bind((n, 0))
-        socks[s.fileno()] = (s, n)
+        for ethertype in ETHERTYPES:
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ethertype))
+            s.bind((n, 0))  # 0: the protocol the socket was made for
+            socks[s.fileno()] = (s, n)
     print("ready", flush=True)
     while True:
         if not socks:
