@@ -13,6 +13,9 @@
 #    1), with sriovd's NICs and with QEMU's own virtio-net on taps;
 #    QEMU's total time and downtime. Goal: downtime within 1.2x of QEMU's
 #    own device.
+#  - virtio-net-pci over vfio-user moved between two sriovd daemons under
+#    iperf3 (tests/interop/vfio_user_migration.sh, sriovd-guest as the
+#    VMM): its total time and the guest's downtime.
 # Runs alternate (off/on, sriovd/tap) so a machine that changes speed
 # moves both. Prints one JSON object.
 #   scripts/lib/bench_migration.sh BUILD_DIR [--runs N] [--seconds S]
@@ -45,6 +48,13 @@ for i in $(seq "$runs"); do
       }
     done
   done
+  echo "bench migration: virtio-net-pci over vfio-user moved between two sriovd (run $i)" >&2
+  MIGRATION_REPORT="$work/mig-vfio-user.jsonl" tests/interop/vfio_user_migration.sh "$build" \
+    >"$work/mig-vfio-user-$i.log" 2>&1 || {
+    echo "bench migration: the vfio-user migration failed:" >&2
+    tail -n 30 "$work/mig-vfio-user-$i.log" >&2
+    exit 1
+  }
   for nic in sriovd qemu-tap; do
     echo "bench migration: migrating a guest on $nic (run $i)" >&2
     MIGRATION_NIC=$nic MIGRATION_ROUNDS=1 MIGRATION_REPORT="$work/mig-$nic.jsonl" \
@@ -81,6 +91,14 @@ for nic in ("sriovd", "qemu-tap"):
     # 30-70 ms when the stop lands badly): the mean shows it too.
     out[f"{key}_downtime_mean_ms"] = round(statistics.mean([r["downtime"] for r in rs]), 1)
     out[f"{key}_downtime_per_run_ms"] = [r["downtime"] for r in rs]
+# virtio-net-pci over vfio-user, sriovd-guest as the VMM under iperf3: the
+# guest paused from the pause to RUNNING on the destination, and the
+# device's part of it (from the guest stopped).
+vu = [json.loads(l) for l in open(f"{w}/mig-vfio-user.jsonl") if l.strip()]
+out["vfio_user_total_ms"] = med([r["total_ms"] for r in vu])
+out["vfio_user_downtime_ms"] = med([r["downtime_ms"] for r in vu])
+out["vfio_user_device_downtime_ms"] = med([r["device_downtime_ms"] for r in vu])
+out["vfio_user_downtime_per_run_ms"] = [round(r["downtime_ms"], 2) for r in vu]
 out["downtime_sriovd_vs_qemu_tap"] = (round(out["sriovd_downtime_ms"] / out["qemu_tap_downtime_ms"], 3)
                                       if out["qemu_tap_downtime_ms"] else None)
 out["downtime_mean_sriovd_vs_qemu_tap"] = (round(out["sriovd_downtime_mean_ms"] / out["qemu_tap_downtime_mean_ms"], 3)

@@ -108,7 +108,7 @@ sys.exit(0 if got > 0 and got >= 0.98 * sent else 1)
 PY
 received=$(sed -n 's/.* \([0-9]*\) packets received.*/\1/p' "$work/ping.txt")
 echo "PASS: $received of 160 pings answered across the migration"
-[[ ${received:-0} -ge 100 ]] || fail "only ${received:-0} of 160 pings came back"
+[[ ${received:-0} -ge 150 ]] || fail "only ${received:-0} of 160 pings came back"
 ip netns exec "$wire" busybox ping -c 3 -W 2 10.78.0.2 >/dev/null || fail "the guest is not reachable after the migration"
 for _ in $(seq 50); do grep -q "tB$tag 0x8035 $mac" "$work/sniff.out" && break; sleep 0.1; done
 grep -q "tB$tag 0x8035 $mac" "$work/sniff.out" || fail "B did not announce the guest (no RARP for $mac on its tap)"
