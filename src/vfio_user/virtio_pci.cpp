@@ -706,7 +706,7 @@ void VirtioPci::remap_running_device() {
 void VirtioPci::reset() {
   virtio_reset();
   msix_->reset();
-  quiesced_ = ran_at_stop_ = config_irq_pending_ = false;  // RUNNING again
+  quiesced_ = config_irq_pending_ = false;  // RUNNING again
 }
 
 // Stops the workers before the memory map changes; a worker that does not
@@ -720,7 +720,7 @@ void VirtioPci::stop_device() {
 
 void VirtioPci::client_gone() {
   virtio_reset();
-  quiesced_ = ran_at_stop_ = config_irq_pending_ = false;
+  quiesced_ = config_irq_pending_ = false;
   windows_.clear();
   if (device_.wedged()) {
     spdlog::error("vfio-user: {}: the client left but the device's worker has not stopped: its memory stays", name_);
