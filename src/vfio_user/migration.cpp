@@ -227,6 +227,12 @@ uint64_t Migration::start_logging(uint64_t page_size, std::span<const DmaRange> 
   return DmaLog::kPage;
 }
 
+void Migration::report(uint64_t iova, uint64_t length, uint64_t page_size, std::span<uint64_t> bitmap) {
+  if (!log_) throw Error(EINVAL, "DMA logging report: DMA logging is not on");
+  log_->report(iova, length, page_size, bitmap);
+  ++stats_.dma_log_reports;
+}
+
 void Migration::stop_logging() {
   if (!log_) return;
   device_.set_dma_log(nullptr);  // the workers stopped and restarted without it: nothing marks it now

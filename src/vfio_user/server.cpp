@@ -428,8 +428,7 @@ void Server::device_feature(Message& m, Reply& r) {
       want_data(sizeof(DmaLoggingReport));
       DmaLoggingReport q;
       std::memcpy(&q, data.data(), sizeof q);
-      DmaLog* log = mig.dma_log();
-      if (!log) throw Error(EINVAL, what + ": DMA logging is not on");
+      if (!mig.dma_log()) throw Error(EINVAL, what + ": DMA logging is not on");
       if (q.page_size == 0 || (q.page_size & (q.page_size - 1)) != 0)
         throw Error(EINVAL, what + ": page size " + std::to_string(q.page_size) + " is not a power of two");
       if (q.length / q.page_size / 8 > peer_max_xfer_)
@@ -441,12 +440,10 @@ void Server::device_feature(Message& m, Reply& r) {
         throw Error(EINVAL, what + " with argsz " + std::to_string(f.argsz) + ": the reply is " +
                                 std::to_string(sizeof f + sizeof q + words * 8) + " bytes");
       std::vector<uint64_t> bitmap(words, 0);
-      log->report(q.iova, q.length, q.page_size, bitmap);
-      mig.counted_report();
+      mig.report(q.iova, q.length, q.page_size, bitmap);
       answer(as_bytes(q), std::span(reinterpret_cast<const uint8_t*>(bitmap.data()), words * 8));
       return;
     }
-    default: return;
   }
 }
 

@@ -145,7 +145,8 @@ class Migration {
   void stop_logging();
   [[nodiscard]] DmaLog* dma_log() { return log_.get(); }
   [[nodiscard]] const DmaLog* dma_log() const { return log_.get(); }
-  void counted_report() { ++stats_.dma_log_reports; }
+  // DMA_LOGGING_REPORT (DmaLog::report, counted): EINVAL when no log runs.
+  void report(uint64_t iova, uint64_t length, uint64_t page_size, std::span<uint64_t> bitmap);
   [[nodiscard]] const MigrationStats& stats() const { return stats_; }
 
  private:
