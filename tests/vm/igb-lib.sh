@@ -186,12 +186,35 @@ igb_run() {
     -device igb,netdev=w0,bus=rp1,romfile=,mac=52:54:00:00:01:00,id=pf0 \
     -device igb,netdev=w1,bus=rp2,romfile=,mac=52:54:00:00:02:00,id=wire \
     -kernel "$kernel/vmlinuz" -initrd "$initrd" \
-    -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
+    -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1 vmtest_watchdog=$((VM_TIMEOUT - 45))" \
     -display none -serial stdio -monitor "unix:$mon,server=on,wait=off" -no-reboot </dev/null >"$log" 2>&1 &
   local qpid=$!
   # Monitor commands the guest asks for ("VMMONITOR cmd" on the console).
-  local done_lines=0
+  local done_lines=0 started=$SECONDS asked=0
   while kill -0 "$qpid" 2>/dev/null; do
+    # Near the timeout: whether QEMU still answers and where the vCPUs are
+    # (a guest that printed nothing, not even its watchdog, is stuck below
+    # its userspace).
+    if ((!asked && SECONDS - started >= VM_TIMEOUT - 15)); then
+      asked=1
+      vm_log "the guest still runs $((SECONDS - started)) s in; QEMU's monitor:"
+      timeout 10 /usr/bin/python3 -c 'import socket,sys,time
+s=socket.socket(socket.AF_UNIX); s.settimeout(0.5); s.connect(sys.argv[1])
+def cmd(c):
+    s.sendall((c+"\n").encode()); out=b""; end=time.time()+2
+    while time.time()<end:
+        try: b=s.recv(65536)
+        except socket.timeout: break
+        if not b: break
+        out+=b
+    return out.decode(errors="replace")
+cmd("")
+# The status, and the RIP of every vCPU twice, a second apart (moving or stuck).
+for c in ["info status", "info registers -a", "info registers -a"]:
+    for l in cmd(c).replace("\r", "").splitlines():
+        if l.startswith("VM status") or l.startswith("CPU#") or l.startswith("RIP="): print("  " + l[:60])
+    time.sleep(1)' "$mon" >&2 || vm_log "QEMU's monitor did not answer"
+    fi
     local n
     n=$(grep -c '^VMMONITOR ' "$log" 2>/dev/null || true)
     while ((done_lines < n)); do

@@ -149,7 +149,7 @@ vm_run() {
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \
     -kernel "$kernel/vmlinuz" -initrd "$initrd" $VM_QEMU_EXTRA \
-    -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1" \
+    -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1 vmtest_watchdog=$((VM_TIMEOUT - 45))" \
     -display none -serial stdio -monitor none -no-reboot </dev/null >"$log" 2>&1 || rc=$?
   rm -f "$initrd"
   vm_verdict "$log" "$rc" "$log"
