@@ -10,7 +10,7 @@
 #                            # service and writes VMTEST lines to WORK/results
 
 # shellcheck source=qemu11-lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/qemu11-lib.sh"  # q11_mirror
+source "$(dirname "${BASH_SOURCE[0]}")/qemu11-lib.sh"
 
 SD_DIR=$VM_CACHE/bookworm-systemd
 SD_STAMP_VERSION=1
@@ -35,7 +35,7 @@ sd_prepare() {
     return 0
   fi
   [[ $EUID -eq 0 ]] || { vm_log "building the systemd root needs root"; return 1; }
-  mirror=$(q11_mirror)
+  mirror=$(vm_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in the host's apt sources"; return 1; }
   if ! command -v debootstrap >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2
