@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the interop tests and iperf-validate share: the checks that decide
 # whether they can run, a work directory and network namespaces that are
 # removed with every process started (by PID) however the script ends, and

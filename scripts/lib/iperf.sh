@@ -1,3 +1,5 @@
+# shellcheck shell=bash disable=SC2154  # nsA, nsB, seconds: the caller's (see below)
+# check-shell: caller-defines fail
 # What iperf-validate and bench mask-iperf share: two namespaces ($nsA,
 # $nsB, remade by fresh_namespaces), the links in them, iperf3 from A
 # (10.77.0.1) to B (10.77.0.2) for $seconds, medians, and stop_all for the

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # kill_tree PID...: ends each process and everything it started, by PID:
 # SIGTERM to the whole tree (children first, so `timeout` wrappers do not
 # leave their command behind), a moment, then SIGKILL to what is left, and

@@ -18,7 +18,7 @@ deb=${1:-}
 [[ -n $deb ]] || deb=$(scripts/package)
 [[ -f $deb ]] || { echo "FAIL: no package at '$deb'" >&2; exit 1; }
 installed=false
-cleanup() { $installed && dpkg --purge sriovd >/dev/null 2>&1 || true; }
+cleanup() { if $installed; then dpkg --purge sriovd >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

@@ -98,6 +98,7 @@ CONF
     # 40 neighbours makes the kernel ARP for each of them through the tap
     # (bash's /dev/udp: no ping needed).
     if [[ $round -eq 2 ]]; then
+      # shellcheck disable=SC2016  # expanded by the inner bash
       ip netns exec "$ns" bash -c 'for i in $(seq 2 41); do echo x >/dev/udp/10.255.0.$i/9; done' 2>/dev/null || true
     fi
     sleep 1  # let the kernel's ARP requests and testpmd's last burst through

@@ -31,6 +31,7 @@ source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: qemu_migration.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
 root=$(cd "$here/.." && pwd)
+# shellcheck source=../vm/vm-lib.sh
 source "$here/vm/vm-lib.sh"
 vm_install_tools || { echo "SKIP: QEMU tools missing and not root" >&2; exit 77; }
 need_root_tun "the QEMU migration test"
@@ -97,7 +98,9 @@ vm_initramfs "$initrd" "$here/vm/scenarios/virtio-net-migrate.sh" "$kernel/modul
 qemu_vm() {
   local host=$1 log=$2 qmp_sock=$3
   shift 3
+  # shellcheck disable=SC2054  # QEMU's option syntax has the commas
   local n0=(-chardev "socket,id=c0,path=$work/$host-net0.sock,reconnect=1" -netdev vhost-user,id=n0,chardev=c0)
+  # shellcheck disable=SC2054  # as above
   local n1=(-chardev "socket,id=c1,path=$work/$host-net1.sock,reconnect=1" -netdev vhost-user,id=n1,chardev=c1)
   if [[ $nic == qemu-tap ]]; then  # QEMU makes the taps (here), moved to the wire below
     n0=(-netdev "tap,id=n0,ifname=mg${host}0$$,script=no,downscript=no,vhost=off")

@@ -18,6 +18,7 @@ set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: qemu_vfio_user.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../vm/qemu11-lib.sh
 source "$here/vm/qemu11-lib.sh"
 need_root_tun "the QEMU vfio-user interop test"
 q11_prepare || { echo "FAIL: QEMU 11 and its Debian 13 root could not be prepared" >&2; exit 1; }
@@ -232,6 +233,7 @@ migrated=$(monitor_out "info migrate" || true)
 echo "  QEMU 11.1 migrating the VM: $(echo "$migrated" | grep -E '^Status' | tr -s ' \t' ' '); $(echo "$migrated" | grep -oE 'vfio=[0-9.]+ [KMG]?i?B' || echo 'no vfio channel')"
 heard=$(grep -E "migration|DMA logging|DEVICE_FEATURE" "$work/sriovd.log" | head -n 5 || true)
 if [[ -n $heard ]]; then
+  # shellcheck disable=SC2001  # a prefix on each of several lines
   echo "$heard" | sed 's/^/  sriovd: /'
 else
   echo "  sriovd heard no migration message from QEMU"

@@ -8,6 +8,7 @@ set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: qemu_vhost_user.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../vm/vm-lib.sh
 source "$here/vm/vm-lib.sh"
 vm_install_tools || { echo "SKIP: QEMU tools missing and not root" >&2; exit 77; }
 need_root_tun "the QEMU interop test"

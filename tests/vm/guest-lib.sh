@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # Sourced by guest scenarios (installed as /guest-lib.sh in the initramfs).
 
 pass() { echo "VMTEST PASS $*"; }
@@ -19,6 +20,7 @@ wait_for() {
 }
 # sriovd on $CFG in the background ($PID), with extra arguments; returns
 # when its control socket answers (at most 60 s), 1 when it exits first.
+# shellcheck disable=SC2120  # its arguments (more sriovd flags) are optional
 start_daemon() {
   sriovd --config "$CFG" --foreground "$@" >>/tmp/sriovd.log 2>&1 &
   PID=$!
@@ -62,7 +64,9 @@ guest_net_up() {
   dev=
   i=0
   while [ $i -lt 100 ]; do
-    dev=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)
+    for n in /sys/class/net/*; do
+      [ "${n##*/}" = lo ] || { dev=${n##*/}; break; }
+    done
     [ -n "$dev" ] && break
     sleep 0.1
     i=$((i + 1))

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # QEMU 10 with its SR-IOV NIC model (sourced): the Intel 82576 (`-device
 # igb`), whose guest driver (igb) creates igbvf VFs and takes VF settings -
 # a real driver for the host layer and the VF bridge. Debian 12 has QEMU
@@ -16,8 +17,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/vm-lib.sh"
 
 IGB_QEMU=$VM_CACHE/qemu10
 IGB_APT=$VM_CACHE/bpo-apt
-# Bump when what a cache holds changes.
-IGB_STAMP_VERSION=2
 # Loaded in this order by the guest's init.
 IGB_MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
   drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/dca/dca drivers/i2c/algos/i2c-algo-bit
@@ -33,27 +32,28 @@ igb_apt() {
     -o Dir::State::Lists="$IGB_APT/lists" -o Dir::Cache::archives="$IGB_APT/archives" "$@"
 }
 
-igb_apt_ready() {
-  if [[ -f $IGB_APT/sources.list ]] && ls "$IGB_APT"/lists/*Packages* >/dev/null 2>&1; then return 0; fi
-  local mirror
+igb_apt_ready() { vm_cache "$IGB_APT" igb_apt_build; }
+
+igb_apt_build() {
+  local dir=$1 mirror
   mirror=$(vm_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in the host's apt sources"; return 1; }
-  mkdir -p "$IGB_APT/lists/partial" "$IGB_APT/archives/partial"
-  echo "deb $mirror bookworm-backports main" >"$IGB_APT/sources.list"
-  igb_apt apt-get update -qq >&2
+  mkdir -p "$dir/lists/partial" "$dir/archives/partial"
+  echo "deb $mirror bookworm-backports main" >"$dir/sources.list"
+  igb_apt apt-get update -qq
 }
 
 # newest VERSION of PACKAGE in bookworm-backports
 igb_candidate() { igb_apt apt-cache policy "$1" | awk '/Candidate:/ {print $2}'; }
 
 igb_qemu_prepare() {
-  if [[ -f $IGB_QEMU/stamp ]] && [[ $(cat "$IGB_QEMU/stamp") == "$IGB_STAMP_VERSION" ]] &&
-    "$IGB_QEMU/usr/bin/qemu-system-x86_64" --version >/dev/null 2>&1; then
-    return 0
-  fi
-  [[ $EUID -eq 0 ]] || { vm_log "unpacking QEMU 10 needs root"; return 1; }
   igb_apt_ready || return 1
-  local v
+  vm_cache "$IGB_QEMU" igb_qemu_build
+}
+
+# igb_qemu_build DIR: QEMU 10 from bookworm-backports unpacked into DIR.
+igb_qemu_build() {
+  local dir=$1 v
   v=$(igb_candidate qemu-system-x86)
   [[ $v == 1:1[0-9].* ]] || { vm_log "bookworm-backports has no QEMU 10 (candidate: '$v')"; return 1; }
   # Its libraries come from Debian 12 itself (it was built there).
@@ -66,38 +66,38 @@ igb_qemu_prepare() {
   done
   if ((${#missing[@]})); then
     vm_log "installing QEMU 10's libraries: ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || return 1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" || return 1
   fi
-  rm -rf "$IGB_QEMU" && mkdir -p "$IGB_QEMU/debs"
-  (cd "$IGB_QEMU/debs" && chmod 777 . &&
+  mkdir -p "$dir/debs"
+  (cd "$dir/debs" && chmod 777 . &&
     igb_apt apt-get download -qq "qemu-system-x86=$v" "qemu-system-common=$v" "qemu-system-data=$v" \
-      "seabios=$(igb_candidate seabios)" >&2) || { vm_log "downloading QEMU 10 failed"; return 1; }
+      "seabios=$(igb_candidate seabios)") || { vm_log "downloading QEMU 10 failed"; return 1; }
   local d
-  for d in "$IGB_QEMU"/debs/*.deb; do dpkg-deb -x "$d" "$IGB_QEMU"; done
-  rm -rf "$IGB_QEMU/debs"
-  if ldd "$IGB_QEMU/usr/bin/qemu-system-x86_64" | grep -q 'not found'; then
-    vm_log "QEMU 10 misses libraries: $(ldd "$IGB_QEMU/usr/bin/qemu-system-x86_64" | grep 'not found' | tr '\n' ' ')"
+  for d in "$dir"/debs/*.deb; do dpkg-deb -x "$d" "$dir"; done
+  rm -rf "$dir/debs"
+  if ldd "$dir/usr/bin/qemu-system-x86_64" | grep -q 'not found'; then
+    vm_log "QEMU 10 misses libraries: $(ldd "$dir/usr/bin/qemu-system-x86_64" | grep 'not found' | tr '\n' ' ')"
     return 1
   fi
-  echo "$IGB_STAMP_VERSION" >"$IGB_QEMU/stamp"
-  vm_log "ready: $("$IGB_QEMU/usr/bin/qemu-system-x86_64" --version | head -n 1)"
+  vm_log "ready: $("$dir/usr/bin/qemu-system-x86_64" --version | head -n 1)"
 }
 
 # igb_kernel SERIES: prints the cache directory (vmlinuz, modules/).
 igb_kernel() {
-  local series=$1 dir=$VM_CACHE/igb-$1
-  if [[ -f $dir/stamp ]] && [[ $(cat "$dir/stamp") == "$IGB_STAMP_VERSION" ]]; then
-    echo "$dir"
-    return 0
-  fi
-  [[ $EUID -eq 0 ]] || { vm_log "fetching the $series guest kernel needs root"; return 1; }
-  local pkg
+  local dir=$VM_CACHE/igb-$1
+  if [[ $1 == 6.12 ]]; then igb_apt_ready || return 1; fi
+  vm_cache "$dir" igb_kernel_build "$1" || return 1
+  echo "$dir"
+}
+
+# igb_kernel_build DIR SERIES
+igb_kernel_build() {
+  local dir=$1 series=$2 pkg
   case $series in
     6.1)
       pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
       ;;
     6.12)
-      igb_apt_ready || return 1
       pkg=$(igb_apt apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12[.0-9]*-amd64$' |
         awk '{print $1}' | sort -V | tail -n 1)
       ;;
@@ -109,9 +109,9 @@ igb_kernel() {
   chmod 777 "$tmp"
   vm_log "downloading $pkg"
   if [[ $series == 6.1 ]]; then
-    (cd "$tmp" && apt-get download -qq "$pkg" >&2) || { rm -rf "$tmp"; return 1; }
+    (cd "$tmp" && apt-get download -qq "$pkg") || { rm -rf "$tmp"; return 1; }
   else
-    (cd "$tmp" && igb_apt apt-get download -qq "$pkg" >&2) || { rm -rf "$tmp"; return 1; }
+    (cd "$tmp" && igb_apt apt-get download -qq "$pkg") || { rm -rf "$tmp"; return 1; }
   fi
   mkdir -p "$tmp/x"
   local patterns=("./boot/vmlinuz-$kver") m f
@@ -120,7 +120,7 @@ igb_kernel() {
   # of vfio) is not in the package: left out of the list the guest loads.
   dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp/x" --wildcards "${patterns[@]}" 2>/dev/null
   [[ -f $tmp/x/boot/vmlinuz-$kver ]] || { vm_log "$pkg has no vmlinuz"; rm -rf "$tmp"; return 1; }
-  rm -rf "$dir" && mkdir -p "$dir/modules"
+  mkdir -p "$dir/modules"
   cp "$tmp/x/boot/vmlinuz-$kver" "$dir/vmlinuz"
   : >"$dir/modules.list"
   for m in $IGB_MODULES; do
@@ -144,8 +144,6 @@ igb_kernel() {
   cp "$tmp/d/lib/modules/$kver/modules.alias" "$dir/modules.alias"
   rm -rf "$tmp"
   echo "$kver" >"$dir/version"
-  echo "$IGB_STAMP_VERSION" >"$dir/stamp"
-  echo "$dir"
 }
 
 igb_prepare() {

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # A Debian 12 guest booted with systemd as PID 1 (sourced): the package as
 # an operator installs it, sriovd started by systemctl inside the unit's
 # real sandbox. The root is debootstrapped once from the host's own mirror
@@ -9,11 +10,10 @@
 #   sd_run DEB SCENARIO WORK LOG  # boots; the scenario runs as a systemd
 #                            # service and writes VMTEST lines to WORK/results
 
-# shellcheck source=qemu11-lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/qemu11-lib.sh"
+# shellcheck source=vm-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/vm-lib.sh"
 
 SD_DIR=$VM_CACHE/bookworm-systemd
-SD_STAMP_VERSION=1
 # What the guest's init loads from the root's modules before switch_root,
 # in order: the root over 9p, the overlay on it.
 SD_INIT_MODULES="drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev
@@ -26,49 +26,49 @@ sd_deb_depends() {
     tr '\n' ' '
 }
 
+# sd_prepare DEB: the root for DEB's dependencies and the harness's kernel.
 sd_prepare() {
-  local deb=$1 kernel version mirror want
+  local deb=$1 kernel
   kernel=$(vm_kernel) || return 1
-  version=$(basename "$kernel")
-  want="$SD_STAMP_VERSION $version $SD_PACKAGES $(sd_deb_depends "$deb")"
-  if [[ -f $SD_DIR/stamp && $(cat "$SD_DIR/stamp") == "$want" && -x $SD_DIR/root/lib/systemd/systemd ]]; then
-    return 0
-  fi
-  [[ $EUID -eq 0 ]] || { vm_log "building the systemd root needs root"; return 1; }
+  # shellcheck disable=SC2046  # one argument per package
+  vm_cache "$SD_DIR" sd_build "$(cat "$kernel/version")" $(sd_deb_depends "$deb")
+}
+
+# sd_build DIR KERNEL_VERSION PACKAGE...: DIR/root, a Debian 12 root with
+# systemd and the packages, and the kernel's modules; DIR/vmlinuz.
+sd_build() {
+  local dir=$1 version=$2 mirror
+  shift 2
   mirror=$(vm_mirror)
   [[ -n $mirror ]] || { vm_log "no Debian mirror in the host's apt sources"; return 1; }
   if ! command -v debootstrap >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
   fi
-  rm -rf "$SD_DIR"
-  mkdir -p "$SD_DIR"
-  vm_log "debootstrapping a Debian 12 root with systemd and sriovd's dependencies (once; cached in $SD_DIR)"
-  debootstrap --variant=minbase --include="$(echo $SD_PACKAGES | tr ' ' ,)" bookworm "$SD_DIR/root" "$mirror" \
-    >"$SD_DIR/debootstrap.log" 2>&1 || { vm_log "debootstrap failed; see $SD_DIR/debootstrap.log"; return 1; }
+  vm_log "debootstrapping a Debian 12 root with systemd and sriovd's dependencies (once; cached in $dir)"
+  debootstrap --variant=minbase --include="${SD_PACKAGES// /,}" bookworm "$dir/root" "$mirror" \
+    >"$dir/debootstrap.log" 2>&1 || { vm_log "debootstrap failed; see $dir/debootstrap.log"; return 1; }
   # The package's dependencies through apt in the root (some are virtual
   # packages, which debootstrap cannot resolve).
-  # shellcheck disable=SC2046
-  DEBIAN_FRONTEND=noninteractive chroot "$SD_DIR/root" apt-get install -y -qq --no-install-recommends \
-    $(sd_deb_depends "$deb") >>"$SD_DIR/debootstrap.log" 2>&1 ||
-    { vm_log "installing sriovd's dependencies in the root failed; see $SD_DIR/debootstrap.log"; return 1; }
-  chroot "$SD_DIR/root" apt-get clean
+  DEBIAN_FRONTEND=noninteractive chroot "$dir/root" apt-get install -y -qq --no-install-recommends \
+    "$@" >>"$dir/debootstrap.log" 2>&1 ||
+    { vm_log "installing sriovd's dependencies in the root failed; see $dir/debootstrap.log"; return 1; }
+  chroot "$dir/root" apt-get clean
   # The kernel's modules (the guest boots the harness's kernel): from its
   # package, unpacked, not installed (no initramfs-tools in the root).
   local tmp
   tmp=$(mktemp -d)
-  (cd "$tmp" && chmod 777 "$tmp" && apt-get download "linux-image-$version" >&2) || { rm -rf "$tmp"; return 1; }
+  (cd "$tmp" && chmod 777 "$tmp" && apt-get download "linux-image-$version") || { rm -rf "$tmp"; return 1; }
   dpkg-deb -x "$tmp"/*.deb "$tmp/x"
-  mkdir -p "$SD_DIR/root/lib/modules"
-  cp -a "$tmp/x/lib/modules/$version" "$SD_DIR/root/lib/modules/"
-  cp "$tmp/x/boot/vmlinuz-$version" "$SD_DIR/vmlinuz"
+  mkdir -p "$dir/root/lib/modules"
+  cp -a "$tmp/x/lib/modules/$version" "$dir/root/lib/modules/"
+  cp "$tmp/x/boot/vmlinuz-$version" "$dir/vmlinuz"
   rm -rf "$tmp"
-  depmod -b "$SD_DIR/root" "$version"
+  depmod -b "$dir/root" "$version"
   # A guest that boots to multi-user with nothing in the way: no getty on
   # the console, no password prompts, a hostname.
-  echo sriovd-vm >"$SD_DIR/root/etc/hostname"
-  ln -sf /dev/null "$SD_DIR/root/etc/systemd/system/serial-getty@ttyS0.service"
-  ln -sf /dev/null "$SD_DIR/root/etc/systemd/system/getty@tty1.service"
-  echo "$want" >"$SD_DIR/stamp"
+  echo sriovd-vm >"$dir/root/etc/hostname"
+  ln -sf /dev/null "$dir/root/etc/systemd/system/serial-getty@ttyS0.service"
+  ln -sf /dev/null "$dir/root/etc/systemd/system/getty@tty1.service"
 }
 
 # The busybox initramfs that mounts the root and hands over to systemd.
@@ -95,7 +95,7 @@ sd_run() {
   local deb=$1 scenario=$2 work=$3 log=$4 kernel version initrd
   sd_prepare "$deb" || return 1
   kernel=$(vm_kernel) || return 1
-  version=$(basename "$kernel")
+  version=$(cat "$kernel/version")
   cp "$deb" "$work/sriovd.deb"
   install -m 0755 "$scenario" "$work/scenario.sh"
   install -m 0644 "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh" "$work/guest-lib.sh"

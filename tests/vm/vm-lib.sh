@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The real-kernel VM harness (sourced). A Debian kernel boots under QEMU TCG
 # with an emulated Intel IOMMU and an SR-IOV NVMe PF; a busybox initramfs
 # carries the binaries under test and one scenario script, whose
@@ -5,6 +6,9 @@
 # Reused by every layer that needs real VFIO: give vm_run other binaries and
 # another scenario.
 
+# What existed before these libraries defined anything: the environment and
+# bash's own variables, which no cache key reads (vm_cache_key).
+VM_VARS_BEFORE=" $(compgen -v | tr '\n' ' ') "
 if [[ -n ${SRIOVD_VM_CACHE:-} ]]; then
   VM_CACHE=$SRIOVD_VM_CACHE
 elif [[ $EUID -eq 0 ]]; then
@@ -56,42 +60,114 @@ vm_install_tools() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-# Fetches the newest Debian 6.1 kernel once and keeps vmlinuz and the
-# modules the guest needs under $VM_CACHE/<version>. Prints that directory.
-vm_kernel() {
-  local dir
-  dir=$(ls -d "$VM_CACHE"/6.1.0-*-amd64 2>/dev/null | sort -V | tail -n 1)
-  if [[ -n $dir && -f $dir/vmlinuz ]]; then
-    local complete=1
-    for m in $VM_MODULES; do [[ -f $dir/modules/$(basename "$m").ko ]] || complete=0; done
-    if [[ $complete -eq 1 ]]; then
-      echo "$dir"
-      return 0
+# Caches. What a test builds from Debian's packages once (kernels, unpacked
+# QEMU, debootstrapped roots) is kept under $VM_CACHE between runs, one
+# directory per cache, built by a function of these libraries (its builder).
+# Each cache is keyed by what builds it: the builder's text, the text of every
+# library function it calls (transitively), the library globals they read and
+# the builder's arguments. A cache whose key is not its builder's - the
+# builder changed, or an earlier build did not finish - is built again, never
+# used: a change to a builder is exercised by the next run on every machine,
+# not only on the one without a cache.
+
+# vm_cache_key BUILDER [ARG...]: prints the key (a SHA-256).
+vm_cache_key() {
+  (
+    shopt -s extdebug  # declare -F names the file that defined a function
+    local -A seen=() vars=()
+    local queue=("$1") f word where out=""
+    shift
+    while ((${#queue[@]})); do
+      f=${queue[0]}
+      queue=("${queue[@]:1}")
+      [[ -n ${seen[$f]:-} ]] && continue
+      seen[$f]=1
+      out+="$(declare -f "$f")"$'\n'
+      for word in $(declare -f "$f" | grep -oE '[A-Za-z_][A-Za-z0-9_]*' | sort -u); do
+        # A function of a library (a *-lib.sh or scripts/lib/*.sh file), not
+        # of the script that sourced it: a caller's own functions would make
+        # the key depend on who asks.
+        if [[ -z ${seen[$word]:-} ]] && where=$(declare -F "$word") &&
+          [[ ${where##* } == *-lib.sh || ${where##* } == */lib/*.sh ]]; then
+          queue+=("$word")
+        fi
+        if [[ $word =~ ^[A-Z][A-Z0-9_]*$ && $VM_VARS_BEFORE != *" $word "* ]] &&
+          declare -p "$word" >/dev/null 2>&1; then
+          vars[$word]=1
+        fi
+      done
+    done
+    for word in $(printf '%s\n' "${!vars[@]}" | sort); do out+="$(declare -p "$word")"$'\n'; done
+    out+="arguments: $*"
+    sha256sum <<<"$out" | cut -d' ' -f1
+  )
+}
+
+# vm_cache_remove DIR: unmounts what a run left mounted below DIR (a root's
+# bound /dev, say: rm -rf must never walk into it) and removes DIR.
+vm_cache_remove() {
+  local dir=$1 m
+  [[ -e $dir ]] || return 0
+  awk -v d="$(realpath "$dir")" 'index($2, d "/") == 1 {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+
+# vm_cache DIR BUILDER [ARG...]: makes DIR hold what `BUILDER DIR ARG...`
+# builds into the empty directory DIR, building it when DIR's key is not
+# BUILDER's. One build at a time per cache (flock on DIR.lock); the key is
+# written last, so a cache with a key is complete.
+vm_cache() {
+  local dir=$1 builder=$2 key
+  shift 2
+  key=$(vm_cache_key "$builder" "$@") || return 1
+  [[ -f $dir/.cache-key && $(<"$dir/.cache-key") == "$key" ]] && return 0
+  mkdir -p "$(dirname "$dir")"
+  (
+    exec {lock}>"$dir.lock"
+    flock "$lock"
+    [[ -f $dir/.cache-key && $(<"$dir/.cache-key") == "$key" ]] && exit 0
+    [[ $EUID -eq 0 ]] || { vm_log "building the cache $dir needs root"; exit 1; }
+    if [[ -e $dir ]]; then
+      vm_log "$dir was built by another version of $builder (or not finished): building it again"
+    else
+      vm_log "building $dir ($builder; once, then kept until $builder changes)"
     fi
-    rm -rf "$dir"  # made for a shorter module list: fetch again
-  fi
-  local pkg
+    vm_cache_remove "$dir"
+    mkdir -p "$dir"
+    "$builder" "$dir" "$@" >&2 || { vm_log "$builder failed: $dir not built"; exit 1; }
+    echo "$key" >"$dir/.cache-key"
+  )
+}
+
+# The newest Debian 6.1 kernel: vmlinuz, the modules the guest needs and
+# their version, in the cache kernel-6.1. Prints its directory.
+vm_kernel() {
+  local dir=$VM_CACHE/kernel-6.1
+  vm_cache "$dir" vm_kernel_build || return 1
+  echo "$dir"
+}
+
+vm_kernel_build() {
+  local dir=$1 pkg
   pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
   if [[ -z $pkg ]]; then
-    apt-get update -qq >&2
+    apt-get update -qq
     pkg=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -n 1)
   fi
   [[ -n $pkg ]] || { vm_log "no linux-image-6.1.0-*-amd64 package found"; return 1; }
-  local version=${pkg#linux-image-}
-  local tmp
+  local version=${pkg#linux-image-} tmp
   tmp=$(mktemp -d)
   vm_log "downloading $pkg"
-  (cd "$tmp" && chmod 777 "$tmp" && apt-get download "$pkg" >&2) || { rm -rf "$tmp"; return 1; }
-  mkdir -p "$tmp/x"
-  local patterns=("./boot/vmlinuz-$version")
+  (cd "$tmp" && chmod 777 "$tmp" && apt-get download "$pkg") || { rm -rf "$tmp"; return 1; }
+  mkdir -p "$tmp/x" "$dir/modules"
+  local patterns=("./boot/vmlinuz-$version") m
   for m in $VM_MODULES; do patterns+=("./lib/modules/$version/kernel/$m.ko"); done
-  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp/x" "${patterns[@]}"
-  dir="$VM_CACHE/$version"
-  mkdir -p "$dir/modules"
+  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp/x" "${patterns[@]}" || { rm -rf "$tmp"; return 1; }
   cp "$tmp/x/boot/vmlinuz-$version" "$dir/vmlinuz"
   for m in $VM_MODULES; do cp "$tmp/x/lib/modules/$version/kernel/$m.ko" "$dir/modules/"; done
+  echo "$version" >"$dir/version"
   rm -rf "$tmp"
-  echo "$dir"
 }
 
 # Copies a dynamically linked binary and the libraries ldd names into ROOT.
@@ -140,11 +216,12 @@ vm_run() {
   initrd=$(mktemp /tmp/sriovd-vm-initrd.XXXXXX)
   vm_initramfs "$initrd" "$scenario" "$kernel/modules" "$VM_MODULES" "$@"
 
-  vm_log "booting $(basename "$kernel") with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
+  vm_log "booting $(cat "$kernel/version") with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
   local rc=0
+  # shellcheck disable=SC2086  # VM_QEMU_EXTRA is several arguments
   timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
     -accel tcg -M q35,kernel-irqchip=split -cpu max -m 768 -smp 2 \
-    -device intel-iommu,intremap=on,aw-bits=${VM_IOMMU_AW_BITS:-48}${VM_IOMMU_OPTS:-} \
+    -device "intel-iommu,intremap=on,aw-bits=${VM_IOMMU_AW_BITS:-48}${VM_IOMMU_OPTS:-}" \
     -device pcie-root-port,id=rp1,slot=1 \
     -device nvme-subsys,id=subsys0 \
     -device nvme,serial=sriovd0,bus=rp1,subsys=subsys0,sriov_max_vfs=2,sriov_vq_flexible=4,sriov_vi_flexible=2,max_ioqpairs=6,msix_qsize=8 \

@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # The host layer on a real kernel: sriovd creates VFs, binds them to
 # vfio-pci, checks their IOMMU groups, and gives the host back exactly;
 # failures roll back, a SIGKILL mid-apply is recovered at the next start.
@@ -6,6 +7,7 @@ CFG=/etc/sriovd/sriovd.yaml
 STATE=/var/lib/sriovd/state.json
 PID=
 
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 
 PF=$(for d in /sys/bus/pci/devices/*; do [ -e "$d/sriov_totalvfs" ] && basename "$d"; done | head -n 1)
@@ -116,7 +118,7 @@ expect_eq "recovered-run-releases" "$(state)" "$ORIG"
 
 # 6. The PF itself on vfio-pci (multi-vector MSI-X), and back to nvme.
 out=$(vm_host_probe bind "$PF" vfio-pci 2>&1)
-expect_eq "pf-on-vfio-pci" "$(drv "$PF")" vfio-pci
+if [ "$(drv "$PF")" = vfio-pci ]; then pass "pf-on-vfio-pci"; else fail "pf-on-vfio-pci: got [$(drv "$PF")] ($out)"; fi
 if vm_host_probe group "$PF" >/dev/null; then pass "pf-group-viable"; else fail "pf-group-viable"; fi
 g=$(basename "$(readlink "$SYS/iommu_group")")
 if [ -c "/dev/vfio/$g" ]; then pass "pf-vfio-node"; else fail "pf-vfio-node"; fi

@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # The VF bridge on a real VF (QEMU 10's igb, igbvf): a virtio-net device over
 # vhost-user bridged to an igbvf netdev carries a guest front-end's traffic
 # to the PF (through the NIC's switch) and to the wire; the VF netdev down
@@ -7,6 +8,7 @@ set -u
 CFG=/etc/sriovd/sriovd.yaml
 PID=
 GPID=
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 PF=0000:01:00.0
 SYS=/sys/bus/pci/devices/$PF
@@ -23,7 +25,7 @@ vfip link set "$WIRE" netns w
 vfip -n w link set "$WIRE" up
 vfip -n w addr add 10.9.0.3/24 dev "$WIRE"
 vfip -n w link set lo up
-wait_for 100 test "$(cat /sys/class/net/$PFN/carrier)" = 1 || fail "pf-link"
+wait_for 100 test "$(cat "/sys/class/net/$PFN/carrier")" = 1 || fail "pf-link"
 
 write_config() {  # via
   cat >"$CFG" <<CONF
@@ -58,9 +60,9 @@ mkdir -p /var/lib/kubelet/device-plugins /run/cdi
 if start_daemon; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
 VF1=$(vfaddr 1)
 VFN=$(ls "/sys/bus/pci/devices/$VF1/net" 2>/dev/null)
-expect_eq "vf-netdev-mac-is-the-configured-one" "$(cat /sys/class/net/$VFN/address 2>/dev/null)" 02:00:00:00:10:01
+expect_eq "vf-netdev-mac-is-the-configured-one" "$(cat "/sys/class/net/$VFN/address" 2>/dev/null)" 02:00:00:00:10:01
 if wait_for 50 grep -q up "/sys/class/net/$VFN/operstate"; then pass "vf-netdev-brought-up"; else
-  fail "vf-netdev-brought-up: $(cat /sys/class/net/$VFN/operstate)"; fi
+  fail "vf-netdev-brought-up: $(cat "/sys/class/net/$VFN/operstate")"; fi
 json=$(sriovctl --json devices)
 case $json in *'"mac": "02:00:00:00:10:01"'*) pass "device-takes-the-vfs-mac";; *) fail "device-takes-the-vfs-mac: $json";; esac
 
@@ -119,7 +121,7 @@ kill "$GPID"; wait "$GPID" 2>/dev/null
 healthy() { sriovctl --json status | tr -d ' \n' | grep -q "\"healthy\":$1"; }
 if wait_for 50 healthy 1; then pass "vf-healthy-with-link"; else fail "vf-healthy-with-link: $(sriovctl --json status)"; fi
 echo "VMMONITOR set_link pf0 off"
-if wait_for 150 healthy 0; then pass "vf-unhealthy-when-pf-link-down"; else fail "vf-unhealthy-when-pf-link-down: $(cat /sys/class/net/$PFN/carrier) $(sriovctl --json status | tr -d ' \n' | head -c 600)"; fi
+if wait_for 150 healthy 0; then pass "vf-unhealthy-when-pf-link-down"; else fail "vf-unhealthy-when-pf-link-down: $(cat "/sys/class/net/$PFN/carrier") $(sriovctl --json status | tr -d ' \n' | head -c 600)"; fi
 echo "VMMONITOR set_link pf0 on"
 if wait_for 150 healthy 1; then pass "vf-healthy-when-link-back"; else fail "vf-healthy-when-link-back"; fi
 

@@ -1,11 +1,12 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # The host layer on a real SR-IOV NIC driver (QEMU 10's igb, the guest's igb
 # and igbvf): VF settings read back from the driver, bindings both ways,
 # reload, release by PF, SIGTERM and SIGKILL restore - with VFs an operator
 # made by hand before sriovd started.
 set -u
 CFG=/etc/sriovd/sriovd.yaml
-STATE=/var/lib/sriovd/state.json
 PID=
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 
 PF=0000:01:00.0
@@ -15,8 +16,8 @@ PFN=$(ls "$SYS/net")
 vfip link set "$PFN" up
 for n in /sys/class/net/*; do vfip link set "$(basename "$n")" up; done
 # The link comes up over the emulated wire (both ports on one QEMU hub).
-i=0; while [ $i -lt 100 ] && [ "$(cat /sys/class/net/$PFN/carrier 2>/dev/null)" != 1 ]; do sleep 0.1; i=$((i + 1)); done
-expect_eq "pf-link-up" "$(cat /sys/class/net/$PFN/carrier)" 1
+i=0; while [ $i -lt 100 ] && [ "$(cat "/sys/class/net/$PFN/carrier" 2>/dev/null)" != 1 ]; do sleep 0.1; i=$((i + 1)); done
+expect_eq "pf-link-up" "$(cat "/sys/class/net/$PFN/carrier")" 1
 
 drv() { if [ -e "/sys/bus/pci/devices/$1/driver" ]; then basename "$(readlink "/sys/bus/pci/devices/$1/driver")"; else echo none; fi; }
 vfs() { for v in "$SYS"/virtfn*; do [ -e "$v" ] && basename "$(readlink "$v")"; done; }

@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # scripts/bench mask-storm: the benchmark alone, on the PF bound to vfio-pci.
 set -u
 PF=$(for d in /sys/bus/pci/devices/*; do [ -e "$d/sriov_totalvfs" ] && basename "$d"; done | head -n 1)

@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # An NVMe VF as a working device (issue 12, item 6), then exported by the
 # VF proxy and driven end to end by a foreign vfio-user client: the PF (on
 # the kernel's nvme driver) gives the VF's secondary controller its queue
@@ -10,7 +11,8 @@ PF=$(for d in /sys/bus/pci/devices/*; do [ -e "$d/sriov_totalvfs" ] && basename 
 ctrl=
 i=0
 while [ $i -lt 100 ]; do
-  ctrl=$(ls "/sys/bus/pci/devices/$PF/nvme" 2>/dev/null | head -n 1)
+  ctrl=
+  for c in "/sys/bus/pci/devices/$PF/nvme"/*; do [ -e "$c" ] && ctrl=${c##*/} && break; done
   [ -n "$ctrl" ] && [ -c "/dev/$ctrl" ] && break
   sleep 0.1
   i=$((i + 1))

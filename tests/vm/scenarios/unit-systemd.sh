@@ -31,6 +31,7 @@ wait_for() {  # wait_for SECONDS COMMAND...
   while ((SECONDS < until)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
   "$@"
 }
+# shellcheck disable=SC2317  # called through wait_for and field
 metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9808/metrics', timeout=5).read().decode())"; }
 devices() { sriovctl --json devices; }
 field() {  # field PY-EXPR: of `sriovctl --json devices`
@@ -118,7 +119,8 @@ holders() { field "d['vfio_user_exports'][0].get('device_fd_holders', '')"; }
 if wait_for 15 sh -c "$(declare -f devices field holders); holders | grep -q 'pid $VMM '"; then
   pass "holder-of-another-uid-seen $(holders)"
 else
-  fail "holder-of-another-uid-seen: '$(holders)' (VMM: $(tr '\n' ' ' </work/vmm.log); export: $(field "d['vfio_user_exports'][0]"); VMM fds: $(ls -l /proc/$VMM/fd 2>&1 | tr '\n' ' '))"
+  # shellcheck disable=SC2012  # a listing for a person to read (the fds' targets)
+  fail "holder-of-another-uid-seen: '$(holders)' (VMM: $(tr '\n' ' ' </work/vmm.log); export: $(field "d['vfio_user_exports'][0]"); VMM fds: $(ls -l "/proc/$VMM/fd" 2>&1 | tr '\n' ' '))"
 fi
 kill "$VMM"
 wait "$VMM" 2>/dev/null

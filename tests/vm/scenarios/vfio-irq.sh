@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # Kernel VFIO with the routing engine and MSI-X emulation, on the PF bound
 # to vfio-pci (multi-vector), then the mask-storm benchmark on it.
 set -u

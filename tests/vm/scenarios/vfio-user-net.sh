@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # A Linux guest under QEMU 11 with virtio-net-pci over sriovd's vfio-user
 # socket (QEMU's own vfio-user client), bridged by sriovd to a VF's netdev:
 # MSI-X interrupts reach the guest (it pings and runs iperf3 both ways to
@@ -6,9 +7,10 @@
 # the host resets it, kills QEMU or quits it - every boot runs the same
 # checks, and the host reads the "VMTEST" lines of each.
 set -u
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 guest_net_up 10.77.0.2/24
-drv=$(basename "$(readlink /sys/class/net/$dev/device/driver)" 2>/dev/null)
+drv=$(basename "$(readlink "/sys/class/net/$dev/device/driver")" 2>/dev/null)
 echo "VMTEST INFO driver of $dev: $drv"
 msix=$(grep -c 'virtio.*-input\|virtio.*-output\|virtio.*-config' /proc/interrupts)
 if [ "$msix" -gt 0 ]; then
@@ -52,10 +54,12 @@ done
 # must arrive once.
 vf_irq_count() { awk '/TRM:/ {n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) n += $i; print n}' /proc/interrupts; }
 cfg_byte() { od -An -tu1 -j "$2" -N 1 "$1/config" | tr -d ' '; }
-cfg_write_byte() { printf "\\$(printf %o "$3")" | dd of="$1/config" bs=1 seek="$2" count=1 conv=notrunc 2>/dev/null; }
+cfg_write_byte() {
+  # shellcheck disable=SC2059  # the format is the byte itself, as an octal escape
+  printf "\\$(printf %o "$3")" | dd of="$1/config" bs=1 seek="$2" count=1 conv=notrunc 2>/dev/null; }
 armed=0
 for d in /sys/bus/pci/devices/*; do
-  [ "$(cat "$d/vendor")" = 0x8086 ] && [ "$(cat "$d/device")" = 0x154c ] || continue
+  case "$(cat "$d/vendor"):$(cat "$d/device")" in 0x8086:0x154c) ;; *) continue ;; esac
   at=$(cfg_byte "$d" 52)
   found=
   hops=0

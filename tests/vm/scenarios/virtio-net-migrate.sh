@@ -1,3 +1,4 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # A Linux guest on two of sriovd's vhost-user NICs that QEMU migrates
 # (tests/interop/qemu_migration.sh). eth0 carries the traffic; eth1 is
 # there with guest_announce=off, for QEMU to ask sriovd for a RARP.
@@ -6,9 +7,10 @@
 # sits in guest memory (socket buffers) across the switch; its checksum is
 # the verdict on every byte.
 set -u
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 guest_net_up 10.89.0.2/24
-for n in $(ls /sys/class/net); do ip link set "$n" up; done
+for n in /sys/class/net/*; do ip link set "${n##*/}" up; done
 echo "VMTEST READY"
 r=1
 while [ $r -le 3 ]; do

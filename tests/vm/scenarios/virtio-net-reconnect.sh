@@ -1,7 +1,9 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
 # A Linux guest whose vhost-user back-end (sriovd) is killed and restarted
 # while the guest runs: QEMU (reconnect=1) connects to the new daemon and
 # traffic resumes. The host side kills sriovd when it sees phase 1 pass.
 set -u
+# shellcheck source=../guest-lib.sh
 . /guest-lib.sh
 guest_net_up 10.88.0.2/24
 if ping -c 3 -W 3 10.88.0.1 >/dev/null 2>&1; then echo "VMTEST PASS phase1-before-restart"; else
