@@ -163,6 +163,13 @@ std::string to_yaml(const Config& cfg) {
   if (!cfg.interrupts.cpus.empty()) out << YAML::Key << "cpus" << YAML::Value << YAML::Flow << cfg.interrupts.cpus;
   out << YAML::Key << "busy_poll" << YAML::Value << cfg.interrupts.busy_poll;
   out << YAML::EndMap;
+  if (cfg.peer_limits != PeerLimits{}) {
+    out << YAML::Key << "peer_limits" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "max_mappings" << YAML::Value << cfg.peer_limits.max_mappings;
+    out << YAML::Key << "max_mib" << YAML::Value << cfg.peer_limits.max_mib;
+    out << YAML::Key << "max_address_space_mib" << YAML::Value << cfg.peer_limits.max_address_space_mib;
+    out << YAML::EndMap;
+  }
   if (cfg.kubernetes.enabled) emit_kubernetes(out, cfg.kubernetes);
   if (!cfg.metrics.listen.empty()) {
     out << YAML::Key << "metrics" << YAML::Value << YAML::BeginMap;

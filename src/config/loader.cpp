@@ -83,7 +83,7 @@ ConfigError::ConfigError(std::vector<Diagnostic> diagnostics)
 Config Loader::run(const YAML::Node& root) {
   Mapping top(ctx_, root, "",
               {"version", "host", "log_level", "state_dir", "simulated", "control", "physical_functions",
-               "virtio_devices", "interrupts", "metrics", "kubernetes"});
+               "virtio_devices", "interrupts", "peer_limits", "metrics", "kubernetes"});
   if (!top.valid()) throw ConfigError(ctx_.take());
 
   if (auto v = top.unsigned_in("version", 0, UINT32_MAX, true); v && *v != 1)
@@ -115,6 +115,7 @@ Config Loader::run(const YAML::Node& root) {
   }
   if (top.has("control")) read_control(top.get("control", false));
   if (top.has("interrupts")) read_interrupts(top.get("interrupts", false));
+  if (top.has("peer_limits")) read_peer_limits(top.get("peer_limits", false));
   if (top.has("metrics")) read_metrics(top.get("metrics", false));
   for_each_item(ctx_, top, "physical_functions", [&](const YAML::Node& n, const std::string& p) { read_pf(n, p); });
   for_each_item(ctx_, top, "virtio_devices", [&](const YAML::Node& n, const std::string& p) { read_virtio(n, p); });
@@ -229,6 +230,19 @@ void Loader::read_metrics(const YAML::Node& node) {
   }
   cfg_.metrics.listen = *listen;
   cfg_.metrics.allow_remote = remote;
+}
+
+void Loader::read_peer_limits(const YAML::Node& node) {
+  Mapping m(ctx_, node, "peer_limits", {"max_mappings", "max_mib", "max_address_space_mib"});
+  if (!m.valid()) return;
+  PeerLimits& l = cfg_.peer_limits;
+  if (auto v = m.unsigned_in("max_mappings", 1, 65536)) l.max_mappings = static_cast<uint32_t>(*v);
+  if (auto v = m.unsigned_in("max_mib", 1, 1ULL << 32U)) l.max_mib = *v;
+  if (auto v = m.unsigned_in("max_address_space_mib", 1, 1ULL << 32U)) l.max_address_space_mib = *v;
+  if (l.max_address_space_mib < l.max_mib)
+    ctx_.error(m.where("max_address_space_mib"), "peer_limits.max_address_space_mib",
+               std::to_string(l.max_address_space_mib) + " MiB is less than max_mib (" + std::to_string(l.max_mib) +
+                   " MiB): what a client declares always takes at least that much address space");
 }
 
 void Loader::read_interrupts(const YAML::Node& node) {

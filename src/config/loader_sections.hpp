@@ -21,6 +21,7 @@ class Loader {
   void read_simulated(const YAML::Node& node);
   void read_control(const YAML::Node& node);
   void read_interrupts(const YAML::Node& node);
+  void read_peer_limits(const YAML::Node& node);
   void read_metrics(const YAML::Node& node);
   // access: {user, group, mode, allowed_uids} of a socket a VMM connects to.
   SocketAccess read_access(const YAML::Node& node, const std::string& path);

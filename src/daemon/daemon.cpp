@@ -18,6 +18,7 @@
 #include "virtio_exports.hpp"
 #include "sriovd/config/loader.hpp"
 #include "logging.hpp"
+#include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/host/sysfs.hpp"
@@ -31,6 +32,11 @@ using control::json;
 namespace {
 
 constexpr size_t kUdevEventsKept = 16;
+
+// peer_limits: the share each client that connects from now on gets.
+void apply_peer_limits(const config::PeerLimits& l) {
+  set_default_peer_memory_limits({l.max_mappings, l.max_mib << 20U, l.max_address_space_mib << 20U});
+}
 
 }  // namespace
 
@@ -60,6 +66,7 @@ Daemon::Daemon(Options options, config::Config config)
       if (!stopping_) virtio_->start_waiting_for(key, config_);
     });
   });
+  apply_peer_limits(config_.peer_limits);
   irq::EngineOptions irq_options;
   irq_options.relay_threads = config_.interrupts.relay_threads;
   irq_options.busy_poll = config_.interrupts.busy_poll;
@@ -194,6 +201,7 @@ json Daemon::reload(const std::string& trigger) {
       virtio_->start(config_);
       throw;
     }
+    apply_peer_limits(next.peer_limits);
     control_->update_access(next.control);
     loop_.set_max_window(std::chrono::microseconds(next.control.poll_us));
     if (!options_.log_level) set_log_level(next.log_level);

@@ -87,13 +87,17 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
 
 Server::~Server() {
   if (conn_.connected()) disconnect("the export is being removed");
-  if (!held_.empty())
+  if (!held_.empty()) {
     spdlog::critical("vfio-user: {}: {} DMA window(s) a stuck device worker used are left mapped", device_.name(),
                      held_.size());
+    // Left mapped (and registered) for good: the worker may still touch them.
+    for (auto& map : held_) (void)map.release();
+  }
 }
 
 void Server::adopt(UniqueFd fd) {
   ++stats_.connections;
+  quota_.set_limits(default_peer_memory_limits());
   negotiated_ = false;
   peer_max_fds_ = 1;
   peer_max_xfer_ = kMaxDataXfer;
@@ -151,7 +155,7 @@ void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<c
 
 bool Server::memory_faulted() const {
   for (const auto& map : mappings_)
-    if (map.guard && map.guard->faulted()) return true;
+    if (map && map->faulted()) return true;
   return false;
 }
 
@@ -543,36 +547,22 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
       !migration_->dma_log()->tracks(d.address, d.size))
     throw Error(EBUSY, what + ": DMA logging is on and does not cover it (a page written there would not be copied)");
   DmaWindow w{d.address, d.size, nullptr, (d.flags & kDmaFlagRead) != 0, (d.flags & kDmaFlagWrite) != 0};
-  Mapping map;
+  std::unique_ptr<PeerMemory> map;
   if (!m.fds.empty()) {
-    // The fd's real size bounds the window: a mapping past the end of the
-    // file would fault (SIGBUS) on the first touch, in whichever thread.
-    if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.offset, d.size); !problem.empty())
-      throw Error(EINVAL, what + " at fd offset " + hex(d.offset) + ": " + problem);
+    // The fd's real size bounds the window, and the client may truncate its
+    // file under it later: that fails its connection, not the daemon
+    // (util/peer_mapping.hpp). Charged to this client's share.
     const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
-    const uint64_t skew = d.offset % kPageSizes;
-    void* base = ::mmap(nullptr, d.size + skew, prot == 0 ? PROT_NONE : prot, MAP_SHARED, m.fds[0].get(),
-                        static_cast<off_t>(d.offset - skew));
-    if (base == MAP_FAILED)
-      throw Error(errno, what + ": cannot map the fd at offset " + hex(d.offset) + ": " + std::strerror(errno));
-    map = {base, d.size + skew, nullptr};
     try {
-      // The client may truncate its file under the window: that fails its
-      // connection, not the daemon (util/peer_mapping.hpp).
-      map.guard = std::make_unique<PeerMapping>(base, d.size + skew);
-    } catch (...) {
-      ::munmap(base, d.size + skew);
-      throw;
+      map = std::make_unique<PeerMemory>(m.fds[0].get(), d.offset, d.size, prot, &quota_,
+                                         what + " at fd offset " + hex(d.offset));
+    } catch (const PeerMemoryError& e) {
+      throw Error(e.error, e.what());
     }
-    w.host = static_cast<uint8_t*>(base) + skew;
-    w.guard = map.guard.get();
+    w.host = map->data();
+    w.guard = &map->guard();
   }
-  try {
-    device_.dma_mapped(w);
-  } catch (...) {
-    map.unmap();
-    throw;
-  }
+  device_.dma_mapped(w);  // on a throw, map unmaps itself
   windows_.push_back(w);
   mappings_.push_back(std::move(map));
   return;
@@ -590,7 +580,7 @@ void Server::dma_unmap(Message& m, Reply& r) {
   for (size_t i = 0; i < windows_.size(); ++i) {
     if (windows_[i].iova != d.address || windows_[i].size != d.size) continue;
     device_.dma_unmapped(windows_[i]);
-    mappings_[i].unmap();
+    mappings_[i].reset();
     windows_.erase(windows_.begin() + static_cast<ptrdiff_t>(i));
     mappings_.erase(mappings_.begin() + static_cast<ptrdiff_t>(i));
     return;
@@ -602,7 +592,7 @@ void Server::unmap_all() {
   for (size_t i = windows_.size(); i-- > 0;) {
     try {
       device_.dma_unmapped(windows_[i]);
-      mappings_[i].unmap();
+      mappings_[i].reset();
     } catch (const std::exception& e) {
       // The device still uses the window (a worker that did not stop): it
       // stays mapped, for as long as the server lives, rather than be

@@ -152,6 +152,7 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& 
           [this](const std::string& why, bool) { on_end(why); },
           // The IOTLB updates of a burst become visible to the workers at once.
           [this] { publish_translations(); }) {
+  memory_.set_quota(&quota_);
   watch_misses();
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.name(), path_);
@@ -208,6 +209,7 @@ void Backend::try_connect() {
 
 void Backend::adopt(UniqueFd fd) {
   ++stats_.connections;
+  quota_.set_limits(default_peer_memory_limits());
   spdlog::info("vhost-user: {}: front-end connected", device_.name());
   conn_.adopt(std::move(fd));
 }
@@ -607,8 +609,6 @@ bool Backend::set_inflight(Message& m) {
   if (d.mmap_size < need || d.mmap_offset % 64 != 0)
     throw ProtocolError(what + ": " + std::to_string(d.num_queues) + " queues of " + std::to_string(d.queue_size) +
                         " need " + std::to_string(need) + " bytes, 64-byte aligned");
-  if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.mmap_offset, d.mmap_size); !problem.empty())
-    throw ProtocolError(what + ": " + problem);
   // A buffer that can still shrink (not one of ours) is sealed now if it
   // allows it; if not, it is used as guest RAM is: trusted not to shrink.
   const int seals = ::fcntl(m.fds[0].get(), F_GET_SEALS);
@@ -619,8 +619,8 @@ bool Backend::set_inflight(Message& m) {
   }
   drop_inflight();
   // Sealed or not, a fault there fails this connection, not the daemon.
-  inflight_ = PeerBuffer(m.fds[0].get(), d.mmap_offset + d.mmap_size, device_.name() + ": the inflight buffer");
-  device_.set_inflight(inflight_.data() + d.mmap_offset, d.num_queues, d.queue_size);
+  inflight_ = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
+  device_.set_inflight(inflight_.data(), d.num_queues, d.queue_size);
   spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.name(), d.num_queues, d.queue_size);
   return false;
 }
@@ -632,34 +632,15 @@ void Backend::drop_inflight() {
   inflight_.reset();
 }
 
-Backend::PeerBuffer::PeerBuffer(int fd, size_t length, const std::string& what) {
-  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) throw SystemError(errno, "mapping " + what);
+// A buffer of the front-end's (the inflight buffer, the dirty log): exactly
+// the range it declared, charged to its share, under PeerMapping's guard
+// (the front-end truncating it fails that session, not the daemon).
+PeerMemory Backend::map_peer_buffer(int fd, uint64_t offset, uint64_t size, const std::string& what) {
   try {
-    guard_ = PeerMapping(p, length);
-  } catch (...) {
-    ::munmap(p, length);
-    throw;
+    return PeerMemory(fd, offset, size, PROT_READ | PROT_WRITE, &quota_, what);
+  } catch (const PeerMemoryError& e) {
+    throw ProtocolError(e.what());
   }
-  base_ = static_cast<uint8_t*>(p);
-  length_ = length;
-}
-
-Backend::PeerBuffer& Backend::PeerBuffer::operator=(PeerBuffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    base_ = std::exchange(other.base_, nullptr);
-    length_ = std::exchange(other.length_, 0);
-    guard_ = std::move(other.guard_);
-  }
-  return *this;
-}
-
-void Backend::PeerBuffer::reset() {
-  guard_ = PeerMapping();  // unregistered before the address can be reused
-  if (base_) ::munmap(base_, length_);
-  base_ = nullptr;
-  length_ = 0;
 }
 
 // SET_LOG_BASE (LOG_SHMFD): the dirty log of a live migration, in the
@@ -675,15 +656,13 @@ bool Backend::set_log_base(Message& m) {
       "SET_LOG_BASE of " + std::to_string(d.mmap_size) + " bytes at offset " + std::to_string(d.mmap_offset);
   if (d.mmap_size == 0 || d.mmap_size > kMaxLogBytes)
     throw ProtocolError(what + ": a log is 1 to " + std::to_string(kMaxLogBytes) + " bytes");
-  if (const std::string problem = peer_memory_problem(m.fds[0].get(), d.mmap_offset, d.mmap_size); !problem.empty())
-    throw ProtocolError(what + ": " + problem);
-  PeerBuffer fresh(m.fds[0].get(), d.mmap_offset + d.mmap_size, device_.name() + ": the dirty log");
+  PeerMemory fresh = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
   device_.stop();
   if (device_.wedged())
     throw ProtocolError(what + ": the device's worker did not stop and may still write the old log");
   drop_log();
   log_map_ = std::move(fresh);
-  log_ = std::make_unique<virtio::DirtyLog>(log_map_.data() + d.mmap_offset, d.mmap_size, memory_);
+  log_ = std::make_unique<virtio::DirtyLog>(log_map_.data(), d.mmap_size, memory_);
   if (log_fd_) log_->set_notify_fd(log_fd_.get());
   ++stats_.log_bases;
   install_log();

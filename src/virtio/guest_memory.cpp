@@ -37,11 +37,7 @@ uint64_t next_translation_version() { return g_version.fetch_add(1, std::memory_
 GuestMemory::~GuestMemory() { clear(); }
 
 void GuestMemory::clear() {
-  for (auto& m : mappings_) {
-    m.guard = PeerMapping();  // unregistered before the address can be reused
-    ::munmap(m.base, m.length);
-  }
-  mappings_.clear();
+  mappings_.clear();  // each unregistered, then unmapped
   guards_.clear();
   regions_.clear();
   last_hit_ = 0;
@@ -54,10 +50,7 @@ bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
     uint8_t* host = it->host;
     regions_.erase(it);
     for (auto m = mappings_.begin(); m != mappings_.end(); ++m) {
-      auto* base = static_cast<uint8_t*>(m->base);
-      if (host >= base && host < base + m->length) {
-        m->guard = PeerMapping();
-        ::munmap(m->base, m->length);
+      if (m->data() == host) {
         mappings_.erase(m);
         break;
       }
@@ -71,7 +64,7 @@ bool GuestMemory::remove_region(uint64_t guest_addr, uint64_t size) {
 
 bool GuestMemory::faulted() const {
   for (const auto& m : mappings_)
-    if (m.guard.faulted()) return true;
+    if (m.faulted()) return true;
   for (const PeerMapping* g : guards_)
     if (g->faulted()) return true;
   return false;
@@ -95,26 +88,12 @@ void GuestMemory::add_host_region(uint64_t guest_addr, uint64_t size, uint64_t u
 void GuestMemory::add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset) {
   const std::string what =
       "guest memory region [" + hex(guest_addr) + ", +" + hex(size) + ") at fd offset " + hex(mmap_offset);
-  if (const std::string problem = peer_memory_problem(fd, mmap_offset, size); !problem.empty())
-    throw std::invalid_argument(what + ": " + problem);
-  // mmap wants a page-aligned file offset: map from the page the region starts in.
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t skew = mmap_offset % page;
-  if (size > SIZE_MAX - skew) throw std::invalid_argument(what + ": too large to map");
-  const size_t length = size + skew;
-  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(mmap_offset - skew));
-  if (p == MAP_FAILED) throw_errno("mapping " + what);
-  try {
-    // The peer may truncate the file under this mapping at any time: a
-    // fault there fails the device, not the daemon (util/peer_mapping.hpp).
-    PeerMapping guard(p, length);
-    mappings_.reserve(mappings_.size() + 1);
-    add_host_region(guest_addr, size, user_addr, static_cast<uint8_t*>(p) + skew);
-    mappings_.push_back({p, length, std::move(guard)});
-  } catch (...) {
-    ::munmap(p, length);
-    throw;
-  }
+  // The peer may truncate the file under this mapping at any time: a fault
+  // there fails the device, not the daemon (util/peer_mapping.hpp).
+  PeerMemory map(fd, mmap_offset, size, PROT_READ | PROT_WRITE, quota_, what);
+  mappings_.reserve(mappings_.size() + 1);
+  add_host_region(guest_addr, size, user_addr, map.data());
+  mappings_.push_back(std::move(map));
 }
 
 uint8_t* GuestMemory::translate_perm(uint64_t gpa, uint64_t len, uint8_t need) const {

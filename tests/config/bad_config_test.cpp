@@ -49,7 +49,7 @@ std::ostream& operator<<(std::ostream& os, const BadCase& c) { return os << c.na
 
 const std::string kTopKeys =
     "(expected one of: version, host, log_level, state_dir, simulated, control, physical_functions, "
-    "virtio_devices, interrupts, metrics, kubernetes)";
+    "virtio_devices, interrupts, peer_limits, metrics, kubernetes)";
 
 // clang-format off
 const BadCase kCases[] = {
@@ -110,6 +110,15 @@ const BadCase kCases[] = {
    "control.poll_us: expected an integer from 0 to 1000, got '-1'"},
   {"ControlSocketIsAList", kSystem + "control:\n  socket: [/a, /b]\n", 4, 11,
    "control.socket: expected a string, got a list"},
+
+  // --- peer_limits ---
+  {"ZeroPeerMappings", kSystem + "peer_limits:\n  max_mappings: 0\n", 4, 17,
+   "peer_limits.max_mappings: expected an integer from 1 to 65536, got '0'"},
+  {"AddressSpaceBelowBytes", kSystem + "peer_limits:\n  max_mib: 4096\n  max_address_space_mib: 1024\n", 5, 26,
+   "peer_limits.max_address_space_mib: 1024 MiB is less than max_mib (4096 MiB): what a client declares always "
+   "takes at least that much address space"},
+  {"UnknownPeerLimit", kSystem + "peer_limits:\n  max_regions: 4\n", 4, 3,
+   "peer_limits: unknown key 'max_regions' (expected one of: max_mappings, max_mib, max_address_space_mib)"},
 
   // --- interrupts ---
   {"ZeroRelayThreads", kSystem + "interrupts:\n  relay_threads: 0\n", 4, 18,

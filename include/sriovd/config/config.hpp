@@ -220,6 +220,17 @@ struct VirtioDevice {
   }
 };
 
+// peer_limits: what one client (a vhost-user front-end, a vfio-user
+// client) may make the daemon map of its memory at once - guest RAM
+// regions, DMA windows, dirty logs, inflight buffers. Over it, the mapping is
+// refused (EDQUOT, or the connection ends) and nothing else changes.
+struct PeerLimits {
+  uint32_t max_mappings = 1024;
+  uint64_t max_mib = 1ULL << 20U;                // 1 TiB: the sizes the client declared
+  uint64_t max_address_space_mib = 1ULL << 21U;  // 2 TiB: what they take mapped, in whole pages
+  bool operator==(const PeerLimits&) const = default;
+};
+
 struct Interrupts {
   uint16_t relay_threads = 1;
   std::vector<uint16_t> cpus;  // empty: no pinning; else relay thread i -> cpus[i % n]
@@ -278,6 +289,7 @@ struct Config {
   std::vector<PfConfig> physical_functions;
   std::vector<VirtioDevice> virtio_devices;
   Interrupts interrupts;
+  PeerLimits peer_limits;
   Metrics metrics;
   Kubernetes kubernetes;
 };

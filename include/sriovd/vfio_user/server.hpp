@@ -150,20 +150,13 @@ class Server {
   std::vector<RegionBounds> bounds_;  // per region, taken when the client connects
   Reply reply_;                       // its reply (buffers kept)
   std::vector<DmaWindow> windows_;
-  struct Mapping {
-    void* base = nullptr;
-    size_t length = 0;
-    std::unique_ptr<PeerMapping> guard;  // its address is in the window (DmaWindow::guard)
-    void unmap() {
-      guard.reset();  // unregistered before the address can be reused
-      if (base) ::munmap(base, length);
-      base = nullptr;
-    }
-  };
-  std::vector<Mapping> mappings_;  // parallel to windows_
+  // Parallel to windows_: the window's mapping (null without an fd), on
+  // the heap so that its guard's address (DmaWindow::guard) stays put.
+  std::vector<std::unique_ptr<PeerMemory>> mappings_;
+  PeerMemoryQuota quota_;  // what this export's clients may make it map
   std::vector<pid_t> fd_recipients_;
   pid_t client_pid_ = 0;
-  std::vector<Mapping> held_;  // windows a device could not let go (never unmapped)
+  std::vector<std::unique_ptr<PeerMemory>> held_;  // windows a device could not let go (never unmapped)
   uint64_t faults_seen_ = 0;   // peer_mapping_faults() when last looked at
   void log_refusal(uint16_t command, const char* why);
   static constexpr unsigned kRefusalsLogged = 10;  // a second

@@ -137,6 +137,7 @@ class Backend {
   [[nodiscard]] uint64_t offered_protocol() const;
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
   void drop_inflight();
+  PeerMemory map_peer_buffer(int fd, uint64_t offset, uint64_t size, const std::string& what);
   void ack(const Message& m, uint64_t status);
   void try_start();
   void watch_misses();
@@ -158,35 +159,13 @@ class Backend {
     std::vector<irq::RouteId> ids;
   };
 
-  // A buffer of the front-end's (the inflight buffer, the dirty log)
-  // mapped whole from its fd (mmap wants a page-aligned offset: from 0),
-  // under PeerMapping's guard: the front-end truncating it fails that
-  // session, not the daemon.
-  class PeerBuffer {
-   public:
-    PeerBuffer() = default;
-    PeerBuffer(int fd, size_t length, const std::string& what);  // throws SystemError
-    ~PeerBuffer() { reset(); }
-    PeerBuffer(PeerBuffer&& other) noexcept { *this = std::move(other); }
-    PeerBuffer& operator=(PeerBuffer&& other) noexcept;
-    PeerBuffer(const PeerBuffer&) = delete;
-    PeerBuffer& operator=(const PeerBuffer&) = delete;
-    void reset();
-    [[nodiscard]] uint8_t* data() const { return base_; }
-    [[nodiscard]] bool faulted() const { return guard_.faulted(); }
-
-   private:
-    uint8_t* base_ = nullptr;
-    size_t length_ = 0;
-    PeerMapping guard_;
-  };
-
   std::string path_;
   virtio::Device& device_;
   CallRoutes calls_;
   Mode mode_;
   std::vector<uid_t> allowed_uids_;
   asio::steady_timer retry_;
+  PeerMemoryQuota quota_;  // what one front-end may make the daemon map (outlives the mappings below)
   virtio::GuestMemory memory_;
   uint64_t protocol_features_ = 0;
   bool protocol_negotiated_ = false;
@@ -197,11 +176,11 @@ class Backend {
   asio::posix::stream_descriptor miss_watch_;
   bool access_platform_ = false;
   // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
-  PeerBuffer inflight_;
+  PeerMemory inflight_;  // the front-end's inflight buffer, as it declared it
   // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
   // is negotiated (install_log).
   bool log_all_ = false;
-  PeerBuffer log_map_;
+  PeerMemory log_map_;   // its dirty log, as it declared it
   std::unique_ptr<virtio::DirtyLog> log_;
   UniqueFd log_fd_;               // SET_LOG_FD's eventfd: signalled after logged writes are published
   uint64_t faults_seen_ = 0;      // peer_mapping_faults() when last looked at

@@ -38,12 +38,16 @@ class GuestMemory {
   GuestMemory& operator=(const GuestMemory&) = delete;
 
   // The one place a peer's memory enters (vhost-user regions): maps `size`
-  // bytes of `fd` from `mmap_offset` as guest [guest_addr, +size). Throws
-  // std::invalid_argument, naming the region, on a zero size, any sum that
-  // wraps, overlap, an fd that is not a regular file (memfd, hugetlbfs,
-  // tmpfs) or one whose size (fstat) does not cover offset + size; a
-  // SystemError on a failed mmap.
+  // bytes of `fd` from `mmap_offset` as guest [guest_addr, +size) (a
+  // PeerMemory, charged to the quota set_quota gave). Throws, naming the
+  // region: std::invalid_argument on a zero size, a wrapping guest or
+  // front-end range, overlap; PeerMemoryError on an fd that is not a regular
+  // file (memfd, hugetlbfs, tmpfs) or does not cover offset + size, a full
+  // quota (EDQUOT) or a failed mmap.
   void add_fd_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, int fd, uint64_t mmap_offset);
+  // The client's share that add_fd_region charges (null: none); it
+  // outlives this memory's regions.
+  void set_quota(PeerMemoryQuota* quota) { quota_ = quota; }
   // Memory mapped by the caller (tests, the in-process front-end, a
   // vfio-user DMA window the server mapped with `perm`'s protection).
   // `guard`: the caller's registration of that mapping against its peer
@@ -90,17 +94,13 @@ class GuestMemory {
   [[nodiscard]] const DirtyLog* dirty_log() const { return log_; }
 
  private:
-  struct Mapping {
-    void* base = nullptr;
-    size_t length = 0;
-    PeerMapping guard;
-  };
   [[nodiscard]] uint8_t* translate_gpa(uint64_t gpa, uint64_t len, uint8_t need) const;
   std::vector<MemoryRegion> regions_;
   Iotlb* iotlb_ = nullptr;
   const DirtyLog* log_ = nullptr;
   uint64_t epoch_ = next_translation_version();  // changes with the regions: cached translations check it
-  std::vector<Mapping> mappings_;
+  std::vector<PeerMemory> mappings_;
+  PeerMemoryQuota* quota_ = nullptr;
   std::vector<const PeerMapping*> guards_;  // of host regions mapped by others
   mutable size_t last_hit_ = 0;
 };
