@@ -184,8 +184,8 @@ void PeerMemoryQuota::charge(uint64_t bytes, uint64_t address_space, const std::
            std::to_string(limits_.max_bytes >> 20U) + " MiB");
   if (address_space > limits_.max_address_space - address_space_)
     refuse(hex(address_space_) + " bytes of address space held, " + hex(address_space) +
-           " more asked; peer_limits.max_address_space_mib allows " +
-           std::to_string(limits_.max_address_space >> 20U) + " MiB");
+           " more asked; peer_limits.max_address_space_mib allows " + std::to_string(limits_.max_address_space >> 20U) +
+           " MiB");
   ++mappings_;
   bytes_ += bytes;
   address_space_ += address_space;

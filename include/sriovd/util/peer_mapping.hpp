@@ -60,9 +60,9 @@ size_t peer_mappings_registered();
 // What one client (a vhost-user connection, a vfio-user session) may make
 // the daemon map at once: config `peer_limits` (README, "Who may do what").
 struct PeerMemoryLimits {
-  uint32_t max_mappings = 1024;                 // regions, windows, logs, inflight buffers
-  uint64_t max_bytes = 1ULL << 40U;             // the sizes it declared (1 TiB)
-  uint64_t max_address_space = 1ULL << 41U;     // what those take mapped, rounded to pages (2 TiB)
+  uint32_t max_mappings = 1024;              // regions, windows, logs, inflight buffers
+  uint64_t max_bytes = 1ULL << 40U;          // the sizes it declared (1 TiB)
+  uint64_t max_address_space = 1ULL << 41U;  // what those take mapped, rounded to pages (2 TiB)
   bool operator==(const PeerMemoryLimits&) const = default;
 };
 

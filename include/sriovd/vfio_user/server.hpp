@@ -157,7 +157,7 @@ class Server {
   std::vector<pid_t> fd_recipients_;
   pid_t client_pid_ = 0;
   std::vector<std::unique_ptr<PeerMemory>> held_;  // windows a device could not let go (never unmapped)
-  uint64_t faults_seen_ = 0;   // peer_mapping_faults() when last looked at
+  uint64_t faults_seen_ = 0;                       // peer_mapping_faults() when last looked at
   void log_refusal(uint16_t command, const char* why);
   static constexpr unsigned kRefusalsLogged = 10;  // a second
   std::chrono::steady_clock::time_point refusal_window_{};

@@ -180,7 +180,7 @@ class Backend {
   // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
   // is negotiated (install_log).
   bool log_all_ = false;
-  PeerMemory log_map_;   // its dirty log, as it declared it
+  PeerMemory log_map_;  // its dirty log, as it declared it
   std::unique_ptr<virtio::DirtyLog> log_;
   UniqueFd log_fd_;               // SET_LOG_FD's eventfd: signalled after logged writes are published
   uint64_t faults_seen_ = 0;      // peer_mapping_faults() when last looked at
