@@ -27,6 +27,7 @@
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
+#include "support/peer_backing.hpp"
 #include "support/alloc_count.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -613,6 +614,66 @@ TEST_F(VfProxyTest, AWindowTruncatedUnderItsMappingEndsTheSessionNotTheDaemon) {
       << exported->server->stats().last_error;
   guest::VfioUserClient next(socket);  // the export goes on
   EXPECT_EQ(next.device_info().num_regions, 9U);
+}
+
+// Issue 39, c2: the same over every backing a client may give a window -
+// a hugetlb file killed the daemon (a 4 KiB patch inside a hugetlb mapping
+// is refused) - and x1: a hugetlb window that is not a whole number of huge
+// pages is unmapped when the session ends.
+TEST_F(VfProxyTest, AWindowOfAnyBackingTruncatedEndsTheSessionNotTheDaemon) {
+  test::HugePages pages(4);
+  test::HugetlbfsMount mount;
+  for (const test::Backing b :
+       {test::Backing::memfd, test::Backing::hugetlb_memfd, test::Backing::hugetlbfs_file, test::Backing::tmpfs_file}) {
+    SCOPED_TRACE(test::backing_name(b));
+    const bool huge = b == test::Backing::hugetlb_memfd || b == test::Backing::hugetlbfs_file;
+    if (huge && !pages.ok()) GTEST_SKIP() << "no huge pages: " << pages.why();
+    if (b == test::Backing::hugetlbfs_file && mount.dir().empty()) GTEST_SKIP() << "cannot mount a hugetlbfs";
+    UniqueFd mem = test::make_backing(b, 4 << 20, mount.dir());
+    ASSERT_TRUE(mem.valid());
+    const uint64_t unmap_failures = peer_unmap_failures();
+    {
+      guest::VfioUserClient c(socket);
+      c.dma_map(0x100000, 3 << 20, mem.get(), 0);  // 1.5 huge pages
+      ASSERT_EQ(::ftruncate(mem.get(), 0), 0);
+      const char frame[] = "a frame for a window that shrank";
+      sim->dma_write(0x100000 + (2 << 20) + 0x800, frame, sizeof frame);
+      EXPECT_THROW(c.device_info(), std::exception) << "the session goes on over memory the client took away";
+      ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
+      EXPECT_NE(exported->server->stats().last_error.find("truncated"), std::string::npos)
+          << exported->server->stats().last_error;
+    }
+    EXPECT_EQ(peer_unmap_failures(), unmap_failures) << "the window was not unmapped whole";
+    guest::VfioUserClient next(socket);  // the export goes on
+    EXPECT_EQ(next.device_info().num_regions, 9U);
+  }
+}
+
+// c3: one client's share is its own: a client that maps up to its
+// peer_limits gets EDQUOT naming the limit, and the next client of the
+// export starts with its whole share.
+TEST_F(VfProxyTest, AClientOverItsShareOfPeerMemoryIsRefusedAlone) {
+  const PeerMemoryLimits saved = default_peer_memory_limits();
+  set_default_peer_memory_limits({3, 1ULL << 30U, 1ULL << 30U});
+  UniqueFd mem(::memfd_create("guest", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(mem.get(), 1 << 20), 0);
+  {
+    guest::VfioUserClient c(socket);
+    for (uint64_t i = 0; i < 3; ++i) c.dma_map(0x100000 + i * 0x10000, 0x10000, mem.get(), i * 0x10000);
+    try {
+      c.dma_map(0x400000, 0x10000, mem.get(), 0);
+      ADD_FAILURE() << "a fourth window was mapped over a share of 3";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), EDQUOT);
+    }
+    EXPECT_NE(exported->server->stats().last_error.find("peer_limits.max_mappings is 3"), std::string::npos)
+        << exported->server->stats().last_error;
+    EXPECT_EQ(c.device_info().num_regions, 9U) << "the session goes on";
+  }
+  ASSERT_TRUE(test::wait_until([&] { return !exported->server->connected(); }, 2s));
+  guest::VfioUserClient next(socket);
+  for (uint64_t i = 0; i < 3; ++i) next.dma_map(0x100000 + i * 0x10000, 0x10000, mem.get(), i * 0x10000);
+  set_default_peer_memory_limits(saved);
 }
 
 // Issue 12: an independent client (a storage toolkit's NVMe driver) sends

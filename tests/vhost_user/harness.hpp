@@ -100,9 +100,13 @@ inline int64_t acked_request(int sock, uint32_t request, const void* payload, ui
 // front-end shares) and the driver's half of an RX ring at 0 and a TX ring
 // at 0x8000, split or packed.
 struct GuestRings {
-  GuestRings(size_t bytes, uint16_t queue_size, bool packed_rings) : size(bytes), packed(packed_rings) {
-    fd.reset(::memfd_create("ram", MFD_CLOEXEC));
-    if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw std::runtime_error("guest RAM memfd");
+  // `backing`: a file of at least `bytes` to use instead of a fresh memfd.
+  GuestRings(size_t bytes, uint16_t queue_size, bool packed_rings, UniqueFd backing = {})
+      : fd(std::move(backing)), size(bytes), packed(packed_rings) {
+    if (!fd) {
+      fd.reset(::memfd_create("ram", MFD_CLOEXEC));
+      if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw std::runtime_error("guest RAM memfd");
+    }
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) throw std::runtime_error("guest RAM mapping");
     ram = static_cast<uint8_t*>(p);

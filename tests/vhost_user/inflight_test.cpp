@@ -27,6 +27,7 @@
 #include "sriovd/vhost_user/protocol.hpp"
 #include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/virtio/net.hpp"
+#include "support/peer_backing.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "vhost_user/harness.hpp"
@@ -91,9 +92,27 @@ constexpr uint64_t kRam = 1 << 20;
 constexpr uint16_t kQueue = 64;
 constexpr uint64_t kBufs = 0x40000;  // packet buffers, one 4 KiB page each
 
-class InflightTest : public ::testing::TestWithParam<bool> {
+class InflightFixture : public ::testing::Test {
  protected:
+  [[nodiscard]] virtual bool packed() const = 0;
+  // What the front-end backs guest RAM with (hugetlb: 2 MiB of it).
+  [[nodiscard]] virtual sriovd::test::Backing backing() const { return sriovd::test::Backing::memfd; }
   void SetUp() override {
+    UniqueFd ram_fd;
+    size_t ram_size = kRam;
+    if (backing() != sriovd::test::Backing::memfd) {
+      if (backing() == sriovd::test::Backing::hugetlb_memfd || backing() == sriovd::test::Backing::hugetlbfs_file) {
+        pages = std::make_unique<sriovd::test::HugePages>(4);
+        if (!pages->ok()) GTEST_SKIP() << "no huge pages: " << pages->why();
+        ram_size = sriovd::test::kHugePage;
+      }
+      if (backing() == sriovd::test::Backing::hugetlbfs_file) {
+        mount = std::make_unique<sriovd::test::HugetlbfsMount>();
+        if (mount->dir().empty()) GTEST_SKIP() << "cannot mount a hugetlbfs (needs root)";
+      }
+      ram_fd = sriovd::test::make_backing(backing(), ram_size, mount ? mount->dir() : "");
+      ASSERT_TRUE(ram_fd.valid()) << sriovd::test::backing_name(backing());
+    }
     virtio::NetConfig nc;
     nc.name = "vnet-inflight";
     nc.offloads = false;
@@ -102,7 +121,7 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
     device = &vu->device;
     backend = &vu->backend;
-    g = std::make_unique<test::GuestRings>(kRam, kQueue, packed());
+    g = std::make_unique<test::GuestRings>(ram_size, kQueue, packed(), std::move(ram_fd));
     ram = g->ram;
   }
   void TearDown() override {
@@ -112,7 +131,6 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     g.reset();
     if (inflight) ::munmap(inflight, inflight_size);
   }
-  bool packed() const { return GetParam(); }
 
   // A back-end that ends the connection (hangup_ok) makes the rest of
   // the sequence no-ops instead of failures.
@@ -210,6 +228,8 @@ class InflightTest : public ::testing::TestWithParam<bool> {
     return n;
   }
 
+  std::unique_ptr<sriovd::test::HugePages> pages;
+  std::unique_ptr<sriovd::test::HugetlbfsMount> mount;
   sriovd::test::TempDir dir;
   HoldingPort* port = nullptr;
   std::unique_ptr<test::BackendRunner> vu;
@@ -224,6 +244,18 @@ class InflightTest : public ::testing::TestWithParam<bool> {
   UniqueFd kicks[2], calls[2];
   bool hangup_ok = false, hung_up = false;
   uint16_t heads[256] = {};
+};
+
+class InflightTest : public InflightFixture, public ::testing::WithParamInterface<bool> {
+ protected:
+  [[nodiscard]] bool packed() const override { return GetParam(); }
+};
+
+// Guest RAM on each backing a front-end may use (issue 39, c2).
+class GuestRamBackingTest : public InflightFixture, public ::testing::WithParamInterface<sriovd::test::Backing> {
+ protected:
+  [[nodiscard]] bool packed() const override { return false; }
+  [[nodiscard]] sriovd::test::Backing backing() const override { return GetParam(); }
 };
 
 TEST_P(InflightTest, BufferInFlightAtACrashIsHandedOutAgainFirst) {
@@ -304,6 +336,27 @@ TEST_P(InflightTest, GuestRamTruncatedUnderARunningDeviceBreaksOnlyThatDevice) {
   ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
   EXPECT_FALSE(device->broken()) << "a reset device starts clean";
 }
+
+// c2: the same for every backing - a hugetlb file truncated under the
+// worker killed the daemon (the handler's 4 KiB patch was refused inside
+// the hugetlb mapping).
+TEST_P(GuestRamBackingTest, GuestRamTruncatedUnderARunningDeviceBreaksOnlyThatDevice) {
+  connect(0);
+  transmit(1);
+  ASSERT_TRUE(port->wait_sent(1));
+  ASSERT_EQ(::ftruncate(g->fd.get(), 0), 0);
+  const uint64_t one = 1;
+  ASSERT_EQ(::write(kicks[1].get(), &one, 8), 8);
+  ASSERT_TRUE(eventually([&] { return device->broken(); })) << "the device did not notice its memory went";
+  sock.reset();
+  ASSERT_TRUE(eventually([&] { return !backend->connected(); }));
+  EXPECT_FALSE(device->broken()) << "a reset device starts clean";
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBacking, GuestRamBackingTest,
+                         ::testing::Values(sriovd::test::Backing::memfd, sriovd::test::Backing::hugetlb_memfd,
+                                           sriovd::test::Backing::hugetlbfs_file, sriovd::test::Backing::tmpfs_file),
+                         [](const auto& p) { return std::string(sriovd::test::backing_name(p.param)); });
 
 // The same for an inflight buffer of the front-end's own that cannot be
 // sealed (a memfd made without sealing): truncated under a running device,
