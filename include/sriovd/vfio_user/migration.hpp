@@ -89,8 +89,16 @@ class DmaLog {
   // two; `bitmap` must have report_words() words.
   void report(uint64_t iova, uint64_t length, uint64_t page_size, std::span<uint64_t> bitmap);
   static uint64_t report_words(uint64_t length, uint64_t page_size);
+  // Bitmap bytes the reports read so far: those of bitmap pages a mark
+  // touched, never the whole claimed range.
+  [[nodiscard]] uint64_t scanned_bytes() const { return scanned_bytes_; }
 
  private:
+  static constexpr uint64_t kBitmapPage = 4096;
+  void report_bytes(uint64_t from, uint64_t to, uint64_t first, uint64_t pages, uint64_t page_size,
+                    std::span<uint64_t> bitmap);
+  std::vector<unsigned char> resident_;  // mincore's answer (kept: no allocation per report)
+  uint64_t scanned_bytes_ = 0;
   std::vector<DmaRange> ranges_;
   uint64_t base_ = 0;
   uint8_t* bits_ = nullptr;
