@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 
@@ -188,8 +189,8 @@ void Migration::arc(MigState to) {
   }
   state_ = to;
   ++stats_.transitions;
-  spdlog::info("vfio-user: {}: migration state {} -> {}", name_, mig_state_name(static_cast<uint32_t>(from)),
-               mig_state_name(static_cast<uint32_t>(to)));
+  log_limited(log_limits_.state, spdlog::level::info, "vfio-user: {}: migration state {} -> {}", name_,
+              mig_state_name(static_cast<uint32_t>(from)), mig_state_name(static_cast<uint32_t>(to)));
 }
 
 void Migration::set_state(uint32_t target) {
@@ -246,8 +247,9 @@ uint64_t Migration::start_logging(uint64_t page_size, std::span<const DmaRange> 
   device_.set_dma_log(&log->log());
   log_ = std::move(log);
   ++stats_.dma_log_starts;
-  spdlog::info("vfio-user: {}: DMA logging on ({} range(s) from {}, a live migration)", name_, log_->ranges().size(),
-               hex(log_->ranges().front().iova));
+  log_limited(log_limits_.logging, spdlog::level::info,
+              "vfio-user: {}: DMA logging on ({} range(s) from {}, a live migration)", name_, log_->ranges().size(),
+              hex(log_->ranges().front().iova));
   return DmaLog::kPage;
 }
 
@@ -261,7 +263,7 @@ void Migration::stop_logging() {
   if (!log_) return;
   device_.set_dma_log(nullptr);  // the workers stopped and restarted without it: nothing marks it now
   log_.reset();
-  spdlog::info("vfio-user: {}: DMA logging off", name_);
+  log_limited(log_limits_.logging, spdlog::level::info, "vfio-user: {}: DMA logging off", name_);
 }
 
 }  // namespace sriovd::vfio_user

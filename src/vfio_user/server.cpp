@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/util/unix_socket.hpp"
@@ -224,25 +225,12 @@ void Server::dispatch(Message& m) {
 }
 
 // A client may send refused requests without pause (posted writes take no
-// reply): at most kRefusalsLogged a second are logged, and the next logged
+// reply): at most LogLimit::kBurst a second are logged, and the next logged
 // one says how many were not. Every one is counted (stats().error_replies);
 // one that is not logged builds no text.
 void Server::log_refusal(uint16_t command, const char* why) {
-  const auto now = std::chrono::steady_clock::now();
-  if (now - refusal_window_ >= std::chrono::seconds(1)) {
-    refusal_window_ = now;
-    refusals_logged_ = 0;
-  }
-  if (refusals_logged_ >= kRefusalsLogged) {
-    ++refusals_unlogged_;
-    return;
-  }
-  ++refusals_logged_;
-  if (refusals_unlogged_ == 0)
-    spdlog::warn("vfio-user: {}: {} ({}) refused: {}", device_.name(), command_name(command), command, why);
-  else
-    spdlog::warn("vfio-user: {}: {} ({}) refused: {} ({} more refused before it, not logged)", device_.name(),
-                 command_name(command), command, why, std::exchange(refusals_unlogged_, 0));
+  log_limited(log_limits_.refusal, spdlog::level::warn, "vfio-user: {}: {} ({}) refused: {}", device_.name(),
+              command_name(command), command, why);
 }
 
 // The one table of commands: the payload each must carry (its exact size,
@@ -418,7 +406,8 @@ void Server::device_feature(Message& m, Reply& r) {
       const uint64_t before = c.page_size;
       c.page_size = mig.start_logging(c.page_size, ranges);
       if (c.page_size != before)
-        spdlog::info("vfio-user: {}: DMA logging by {} byte pages ({} asked for)", device_.name(), c.page_size, before);
+        log_limited(log_limits_.logging, spdlog::level::info,
+                    "vfio-user: {}: DMA logging by {} byte pages ({} asked for)", device_.name(), c.page_size, before);
       answer(as_bytes(c), data.subspan(sizeof c));
       return;
     }

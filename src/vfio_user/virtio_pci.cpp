@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/pci/config_space.hpp"
@@ -394,7 +395,8 @@ void VirtioPci::start_device() {
     device_.set_queue_enabled(i, true);
   }
   device_.start();
-  spdlog::info("virtio-pci {}: driver ready, features 0x{:x}", name_, device_.features());
+  log_limited(driver_ready_log_, spdlog::level::info, "virtio-pci {}: driver ready, features 0x{:x}", name_,
+              device_.features());
 }
 
 void VirtioPci::resume_device() {

@@ -15,6 +15,7 @@
 
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/hex.hpp"
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/peer_session.hpp"
@@ -621,7 +622,8 @@ bool Backend::set_inflight(Message& m) {
   // Sealed or not, a fault there fails this connection, not the daemon.
   inflight_ = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
   device_.set_inflight(inflight_.data(), d.num_queues, d.queue_size);
-  spdlog::info("vhost-user: {}: inflight buffer for {} queues of {}", device_.name(), d.num_queues, d.queue_size);
+  log_limited(log_limits_.inflight, spdlog::level::info, "vhost-user: {}: inflight buffer for {} queues of {}",
+              device_.name(), d.num_queues, d.queue_size);
   return false;
 }
 
@@ -666,8 +668,9 @@ bool Backend::set_log_base(Message& m) {
   if (log_fd_) log_->set_notify_fd(log_fd_.get());
   ++stats_.log_bases;
   install_log();
-  spdlog::info("vhost-user: {}: dirty log of {} bytes (guest addresses below 0x{:x})", device_.name(), d.mmap_size,
-               log_->covers());
+  log_limited(log_limits_.log_base, spdlog::level::info,
+              "vhost-user: {}: dirty log of {} bytes (guest addresses below 0x{:x})", device_.name(), d.mmap_size,
+              log_->covers());
   reply(m, nullptr, 0);
   return true;
 }
@@ -700,7 +703,8 @@ void Backend::install_log() {
   device_.stop();
   if (device_.wedged()) throw ProtocolError("the device's worker did not stop: its dirty log cannot change under it");
   memory_.set_dirty_log(want);
-  spdlog::info("vhost-user: {}: dirty logging {}", device_.name(), want ? "on (a live migration)" : "off");
+  log_limited(log_limits_.logging, spdlog::level::info, "vhost-user: {}: dirty logging {}", device_.name(),
+              want ? "on (a live migration)" : "off");
 }
 
 void Backend::drop_log() {
@@ -720,10 +724,23 @@ bool Backend::send_rarp(Message& m) {
     throw ProtocolError("SEND_RARP without VHOST_USER_PROTOCOL_F_RARP negotiated");
   std::array<uint8_t, 6> mac{};
   std::memcpy(mac.data(), m.payload.data(), mac.size());
-  if (!device_.announce(mac)) throw ProtocolError("SEND_RARP to a device with no wire");
+  switch (device_.announce(mac)) {
+    case virtio::Announcement::no_wire: throw ProtocolError("SEND_RARP to a device with no wire");
+    case virtio::Announcement::not_its_mac:
+      // Another's MAC would move that guest's traffic here on every
+      // switch that learns from the RARP: not sent; the session goes on.
+      ++stats_.rarps_refused;
+      log_limited(
+          log_limits_.rarp, spdlog::level::warn,
+          "vhost-user: {}: SEND_RARP for {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} refused: not the device's MAC",
+          device_.name(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+      return false;
+    case virtio::Announcement::sent: break;
+  }
   ++stats_.rarps;
-  spdlog::info("vhost-user: {}: announcing {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} on the wire (SEND_RARP)",
-               device_.name(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+  log_limited(log_limits_.rarp, spdlog::level::info,
+              "vhost-user: {}: announcing {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} on the wire (SEND_RARP)",
+              device_.name(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
   return false;
 }
 

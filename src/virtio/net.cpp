@@ -275,6 +275,10 @@ void NetDevice::reset_device() {
     hold->cutter.stop();
   }
   filter_.reset(config_.mac ? mac_bits(config_.mac->octets) : 0);
+  {
+    std::lock_guard lock(announce_mutex_);
+    announced_mac_ = 0;
+  }
   active_pairs_.store(1);
   announce_status_.store(false);
   (void)steer_port();  // a reset device uses its first pair (vhost-user: none enabled yet)
@@ -628,9 +632,14 @@ bool NetDevice::do_rx(Worker& w) {
   return delivered;
 }
 
-bool NetDevice::announce(const std::array<uint8_t, 6>& mac) {
+Announcement NetDevice::announce(const std::array<uint8_t, 6>& mac) {
+  const uint64_t bits = mac_bits(mac.data());
+  if (bits == 0 || (mac[0] & 1U)) return Announcement::not_its_mac;  // none, or a group address
   {
     std::lock_guard lock(announce_mutex_);
+    const uint64_t own = filter_.mac.load();
+    if (own != 0 ? bits != own : (announced_mac_ != 0 && bits != announced_mac_)) return Announcement::not_its_mac;
+    if (own == 0) announced_mac_ = bits;
     uint8_t* f = announcement_.data() + kHeader;  // the virtio-net header: zeros, no offload
     std::memset(f, 0xff, 6);                      // broadcast
     std::memcpy(f + 6, mac.data(), 6);
@@ -647,7 +656,7 @@ bool NetDevice::announce(const std::array<uint8_t, 6>& mac) {
   }
   announce_pending_.store(true, std::memory_order_release);
   poke(0);  // no worker yet: the first pair's sends it when it starts
-  return true;
+  return Announcement::sent;
 }
 
 bool NetDevice::announce_restored() {

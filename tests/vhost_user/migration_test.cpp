@@ -17,7 +17,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/util/unix_socket.hpp"
@@ -492,6 +496,66 @@ TEST_P(MigrationTest, SendRarpAnnouncesTheGuestOnTheWire) {
   ASSERT_TRUE(eventually([&] { return !vu->backend.connected(); }));
   EXPECT_NE(vu->backend.stats().last_error.find("RARP"), std::string::npos);
   EXPECT_EQ(port->sent().size(), 1U);
+}
+
+// Issue 39, c4: a RARP leaves only for the device's own MAC - here, a
+// device given none, the first one the front-end announced - and a
+// front-end that announces others in a loop gets none sent, a counter, and
+// a handful of log lines a second, not one each.
+TEST_P(MigrationTest, SendRarpForAnotherMacIsRefusedAndLogsAreLimited) {
+  std::ostringstream lines;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(lines)));
+  connect();
+  const uint8_t own[8] = {0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0, 0};
+  send(kSendRarp, own, 8);
+  ASSERT_TRUE(eventually([&] { return port->sent().size() == 1; }));
+  uint8_t other[8] = {0x52, 0x54, 0x00, 0x99, 0x00, 0x00, 0, 0};
+  const auto began = std::chrono::steady_clock::now();
+  for (int i = 0; i < 500; ++i) {
+    other[5] = static_cast<uint8_t>(i);
+    send(kSendRarp, other, 8);
+  }
+  const uint8_t group[8] = {0x01, 0x00, 0x5e, 0x00, 0x00, 0x01, 0, 0};
+  send(kSendRarp, group, 8);
+  send(kSendRarp, own, 8);  // its own again: sent
+  ASSERT_TRUE(eventually([&] { return port->sent().size() == 2; }));
+  EXPECT_TRUE(vu->backend.connected()) << "a refused RARP is no reason to end the session";
+  EXPECT_EQ(vu->backend.stats().rarps, 2U);
+  EXPECT_EQ(vu->backend.stats().rarps_refused, 501U);
+  spdlog::default_logger()->flush();
+  spdlog::set_default_logger(previous);
+  // At most kBurst lines in each second the flood lasted (begun seconds count whole).
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - began);
+  const std::string text = lines.str();
+  size_t n = 0;
+  for (size_t at = text.find("SEND_RARP"); at != std::string::npos; at = text.find("SEND_RARP", at + 1)) ++n;
+  EXPECT_LE(n, (static_cast<size_t>(seconds.count()) + 2) * LogLimit::kBurst) << "a log line per RARP asked for";
+  EXPECT_NE(text.find("refused: not the device's MAC"), std::string::npos) << text.size() << " bytes: " << text;
+}
+
+// A device configured with a MAC announces that one only.
+TEST_P(MigrationTest, SendRarpForADeviceWithAMacTakesOnlyThatMac) {
+  vu.reset();
+  virtio::NetConfig nc;
+  nc.name = "vnet-migrate";
+  nc.offloads = false;
+  nc.mac = MacAddress{{0x02, 0x00, 0x00, 0x00, 0x00, 0x07}};
+  auto p = std::make_unique<StreamPort>();
+  port = p.get();
+  vu = std::make_unique<test::BackendRunner>(nc, std::move(p), dir.file("vnet.sock"));
+  connect();
+  const uint8_t qemus[8] = {0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0, 0};
+  send(kSendRarp, qemus, 8);
+  const uint8_t own[8] = {0x02, 0x00, 0x00, 0x00, 0x00, 0x07, 0, 0};
+  send(kSendRarp, own, 8);
+  ASSERT_TRUE(eventually([&] { return port->sent().size() == 1; }));
+  const std::vector<uint8_t> f = port->sent().front();
+  EXPECT_EQ(std::vector<uint8_t>(f.begin() + 12 + 6, f.begin() + 12 + 12), std::vector<uint8_t>(own, own + 6))
+      << "the RARP's source is the device's MAC";
+  EXPECT_EQ(vu->backend.stats().rarps, 1U);
+  EXPECT_EQ(vu->backend.stats().rarps_refused, 1U);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rings, MigrationTest, ::testing::Values(false, true),

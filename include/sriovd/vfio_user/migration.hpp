@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/counters.hpp"
 #include "sriovd/virtio/dirty_log.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
@@ -161,6 +162,9 @@ class Migration {
   void arc(MigState to);
   Migratable& device_;
   std::string name_;
+  struct {
+    LogLimit state, logging;  // a client can change both at will
+  } log_limits_;
   MigState state_ = MigState::running;
   std::vector<uint8_t> stream_;  // STOP_COPY: what is left to read; RESUMING: what was written
   size_t read_at_ = 0;

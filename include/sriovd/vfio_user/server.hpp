@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/counters.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
@@ -159,10 +160,9 @@ class Server {
   std::vector<std::unique_ptr<PeerMemory>> held_;  // windows a device could not let go (never unmapped)
   uint64_t faults_seen_ = 0;                       // peer_mapping_faults() when last looked at
   void log_refusal(uint16_t command, const char* why);
-  static constexpr unsigned kRefusalsLogged = 10;  // a second
-  std::chrono::steady_clock::time_point refusal_window_{};
-  unsigned refusals_logged_ = 0;
-  uint64_t refusals_unlogged_ = 0;
+  struct {
+    LogLimit refusal, logging;  // what a client can make it log at will
+  } log_limits_;
   [[nodiscard]] bool memory_faulted() const;
   ServerStats stats_;
   std::unique_ptr<Migration> migration_;  // when the device is migratable

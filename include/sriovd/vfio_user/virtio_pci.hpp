@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/msix/msix.hpp"
 #include "sriovd/pci/virtual_config.hpp"
@@ -130,6 +131,7 @@ class VirtioPci : public ExportedDevice, public Migratable {
   virtio::Device& device_;
   irq::Engine& engine_;
   std::string name_;
+  LogLimit driver_ready_log_;  // a guest resets and starts its driver at will
   unsigned num_queues_;
   std::vector<irq::RouteId> routes_;  // one per MSI-X vector
   msix::RoutedVectors vectors_;

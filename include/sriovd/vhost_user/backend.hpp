@@ -21,6 +21,7 @@
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
+#include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 #include "sriovd/virtio/iotlb.hpp"
@@ -36,6 +37,7 @@ struct BackendStats {
   uint64_t refused_peers = 0;  // not admitted by allowed_uids, unknown credentials, or a second front-end
   uint64_t log_bases = 0;      // dirty logs the front-end gave (SET_LOG_BASE: a migration starting, or resized)
   uint64_t rarps = 0;          // SEND_RARP: the guest announced on the wire on its behalf
+  uint64_t rarps_refused = 0;  // SEND_RARP for a MAC not the device's: not sent
   std::string last_error;
 };
 
@@ -49,6 +51,7 @@ inline constexpr Counter<BackendStats> kBackendCounters[] = {
 inline constexpr Counter<BackendStats> kMigrationCounters[] = {
     {"log_bases", "dirty logs the front-end gave for a live migration (SET_LOG_BASE)", &BackendStats::log_bases},
     {"rarps", "RARPs sent on the guest's behalf after a migration (SEND_RARP)", &BackendStats::rarps},
+    {"rarps_refused", "SEND_RARPs refused: the MAC was not the device's", &BackendStats::rarps_refused},
 };
 
 class Backend {
@@ -176,6 +179,11 @@ class Backend {
   asio::posix::stream_descriptor miss_watch_;
   bool access_platform_ = false;
   // The inflight buffer the front-end gave (SET_INFLIGHT_FD), mapped.
+  // What a front-end can make it log at will, each line at most
+  // LogLimit::kBurst a second.
+  struct {
+    LogLimit rarp, logging, log_base, inflight;
+  } log_limits_;
   PeerMemory inflight_;  // the front-end's inflight buffer, as it declared it
   // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
   // is negotiated (install_log).

@@ -145,6 +145,13 @@ struct DeviceStats {
   uint64_t filtered = 0;  // frames the driver's RX filter kept out (virtio-net)
 };
 
+// What announce() did.
+enum class Announcement {
+  sent,
+  no_wire,      // the device type has no wire
+  not_its_mac,  // not the device's MAC: nothing sent
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -204,8 +211,9 @@ class Device {
 
   // Live migration's last step on the destination: tells the network
   // where the guest with this MAC is now (virtio-net: a RARP on the wire,
-  // vhost-user SEND_RARP). False: the device type has no wire.
-  virtual bool announce(const std::array<uint8_t, 6>& /*mac*/) { return false; }
+  // vhost-user SEND_RARP). Only for the device's own MAC: a front-end must
+  // not move another guest's traffic here.
+  virtual Announcement announce(const std::array<uint8_t, 6>& /*mac*/) { return Announcement::no_wire; }
   // The same for a device restored on the destination whose transport is
   // the whole device (virtio-pci): virtio-net asks its driver to announce
   // itself when it negotiated VIRTIO_NET_F_GUEST_ANNOUNCE - true: the

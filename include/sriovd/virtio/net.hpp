@@ -142,7 +142,10 @@ class NetDevice : public QueueDevice {
   [[nodiscard]] const PacketPort& port() const { return *tap_; }
   // A RARP for `mac` on the wire (RFC 903: the guest is here now), sent by
   // the first pair's worker - the port's queue is its - when it next runs.
-  bool announce(const std::array<uint8_t, 6>& mac) override;
+  // Only for the device's MAC: the configured one or the one its driver
+  // set; a device given none takes the first unicast MAC announced since
+  // its reset as its own (a VMM's NIC property), and refuses any other.
+  Announcement announce(const std::array<uint8_t, 6>& mac) override;
   bool announce_restored() override;
 
  protected:
@@ -188,6 +191,7 @@ class NetDevice : public QueueDevice {
   // announce(): the frame (virtio-net header first) the first pair's
   // worker sends when it sees announce_pending_.
   std::mutex announce_mutex_;
+  uint64_t announced_mac_ = 0;  // the MAC first announced since the reset (a device given none)
   std::array<uint8_t, 12 + 60> announcement_{};
   std::atomic<bool> announce_pending_{false};
   // VIRTIO_NET_S_ANNOUNCE: set by announce_restored(), cleared by the
