@@ -152,7 +152,8 @@ PeerConnection::PeerConnection(asio::io_context& io, FramedReader reader, std::c
       on_message_(std::move(on_message)),
       on_end_(std::move(on_end)),
       on_idle_(std::move(on_idle)),
-      timer_(io) {}
+      timer_(io),
+      drain_timer_(io) {}
 
 PeerConnection::~PeerConnection() { close(); }
 
@@ -176,6 +177,10 @@ void PeerConnection::on_readable() {
   const int fd = fd_.get();
   try {
     for (int handled = 0; handled < kMessagesPerWakeup && fd_.get() == fd; ++handled) {
+      if (!queue_.empty()) {  // replies the peer has not read: its requests wait
+        read_paused_ = true;
+        return;
+      }
       const FramedReader::Status s = reader_.read(fd);
       if (s == FramedReader::Status::closed) {
         end(kPeerClosed);
@@ -220,6 +225,86 @@ void PeerConnection::arm_deadline() {
   });
 }
 
+void PeerConnection::send(std::span<const iovec> iov, std::span<const int> fds) {
+  if (!fd_) throw std::runtime_error("the connection ended");
+  size_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+  size_t sent = 0;
+  if (queue_.empty()) {
+    const ssize_t n = send_with_fds(fd_.get(), iov, fds, MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) throw SystemError(errno, "sending to the peer");
+    if (n == static_cast<ssize_t>(total)) return;
+    sent = n > 0 ? static_cast<size_t>(n) : 0;
+  }
+  if (queued_bytes_ + (total - sent) > kMaxQueuedBytes)
+    throw std::runtime_error("the peer does not read what it is sent (" + std::to_string(queued_bytes_) +
+                             " bytes wait for it, " + std::to_string(total - sent) + " more would pass the " +
+                             std::to_string(kMaxQueuedBytes) + " a peer may have waiting)");
+  Queued q;
+  q.bytes.reserve(total - sent);
+  size_t skip = sent;
+  for (const iovec& v : iov) {
+    const auto* p = static_cast<const uint8_t*>(v.iov_base);
+    const size_t take = std::min(skip, v.iov_len);
+    q.bytes.insert(q.bytes.end(), p + take, p + v.iov_len);
+    skip -= take;
+  }
+  if (sent == 0)
+    for (const int fd : fds) {
+      UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!copy) throw SystemError(errno, "keeping an fd for a queued message");
+      q.fds.push_back(std::move(copy));
+    }
+  queued_bytes_ += q.bytes.size();
+  queue_.push_back(std::move(q));
+  if (queue_.size() == 1) {
+    drain_timer_.expires_after(deadline_);
+    drain_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || queue_.empty()) return;
+      end("the peer did not read what it was sent within " + std::to_string(deadline_.count()) + " ms (" +
+          std::to_string(queued_bytes_) + " bytes wait)");
+    });
+  }
+  wait_writable();
+}
+
+void PeerConnection::wait_writable() {
+  if (write_armed_ || !watch_) return;
+  write_armed_ = true;
+  watch_->async_wait(asio::posix::stream_descriptor::wait_write, [this](boost::system::error_code ec) {
+    write_armed_ = false;
+    if (ec) return;  // cancelled: the connection (or this object) is gone
+    flush();
+  });
+}
+
+void PeerConnection::flush() {
+  while (!queue_.empty()) {
+    Queued& q = queue_.front();
+    const iovec v{q.bytes.data() + q.sent, q.bytes.size() - q.sent};
+    std::vector<int> raw;
+    for (const UniqueFd& f : q.fds) raw.push_back(f.get());
+    const ssize_t n = send_with_fds(fd_.get(), std::span<const iovec>(&v, 1), raw, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wait_writable();
+        return;
+      }
+      end(std::string("sending to the peer: ") + std::strerror(errno));
+      return;
+    }
+    q.fds.clear();  // they went with the first byte
+    q.sent += static_cast<size_t>(n);
+    queued_bytes_ -= static_cast<size_t>(n);
+    if (q.sent == q.bytes.size()) queue_.pop_front();
+  }
+  drain_timer_.cancel();
+  if (read_paused_ && watch_) {
+    read_paused_ = false;
+    on_readable();  // what came meanwhile may be in the socket already
+  }
+}
+
 bool PeerConnection::read_blocking(std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     const FramedReader::Status s = reader_.read(fd_.get());
@@ -253,6 +338,11 @@ void PeerConnection::close() {
   boost::system::error_code ignored;
   timer_.cancel();
   timer_armed_ = false;
+  drain_timer_.cancel();
+  queue_.clear();
+  queued_bytes_ = 0;
+  read_paused_ = false;
+  write_armed_ = false;
   ++message_seq_;
   if (watch_) {
     watch_->cancel(ignored);

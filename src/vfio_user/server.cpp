@@ -144,14 +144,13 @@ void Server::take(FramedReader& reader, Message& m) {
 void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<const int> fds) {
   if (!conn_.connected()) throw std::runtime_error("the connection ended");
   const iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  const size_t total = sizeof h + payload.size();
-  // A reply larger than the socket buffer goes in pieces as the client
-  // reads it, all of it within kReplyDeadline.
-  const ssize_t n =
-      send_all_within(conn_.fd(), std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds, kReplyDeadline);
-  if (n != static_cast<ssize_t>(total))
-    throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " +
-                             (n < 0 ? std::strerror(errno) : "short write"));
+  // Never waits for the client: what its socket does not take is queued
+  // (bounded) and its next requests wait until it reads (PeerConnection).
+  try {
+    conn_.send(std::span<const iovec>(iov, payload.empty() ? 1 : 2), fds);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("cannot send ") + command_name(h.command) + ": " + e.what());
+  }
 }
 
 bool Server::memory_faulted() const {

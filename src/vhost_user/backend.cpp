@@ -261,8 +261,11 @@ void Backend::reply(const Message& m, const void* payload, uint32_t size, int fd
   Header h{m.hdr.request, kVersion | kFlagReply, size};
   const iovec iov[2] = {{&h, sizeof h}, {const_cast<void*>(payload), size}};
   const std::span<const int> fds(&fd, fd >= 0 ? 1 : 0);
-  if (send_all_within(conn_.fd(), iov, fds, std::chrono::seconds(1)) != static_cast<ssize_t>(sizeof h + size))
-    throw ProtocolError(std::string("cannot reply: ") + std::strerror(errno));
+  try {
+    conn_.send(iov, fds);  // never waits for the front-end (PeerConnection)
+  } catch (const std::exception& e) {
+    throw ProtocolError(std::string("cannot reply: ") + e.what());
+  }
 }
 
 void Backend::ack(const Message& m, uint64_t status) {

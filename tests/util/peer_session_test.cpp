@@ -389,3 +389,108 @@ TEST(SendAllWithin, ALargeReplyGoesWholeToAReaderAndNotPastTheDeadlineToATrickle
 
 }  // namespace
 }  // namespace sriovd
+
+namespace sriovd {
+namespace {
+
+// Issue 39, a4: a peer that never reads its replies held the loop 1 s per
+// reply (every other tenant waited), then was dropped, reconnected and did
+// it again. Now a reply its socket does not take is queued: the loop goes
+// on serving the others while that peer stays connected with its replies
+// waiting and its further requests unread; once it reads, everything is
+// delivered in order and its requests are served again; and a peer that
+// lets more than kMaxQueuedBytes wait is dropped.
+struct Replier {
+  Replier(Loop& loop, size_t reply_bytes, std::chrono::milliseconds deadline = 10s)
+      : conn(
+            loop.io, reader(), deadline,
+            [this, reply_bytes](FramedReader& r) {
+              uint8_t h[4];
+              std::vector<uint8_t> payload;
+              std::vector<UniqueFd> fds;
+              r.take(h, payload, fds);
+              ++requests;
+              std::vector<uint8_t> reply(reply_bytes, static_cast<uint8_t>(requests.load()));
+              const iovec iov[1] = {{reply.data(), reply.size()}};
+              conn.send(iov, {});
+            },
+            [this](const std::string& why, bool) {
+              std::lock_guard lock(mutex);
+              ended = why;
+            }) {}
+  PeerConnection conn;
+  std::atomic<int> requests{0};
+  std::mutex mutex;
+  std::string ended;
+};
+
+TEST(PeerConnection, APeerThatDoesNotReadHoldsNobodyElse) {
+  Loop loop;
+  Pair slow, quick;
+  Replier a(loop, 64 * 1024), b(loop, 16);
+  loop.on_loop([&] {
+    a.conn.adopt(std::move(slow.ours));
+    b.conn.adopt(std::move(quick.ours));
+    return 0;
+  });
+  // The slow peer asks 16 times for 64 KiB and reads nothing.
+  const auto ask = frame("reply please");
+  for (int i = 0; i < 16; ++i)
+    ASSERT_EQ(::send(slow.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
+  ASSERT_TRUE(test::wait_until([&] { return loop.on_loop([&] { return a.conn.queued_bytes(); }) > 0; }, 5s));
+  // The other tenant's round trips go on meanwhile.
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(::send(quick.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
+    uint8_t r[16];
+    pollfd p{quick.theirs.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1) << "the other tenant waited for the one that does not read";
+    ASSERT_EQ(::recv(quick.theirs.get(), r, sizeof r, MSG_WAITALL), 16);
+  }
+  EXPECT_TRUE(loop.on_loop([&] { return a.conn.connected(); })) << "dropped for not reading within a moment";
+  EXPECT_LT(a.requests.load(), 16) << "requests were served while replies waited";
+  // It reads: every reply comes, in order, and its requests are served.
+  std::vector<uint8_t> got;
+  std::vector<uint8_t> buf(64 * 1024);
+  while (got.size() < 16U * 64 * 1024) {
+    pollfd p{slow.theirs.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1) << "got " << got.size() << " bytes of replies";
+    const ssize_t n = ::recv(slow.theirs.get(), buf.data(), buf.size(), 0);
+    ASSERT_GT(n, 0);
+    got.insert(got.end(), buf.begin(), buf.begin() + n);
+  }
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(got[static_cast<size_t>(i) * 64 * 1024], i + 1) << "reply " << i;
+  EXPECT_EQ(a.requests.load(), 16);
+}
+
+TEST(PeerConnection, APeerThatLetsRepliesWaitPastTheDeadlineIsDropped) {
+  Loop loop;
+  Pair slow;
+  Replier a(loop, 1000 * 1000, 300ms);
+  loop.on_loop([&] {
+    a.conn.adopt(std::move(slow.ours));
+    return 0;
+  });
+  const auto ask = frame("reply please");
+  ASSERT_EQ(::send(slow.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
+  ASSERT_TRUE(test::wait_until([&] { return !loop.on_loop([&] { return a.conn.connected(); }); }, 10s));
+  std::lock_guard lock(a.mutex);
+  EXPECT_NE(a.ended.find("did not read what it was sent within 300 ms"), std::string::npos) << a.ended;
+}
+
+TEST(PeerConnection, AReplyPastWhatMayWaitEndsTheConnection) {
+  Loop loop;
+  Pair slow;
+  Replier a(loop, PeerConnection::kMaxQueuedBytes + (1U << 20U));
+  loop.on_loop([&] {
+    a.conn.adopt(std::move(slow.ours));
+    return 0;
+  });
+  const auto ask = frame("reply please");
+  ASSERT_EQ(::send(slow.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
+  ASSERT_TRUE(test::wait_until([&] { return !loop.on_loop([&] { return a.conn.connected(); }); }, 10s));
+  std::lock_guard lock(a.mutex);
+  EXPECT_NE(a.ended.find("does not read what it is sent"), std::string::npos) << a.ended;
+}
+
+}  // namespace
+}  // namespace sriovd

@@ -13,15 +13,17 @@
 //                  checked when the header is whole.
 //   PeerConnection a peer's socket on the io_context: reads what is there
 //                  (never waits for the rest of a message), a deadline for
-//                  each message from its first byte, sends that wait at
-//                  most a second for a peer that does not read, one
-//                  teardown.
+//                  each message from its first byte, sends that never wait
+//                  for a peer that does not read (what its socket does not
+//                  take is queued, bounded, and its requests are not read
+//                  until the queue drains), one teardown.
 
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -185,6 +187,19 @@ class PeerConnection {
   [[nodiscard]] FramedReader& reader() { return reader_; }
   [[nodiscard]] std::chrono::milliseconds deadline() const { return deadline_; }
 
+  // Sends one message (its parts `iov`, with `fds` as SCM_RIGHTS on its
+  // first byte) without waiting: what the socket does not take now is
+  // queued (the fds dup'ed) and sent as the peer reads, and the peer's
+  // next requests wait in its socket until then. Nothing is allocated
+  // when the socket takes it all (the common case). Throws
+  // std::runtime_error when the queue would pass kMaxQueuedBytes (the peer
+  // does not read what it is sent: the server ends its connection), and
+  // SystemError on a send error. The queue not drained within the message
+  // deadline ends the connection too.
+  void send(std::span<const iovec> iov, std::span<const int> fds);
+  [[nodiscard]] size_t queued_bytes() const { return queued_bytes_; }
+  static constexpr size_t kMaxQueuedBytes = 4U << 20U;
+
   // For a server that must wait for one answer in the middle of handling
   // (vfio-user's DMA_READ from the client): reads until a whole message is
   // there or `deadline` passes (then throws FramingError), on the calling
@@ -194,6 +209,8 @@ class PeerConnection {
  private:
   void wait_readable();
   void on_readable();
+  void wait_writable();
+  void flush();
   void arm_deadline();
   void message_done();
   void close();
@@ -210,6 +227,17 @@ class PeerConnection {
   uint64_t message_seq_ = 0;  // which message the armed deadline belongs to
   bool timer_armed_ = false;
   bool ending_ = false;
+  // What the peer's socket did not take yet, oldest first.
+  struct Queued {
+    std::vector<uint8_t> bytes;
+    size_t sent = 0;
+    std::vector<UniqueFd> fds;  // to go with its first byte (none once any went)
+  };
+  std::deque<Queued> queue_;
+  size_t queued_bytes_ = 0;
+  bool write_armed_ = false;
+  bool read_paused_ = false;        // requests wait while replies are queued
+  asio::steady_timer drain_timer_;  // the queue's deadline
 };
 
 }  // namespace sriovd

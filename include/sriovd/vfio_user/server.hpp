@@ -54,7 +54,6 @@ class Server {
  public:
   // A reply (up to the largest transfer, 1 MiB, plus its header) is sent
   // whole within this, however the client reads it; then the session ends.
-  static constexpr std::chrono::seconds kReplyDeadline{1};
   // allowed_uids: see peer_admitted (util/unix_socket.hpp); empty admits
   // any peer whose credentials are known and the socket's mode lets in.
   Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids = {});
