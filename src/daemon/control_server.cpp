@@ -20,9 +20,14 @@ namespace {
 // A connection that sends no complete request for this long is closed: an
 // idle one holds an fd of the daemon's and one of the sessions below.
 constexpr std::chrono::seconds kIdleDeadline{60};
-// Sessions open at once: past this a peer is told why and closed (the fd
-// limit outside the unit is 1024, and everything else needs fds too).
+// Sessions open at once (the fd limit outside the unit is 1024, and
+// everything else needs fds too), and one user's share of them. A new
+// connection past either takes the place of a waiting one (idle, or
+// sending its request slowly): of its own user's past the share, else of
+// the user holding the most, the longest waiting first. So an operator
+// always gets in, whatever any number of idle or slow connections do.
 constexpr size_t kMaxSessions = 64;
+constexpr size_t kMaxSessionsPerUser = 16;
 // Arrays and objects nested deeper than this are refused before parsing:
 // a value is copied and printed recursively (the "id" goes back in the
 // reply), and 30,000 levels overflow the stack.
@@ -63,6 +68,20 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
   void start() { read_next(); }
 
+  // Waiting for a request (not handling one or writing its reply): it may
+  // give its place to a new connection.
+  [[nodiscard]] bool waiting() const { return waiting_; }
+  [[nodiscard]] std::chrono::steady_clock::time_point waiting_since() const { return waiting_since_; }
+  [[nodiscard]] uid_t uid() const { return peer_.uid; }
+  [[nodiscard]] uint64_t id() const { return id_; }
+  // Gives its place: told why, then closed.
+  void evict(const std::string& why) {
+    waiting_ = false;
+    idle_.cancel();
+    socket_.cancel();
+    refuse(control::make_error(control::errc::kFailed, why));
+  }
+
   // Sends one line and then closes: for refusals.
   void refuse(const json& reply) { write_line(reply, /*close_after=*/true); }
 
@@ -75,6 +94,8 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
 
  private:
   void read_next() {
+    waiting_ = true;
+    waiting_since_ = std::chrono::steady_clock::now();
     idle_.expires_after(kIdleDeadline);
     idle_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (!ec) self->finish();  // no request within the deadline
@@ -85,6 +106,8 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_line(boost::system::error_code ec, size_t n) {
+    if (!waiting_) return;  // evicted: its read was cancelled
+    waiting_ = false;
     idle_.cancel();
     if (ec == asio::error::not_found) {
       // streambuf full before a newline: a request longer than the limit.
@@ -156,6 +179,8 @@ class ControlServer::Session : public std::enable_shared_from_this<Session> {
   asio::streambuf buffer_;
   std::string out_;
   asio::steady_timer idle_;
+  bool waiting_ = false;
+  std::chrono::steady_clock::time_point waiting_since_{};
 };
 
 ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, Handler handler)
@@ -166,10 +191,17 @@ ControlServer::ControlServer(asio::io_context& io, const config::Control& cfg, H
                             "a connection: " + std::to_string(kMaxSessions) + " control connections are open",
                             std::nullopt, cfg.gid},
       [this](UniqueFd fd, const ucred& peer) {
+        const std::string full = make_room(peer.uid);
+        if (!full.empty()) {
+          ++stats_.rejected_peers;
+          open_session(std::move(fd), {})->refuse(control::make_error(control::errc::kFailed, full));
+          return;
+        }
         open_session(std::move(fd), {peer.pid, peer.uid, peer.gid})->start();
       },
-      // Several clients at once (one may watch while another reloads), up to a limit.
-      [this] { return sessions_.size() >= kMaxSessions; },
+      // Several clients at once (one may watch while another reloads): a
+      // full table makes room (make_room), it does not refuse at the door.
+      [] { return false; },
       [this](UniqueFd fd, const std::string& why) {
         // Fails closed: the peer is told why, then closed.
         ++stats_.rejected_peers;
@@ -195,6 +227,36 @@ void ControlServer::update_access(const config::Control& cfg) {
   if (!listener_) return;
   if (cfg.gid) listener_->set_access({std::nullopt, cfg.gid, 0660});
   listener_->set_allowed_uids(cfg.allowed_uids);
+}
+
+// Room for one more session of `uid`; empty, or why there is none (every
+// session that could give its place is handling a request).
+std::string ControlServer::make_room(uid_t uid) {
+  std::map<uid_t, size_t> held;
+  for (const auto& [id, s] : sessions_) ++held[s->uid()];
+  const auto evict_one = [&](bool own_only) {
+    std::shared_ptr<Session> pick;
+    for (const auto& [id, s] : sessions_) {
+      if (!s->waiting() || (own_only && s->uid() != uid)) continue;
+      if (!pick || held[s->uid()] > held[pick->uid()] ||
+          (held[s->uid()] == held[pick->uid()] && s->waiting_since() < pick->waiting_since()))
+        pick = s;
+    }
+    if (!pick) return false;
+    ++stats_.evicted;
+    --held[pick->uid()];
+    sessions_.erase(pick->id());  // its place is free now; the refusal's write keeps it alive
+    --stats_.active;
+    pick->evict("closed: this connection waited, and another needed its place (" + std::to_string(kMaxSessions) +
+                " control connections at most, " + std::to_string(kMaxSessionsPerUser) + " per user)");
+    return true;
+  };
+  if (held[uid] >= kMaxSessionsPerUser && !evict_one(true))
+    return "a connection: uid " + std::to_string(uid) + " has " + std::to_string(kMaxSessionsPerUser) +
+           " control connections open, each handling a request";
+  if (sessions_.size() >= kMaxSessions && !evict_one(false))
+    return "a connection: " + std::to_string(kMaxSessions) + " control connections are open, each handling a request";
+  return {};
 }
 
 std::shared_ptr<ControlServer::Session> ControlServer::open_session(UniqueFd fd, PeerCredentials peer) {

@@ -35,7 +35,8 @@ class ControlServer {
     uint64_t active = 0;
     uint64_t requests = 0;
     uint64_t errors = 0;          // replies with ok=false
-    uint64_t rejected_peers = 0;  // refused by the allow-list
+    uint64_t rejected_peers = 0;  // refused by the allow-list, or with no room
+    uint64_t evicted = 0;         // waiting connections closed to make room for a new one
   };
 
   // Binds the socket, replacing a stale one; throws when another daemon
@@ -56,6 +57,7 @@ class ControlServer {
  private:
   class Session;
   std::shared_ptr<Session> open_session(UniqueFd fd, PeerCredentials peer);
+  std::string make_room(uid_t uid);
 
   asio::io_context& io_;
   std::string path_;

@@ -293,11 +293,13 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   CounterSet control("sriovd_control", {{"connections", "control API connections"},
                                         {"requests", "control API requests"},
                                         {"errors", "control API requests answered with an error"},
-                                        {"rejected_peers", "control API peers refused (credentials)"}});
+                                        {"rejected_peers", "control API peers refused (credentials, or no room)"},
+                                        {"evicted", "waiting control connections closed to make room for a new one"}});
   control.add({}, {{"connections", c.connections},
                    {"requests", c.requests},
                    {"errors", c.errors},
-                   {"rejected_peers", c.rejected_peers}});
+                   {"rejected_peers", c.rejected_peers},
+                   {"evicted", c.evicted}});
   control.into(out);
   const control::json loop = control_loop_json();
   CounterSet polls("sriovd_control_loop",
