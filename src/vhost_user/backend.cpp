@@ -403,6 +403,16 @@ bool Backend::reset_device(Message& /*m*/) {
   return false;
 }
 
+// Stops the device before `what` changes what its workers use (memory,
+// rings): a worker that does not stop may still be touching it, so the
+// change is refused and the session ends - memory is never unmapped under
+// a stuck worker (a SEGV the SIGBUS handler does not catch).
+void Backend::quiesce(const char* what) {
+  device_.stop();
+  if (device_.wedged())
+    throw ProtocolError(std::string(what) + ": the device's worker did not stop; what it may still touch stays");
+}
+
 bool Backend::set_mem_table(Message& m) {
   if (m.hdr.size < 8) throw ProtocolError("SET_MEM_TABLE without a region count");
   MemTable t{};
@@ -415,7 +425,7 @@ bool Backend::set_mem_table(Message& m) {
   if (m.fds.size() != t.nregions)
     throw ProtocolError("SET_MEM_TABLE with " + std::to_string(m.fds.size()) + " fds for " +
                         std::to_string(t.nregions) + " regions");
-  device_.stop();
+  quiesce("SET_MEM_TABLE");
   device_.set_memory(nullptr);
   memory_.clear();
   for (uint32_t i = 0; i < t.nregions; ++i) {
@@ -429,7 +439,7 @@ bool Backend::set_mem_table(Message& m) {
 
 bool Backend::set_vring_num(Message& m) {
   const auto s = payload_as<VringState>(m.payload);
-  device_.stop();
+  quiesce("SET_VRING_NUM");
   device_.set_queue_size(queue_index(m, s.index), static_cast<uint16_t>(std::min<uint32_t>(s.num, 0xffff)));
   return false;
 }
@@ -445,7 +455,7 @@ bool Backend::set_vring_addr(Message& m) {
              !memory_.user_to_guest(a.used, 1, rings.device)) {
     throw ProtocolError("SET_VRING_ADDR for queue " + std::to_string(q) + ": a ring outside the shared memory");
   }
-  device_.stop();
+  quiesce("SET_VRING_ADDR");
   device_.set_queue_rings(q, rings);
   // VHOST_VRING_F_LOG: the ring's own writes are logged, its used ring at
   // log_guest_addr. With an IOTLB that address is an IOVA (QEMU gives the
@@ -458,7 +468,7 @@ bool Backend::set_vring_addr(Message& m) {
 
 bool Backend::set_vring_base(Message& m) {
   const auto s = payload_as<VringState>(m.payload);
-  device_.stop();
+  quiesce("SET_VRING_BASE");
   device_.set_queue_base(queue_index(m, s.index), s.num);
   return false;
 }
@@ -542,7 +552,7 @@ bool Backend::iotlb_request(Message& m) {
 // CONFIGURE_MEM_SLOTS: one region at a time instead of SET_MEM_TABLE.
 bool Backend::mem_reg(Message& m) {
   const auto reg = payload_as<SingleMemRegion>(m.payload).region;
-  device_.stop();
+  quiesce(m.hdr.request == kAddMemReg ? "ADD_MEM_REG" : "REM_MEM_REG");
   device_.set_memory(nullptr);
   if (m.hdr.request == kAddMemReg) {
     if (memory_.regions().size() >= kMaxRegions)
@@ -622,6 +632,8 @@ bool Backend::set_inflight(Message& m) {
                    std::strerror(errno));
   }
   drop_inflight();
+  if (device_.wedged())
+    throw ProtocolError(what + ": the device's worker did not stop and may still mark chains in the old buffer");
   // Sealed or not, a fault there fails this connection, not the daemon.
   inflight_ = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
   device_.set_inflight(inflight_.data(), d.num_queues, d.queue_size);

@@ -450,6 +450,33 @@ TEST_P(InflightTest, AWorkerThatDoesNotStopWedgesItsDeviceNotTheDaemon) {
   EXPECT_TRUE(vu->on_io([&] { return device->running(); }));
 }
 
+// Issue 39, item 6: memory is never unmapped under a worker that did not
+// stop. A SET_MEM_TABLE (or REM_MEM_REG) while the worker is stuck with a
+// frame of guest RAM in hand unmapped that RAM, and the worker's next touch
+// was a SEGV (no SIGBUS handler catches that). Now the change is refused,
+// the session ends, and the worker finishes over memory still mapped.
+TEST_P(InflightTest, NewMemoryWhileAWorkerIsStuckLeavesTheOldMapped) {
+  connect(0);
+  port->hold(true);
+  transmit(1);
+  ASSERT_TRUE(port->wait_entered(1));
+  UniqueFd other(::memfd_create("other-ram", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(other.get(), kRam), 0);
+  MemTable t{};
+  t.nregions = 1;
+  t.regions[0] = {0, kRam, reinterpret_cast<uint64_t>(ram), 0};
+  hangup_ok = true;
+  send(kSetMemTable, &t, 8 + sizeof(MemRegion), {other.get()});
+  ASSERT_TRUE(sriovd::test::wait_until([&] { return !vu->on_io([&] { return backend->connected(); }); }, 10s));
+  EXPECT_NE(
+      vu->on_io([&] { return backend->stats().last_error; }).find("SET_MEM_TABLE: the device's worker did not stop"),
+      std::string::npos)
+      << vu->on_io([&] { return backend->stats().last_error; });
+  port->hold(false);  // the worker reads its frame from guest RAM: still mapped
+  ASSERT_TRUE(port->wait_sent(1));
+  ASSERT_TRUE(sriovd::test::wait_until([&] { return vu->on_io([&] { return device->reap(); }); }, 10s));
+}
+
 INSTANTIATE_TEST_SUITE_P(Rings, InflightTest, ::testing::Values(false, true),
                          [](const auto& param_info) { return param_info.param ? "packed" : "split"; });
 

@@ -141,6 +141,7 @@ class Backend {
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
   void drop_inflight();
   PeerMemory map_peer_buffer(int fd, uint64_t offset, uint64_t size, const std::string& what);
+  void quiesce(const char* what);
   void ack(const Message& m, uint64_t status);
   void try_start();
   void watch_misses();
