@@ -502,6 +502,7 @@ void VirtioPci::restore_state(const virtio::DeviceState& state) {
   r.end();
   if ((status & kFeaturesOk) && driver_features != state.features)
     r.fail("driver features " + hex(driver_features) + " but the device negotiated " + hex(state.features));
+  if ((status & kDriverOk) && !(status & kNeedsReset)) check_queues_agree(queues, state, r);
 
   device_.restore_state(state);  // checks its own part before it changes anything
   device_feature_select_ = dfs;
@@ -522,6 +523,33 @@ void VirtioPci::restore_state(const virtio::DeviceState& state) {
     if (!quiesced_ &&
         std::any_of(windows_.begin(), windows_.end(), [](const DmaWindow& w) { return w.host != nullptr; }))
       resume_device();
+  }
+}
+
+// A running device's rings are the ones its transport registers name
+// (start_device gave them): a state whose two parts disagree would have the
+// device use rings other than those its driver sees, and is refused.
+void VirtioPci::check_queues_agree(const std::vector<QueueRegs>& queues, const virtio::DeviceState& state,
+                                   virtio::StateReader& r) const {
+  if (state.queues.size() != queues.size())
+    r.fail("the device part has " + std::to_string(state.queues.size()) + " queues, the transport " +
+           std::to_string(queues.size()));
+  for (size_t i = 0; i < queues.size(); ++i) {
+    const QueueRegs& t = queues[i];
+    const virtio::QueueState& d = state.queues[i];
+    const std::string which = "queue " + std::to_string(i) + ": ";
+    if (t.enabled != d.enabled)
+      r.fail(which + "enabled " + std::to_string(t.enabled) + " in the transport, " + std::to_string(d.enabled) +
+             " in the device");
+    if (!t.enabled) continue;
+    if (t.size != d.size)
+      r.fail(which + "size " + std::to_string(t.size) + " in the transport, " + std::to_string(d.size) +
+             " in the device");
+    if (!d.rings_set || d.rings != virtio::RingAddresses{t.desc, t.driver, t.device})
+      r.fail(which + "rings at " + hex(t.desc) + "/" + hex(t.driver) + "/" + hex(t.device) + " in the transport, " +
+             (d.rings_set ? hex(d.rings.desc) + "/" + hex(d.rings.driver) + "/" + hex(d.rings.device)
+                          : std::string("none")) +
+             " in the device");
   }
 }
 

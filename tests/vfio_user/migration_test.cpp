@@ -283,6 +283,32 @@ TEST_P(VfioUserMigration, WhatTheStateMachineRefusesChangesNothing) {
   EXPECT_EQ(a->on_io([&] { return a->server.stats().protocol_errors; }), 0U);
 }
 
+// Issue 39, item 6: a saved state's two parts must name the same rings. A
+// state whose device part puts a running queue's rings elsewhere than its
+// transport registers say (the guest's driver sees those) was taken; now
+// it is refused naming the queue, and the true state loads after it.
+TEST_P(VfioUserMigration, AStateWhoseTransportAndDeviceDisagreeIsRefused) {
+  EXPECT_EQ(ca->set_mig_state(kStopCopy), kStopCopy);
+  const std::vector<uint8_t> saved = ca->mig_read_all();
+  virtio::DeviceState state = virtio::DeviceState::parse(saved, "the saved state");
+  ASSERT_FALSE(state.queues.empty());
+  ASSERT_TRUE(state.queues[0].rings_set);
+  state.queues[0].rings.desc += 0x1000;
+  const std::vector<uint8_t> tampered = state.serialize();
+  b = std::make_unique<Host>(dir.file("b.sock"), "vnet-b");
+  cb = std::make_unique<guest::VfioUserClient>(dir.file("b.sock"));
+  EXPECT_EQ(cb->set_mig_state(kResuming), kResuming);
+  cb->mig_write_all(tampered);
+  EXPECT_EQ(refused([&] { cb->set_mig_state(kStop); }), EINVAL);
+  EXPECT_EQ(b->migration().refused_loads, 1U);
+  const std::string why = b->on_io([&] { return b->server.stats().last_error; });
+  EXPECT_NE(why.find("queue 0: rings at"), std::string::npos) << why;
+  cb->reset();  // RUNNING, nothing loaded
+  EXPECT_EQ(cb->set_mig_state(kResuming), kResuming);
+  cb->mig_write_all(saved);
+  EXPECT_EQ(cb->set_mig_state(kStop), kStop) << "the true state did not load";
+}
+
 // A driver that starts the device while a migration has it stopped
 // (DRIVER_OK in STOP) gets a started device at RUNNING, not before.
 TEST_P(VfioUserMigration, ADriverStartedWhileStoppedRunsAtRunning) {

@@ -160,6 +160,8 @@ class VirtioPci : public ExportedDevice, public Migratable {
   bool start_pending_ = false;       // DRIVER_OK came while stopped
   bool config_irq_pending_ = false;  // a configuration change came while stopped
   const virtio::DirtyLog* dma_log_ = nullptr;
+  void check_queues_agree(const std::vector<QueueRegs>& queues, const virtio::DeviceState& state,
+                          virtio::StateReader& r) const;
   void wire_queue_log(unsigned q);
   virtio::GuestMemory memory_;
 };
