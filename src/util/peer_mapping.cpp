@@ -176,13 +176,16 @@ void PeerMemoryQuota::charge(uint64_t bytes, uint64_t address_space, const std::
     ++refused_;
     throw PeerMemoryError(EDQUOT, what + ": over this client's share of peer memory (" + limit + ")");
   };
+  // (A reload may have lowered a limit below what is held: no subtraction
+  // of the held from the limit, which would wrap.)
+  const auto over = [](uint64_t held, uint64_t more, uint64_t limit) { return held > limit || more > limit - held; };
   if (mappings_ >= limits_.max_mappings)
     refuse(std::to_string(mappings_) + " mappings held; peer_limits.max_mappings is " +
            std::to_string(limits_.max_mappings));
-  if (bytes > limits_.max_bytes - bytes_)
+  if (over(bytes_, bytes, limits_.max_bytes))
     refuse(hex(bytes_) + " bytes mapped, " + hex(bytes) + " more asked; peer_limits.max_mib allows " +
            std::to_string(limits_.max_bytes >> 20U) + " MiB");
-  if (address_space > limits_.max_address_space - address_space_)
+  if (over(address_space_, address_space, limits_.max_address_space))
     refuse(hex(address_space_) + " bytes of address space held, " + hex(address_space) +
            " more asked; peer_limits.max_address_space_mib allows " + std::to_string(limits_.max_address_space >> 20U) +
            " MiB");

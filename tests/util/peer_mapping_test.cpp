@@ -182,6 +182,9 @@ TEST(PeerMemory, EachClientIsHeldToItsShare) {
   EXPECT_EQ(refusal(space, fd.get(), 4000, 50, keep), "");
   EXPECT_EQ(space.address_space(), 4096U);
   EXPECT_NE(refusal(space, fd.get(), 8192, 50, keep).find("peer_limits.max_address_space_mib"), std::string::npos);
+  // A reload lowers the limits below what is held: nothing more is mapped.
+  space.set_limits({16, 10, 10});
+  EXPECT_NE(refusal(space, fd.get(), 8192, 50, keep).find("peer_limits.max_mib"), std::string::npos);
 }
 
 // c3: the registry had 1024 slots shared by every client; one client that
