@@ -258,9 +258,11 @@ void PeerConnection::send(std::span<const iovec> iov, std::span<const int> fds) 
   queued_bytes_ += q.bytes.size();
   queue_.push_back(std::move(q));
   if (queue_.size() == 1) {
+    // Each wait is for the queue begun now: a wait that completed as the
+    // queue drained must not end the next one (a cancel cannot stop it then).
     drain_timer_.expires_after(deadline_);
-    drain_timer_.async_wait([this](boost::system::error_code ec) {
-      if (ec || queue_.empty()) return;
+    drain_timer_.async_wait([this, seq = ++drain_seq_](boost::system::error_code ec) {
+      if (ec || queue_.empty() || seq != drain_seq_) return;
       end("the peer did not read what it was sent within " + std::to_string(deadline_.count()) + " ms (" +
           std::to_string(queued_bytes_) + " bytes wait)");
     });
@@ -299,6 +301,7 @@ void PeerConnection::flush() {
     if (q.sent == q.bytes.size()) queue_.pop_front();
   }
   drain_timer_.cancel();
+  ++drain_seq_;
   if (read_paused_ && watch_) {
     read_paused_ = false;
     on_readable();  // what came meanwhile may be in the socket already
@@ -339,6 +342,7 @@ void PeerConnection::close() {
   timer_.cancel();
   timer_armed_ = false;
   drain_timer_.cancel();
+  ++drain_seq_;
   queue_.clear();
   queued_bytes_ = 0;
   read_paused_ = false;

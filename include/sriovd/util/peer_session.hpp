@@ -238,6 +238,7 @@ class PeerConnection {
   bool write_armed_ = false;
   bool read_paused_ = false;        // requests wait while replies are queued
   asio::steady_timer drain_timer_;  // the queue's deadline
+  uint64_t drain_seq_ = 0;          // which queue the armed deadline belongs to
 };
 
 }  // namespace sriovd
