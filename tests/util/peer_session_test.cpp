@@ -462,34 +462,32 @@ TEST(PeerConnection, APeerThatDoesNotReadHoldsNobodyElse) {
   EXPECT_EQ(a.requests.load(), 16);
 }
 
-TEST(PeerConnection, APeerThatLetsRepliesWaitPastTheDeadlineIsDropped) {
+// Why a connection whose peer asked once for a reply of `reply_bytes`, and
+// read none of it, was ended.
+std::string ended_after_one_unread_reply(size_t reply_bytes, std::chrono::milliseconds deadline) {
   Loop loop;
   Pair slow;
-  Replier a(loop, 1000 * 1000, 300ms);
+  Replier a(loop, reply_bytes, deadline);
   loop.on_loop([&] {
     a.conn.adopt(std::move(slow.ours));
     return 0;
   });
   const auto ask = frame("reply please");
-  ASSERT_EQ(::send(slow.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
-  ASSERT_TRUE(test::wait_until([&] { return !loop.on_loop([&] { return a.conn.connected(); }); }, 10s));
+  if (::send(slow.theirs.get(), ask.data(), ask.size(), 0) != static_cast<ssize_t>(ask.size())) return "no request";
+  if (!test::wait_until([&] { return !loop.on_loop([&] { return a.conn.connected(); }); }, 10s))
+    return "still connected";
   std::lock_guard lock(a.mutex);
-  EXPECT_NE(a.ended.find("did not read what it was sent within 300 ms"), std::string::npos) << a.ended;
+  return a.ended;
+}
+
+TEST(PeerConnection, APeerThatLetsRepliesWaitPastTheDeadlineIsDropped) {
+  const std::string why = ended_after_one_unread_reply(1000 * 1000, 300ms);
+  EXPECT_NE(why.find("did not read what it was sent within 300 ms"), std::string::npos) << why;
 }
 
 TEST(PeerConnection, AReplyPastWhatMayWaitEndsTheConnection) {
-  Loop loop;
-  Pair slow;
-  Replier a(loop, PeerConnection::kMaxQueuedBytes + (1U << 20U));
-  loop.on_loop([&] {
-    a.conn.adopt(std::move(slow.ours));
-    return 0;
-  });
-  const auto ask = frame("reply please");
-  ASSERT_EQ(::send(slow.theirs.get(), ask.data(), ask.size(), 0), static_cast<ssize_t>(ask.size()));
-  ASSERT_TRUE(test::wait_until([&] { return !loop.on_loop([&] { return a.conn.connected(); }); }, 10s));
-  std::lock_guard lock(a.mutex);
-  EXPECT_NE(a.ended.find("does not read what it is sent"), std::string::npos) << a.ended;
+  const std::string why = ended_after_one_unread_reply(PeerConnection::kMaxQueuedBytes + (1U << 20U), 10s);
+  EXPECT_NE(why.find("does not read what it is sent"), std::string::npos) << why;
 }
 
 }  // namespace
