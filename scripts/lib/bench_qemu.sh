@@ -102,15 +102,22 @@ fi
 # the device's interrupts (notifies) over the whole run, and vfio-user
 # messages (every doorbell of QEMU's client is one).
 "$build/src/sriovctl" --socket "$work/control.sock" --json devices >"$work/devices.json"
-# CPU seconds of sriovd's control thread (it serves every vfio-user message:
-# the doorbells of QEMU's client) and of the whole daemon, over the run.
+# CPU seconds of sriovd's control thread, of each session thread (the one
+# a vfio-user device is given serves every message of its client: the
+# doorbells of QEMU's client) and of the whole daemon, over the run.
 sriovd_pid=${pids[0]}
 hz=$(getconf CLK_TCK)
 cpu_of() { awk -v hz="$hz" '{sub(/.*\) /, ""); print ($12 + $13) / hz}' "$1"; }
 control_cpu=$(cpu_of "/proc/$sriovd_pid/task/$sriovd_pid/stat")
 daemon_cpu=$(cpu_of "/proc/$sriovd_pid/stat")
+session_cpu=""
+for task in /proc/"$sriovd_pid"/task/*; do
+  comm=$(cat "$task/comm" 2>/dev/null) || continue
+  [[ $comm == sriovd-sess* ]] && session_cpu+="${comm#sriovd-sess} $(cpu_of "$task/stat");"
+done
 sed -n 's/^VMTEST BENCH \([a-z_]*\) \(tx\|rx\) \([0-9.e+]*\).*/\1 \2 \3/p' "$log" | tr -d '\r' |
-  DEVICES="$work/devices.json" CONTROL_CPU="$control_cpu" DAEMON_CPU="$daemon_cpu" POLL_US="$poll_us" python3 -c '
+  DEVICES="$work/devices.json" CONTROL_CPU="$control_cpu" DAEMON_CPU="$daemon_cpu" SESSION_CPU="$session_cpu" \
+  POLL_US="$poll_us" python3 -c '
 import json, statistics, sys
 runs = {}
 for line in sys.stdin:
@@ -147,6 +154,12 @@ for name, path in (("bench-vu", "vhost_user"), ("bench-vfu", "vfio_user")):
         env = __import__("os").environ
         c["control_thread_cpu_s"] = float(env["CONTROL_CPU"])
         c["control_thread_us_per_message"] = round(float(env["CONTROL_CPU"]) * 1e6 / max(d["vfio_user"]["messages"], 1), 2)
+        sessions = dict(x.split() for x in env.get("SESSION_CPU", "").split(";") if x.strip())
+        t = str(d.get("session_thread", ""))
+        if t in sessions:
+            c["session_thread"] = int(t)
+            c["session_thread_cpu_s"] = float(sessions[t])
+            c["session_thread_us_per_message"] = round(float(sessions[t]) * 1e6 / max(d["vfio_user"]["messages"], 1), 2)
     out[f"{path}_counters"] = c
 out["sriovd_cpu_s"] = float(__import__("os").environ["DAEMON_CPU"])
 out["guest"] = "Linux 6.12 (Debian 13), QEMU 11.1 TCG, 2 vCPUs; tx: guest -> host, rx: host -> guest"

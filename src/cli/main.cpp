@@ -49,6 +49,11 @@ void print_status(const json& r) {
                   field(loop, "poll_us").c_str(), loop.value("polling", false) ? "polling" : "not polling",
                   field(loop, "polls").c_str(), field(loop, "hits").c_str());
   }
+  if (r.contains("session_threads") && r["session_threads"].is_array()) {
+    std::string per;
+    for (const auto& t : r["session_threads"]) per += (per.empty() ? "" : " ") + field(t, "sessions");
+    std::printf("  session threads: %zu (exports on each: %s)\n", r["session_threads"].size(), per.c_str());
+  }
   const json& reloads = r["reloads"];
   std::printf("  reloads:         %s ok, %s refused\n", field(reloads, "ok").c_str(), field(reloads, "failed").c_str());
   if (!reloads.value("last_error", "").empty())

@@ -157,6 +157,8 @@ std::string to_yaml(const Config& cfg) {
   if (!cfg.control.allowed_uids.empty())
     out << YAML::Key << "allowed_uids" << YAML::Value << YAML::Flow << cfg.control.allowed_uids;
   if (cfg.control.poll_us != 0) out << YAML::Key << "poll_us" << YAML::Value << cfg.control.poll_us;
+  if (cfg.control.session_threads != 0)
+    out << YAML::Key << "session_threads" << YAML::Value << cfg.control.session_threads;
   out << YAML::EndMap;
   out << YAML::Key << "interrupts" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "relay_threads" << YAML::Value << cfg.interrupts.relay_threads;

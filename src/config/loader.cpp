@@ -171,11 +171,13 @@ void Loader::read_simulated(const YAML::Node& node) {
 }
 
 void Loader::read_control(const YAML::Node& node) {
-  Mapping m(ctx_, node, "control", {"socket", "group", "allowed_uids", "poll_us"});
+  Mapping m(ctx_, node, "control", {"socket", "group", "allowed_uids", "poll_us", "session_threads"});
   if (!m.valid()) return;
   if (auto s = socket_path(ctx_, m, "socket", false)) cfg_.control.socket = *s;
   control_socket_where_ = m.where("socket");
   if (auto v = m.unsigned_in("poll_us", 0, kMaxControlPollUs)) cfg_.control.poll_us = static_cast<uint32_t>(*v);
+  if (auto v = m.unsigned_in("session_threads", 0, kMaxSessionThreads))
+    cfg_.control.session_threads = static_cast<uint16_t>(*v);
   if (auto g = m.string("group")) {
     cfg_.control.group = *g;
     cfg_.control.gid = group_id(*g);

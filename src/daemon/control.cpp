@@ -75,6 +75,17 @@ json Daemon::control_loop_json() const {
           {"polled_us", s.polled_ns / 1000}};
 }
 
+// The session threads: how many exports each serves, the CPU it has used
+// (read from the kernel: a status never waits for a session thread).
+json Daemon::session_threads_json() const {
+  json out = json::array();
+  for (size_t i = 0; i < sessions_->size(); ++i) {
+    const SessionThread& t = sessions_->at(i);
+    out.push_back({{"thread", i}, {"sessions", t.sessions()}, {"cpu_ms", t.cpu_ns() / 1000000}});
+  }
+  return out;
+}
+
 json Daemon::devices_json() const {
   json out = host_->devices_json(config_);
   out["virtio_devices"] = virtio_->devices_json(config_);

@@ -79,8 +79,10 @@ Daemon::Daemon(Options options, config::Config config)
   if (!config_.metrics.listen.empty())  // before the host is touched: a port in use fails the start cleanly
     metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
   host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
-  virtio_ = std::make_unique<VirtioExports>(io_, *irq_, retirer_, *host_);
-  vf_exports_ = std::make_unique<VfExports>(io_, *irq_, *host_, options_.sysfs_root);
+  sessions_ = std::make_unique<SessionPool>(config_.control.session_threads,
+                                            std::chrono::microseconds(config_.control.poll_us));
+  virtio_ = std::make_unique<VirtioExports>(*sessions_, *irq_, retirer_, *host_);
+  vf_exports_ = std::make_unique<VfExports>(*sessions_, *irq_, *host_, options_.sysfs_root);
   host_->set_release_check([this](const PciAddress& vf) { return vf_exports_->release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
   vf_exports_->sync(config_);
@@ -190,6 +192,8 @@ json Daemon::reload(const std::string& trigger) {
       throw std::runtime_error("kubernetes.device_plugin_dir or cdi_dir changes: that needs a restart");
     if (next.metrics != config_.metrics)
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
+    if (next.control.session_threads != config_.control.session_threads)
+      throw std::runtime_error("control.session_threads changes: that needs a restart");
     vf_exports_->drop(&next, config_);
     virtio_->drop(&next);
     virtio_->wait_for_vf_ports();
@@ -204,6 +208,7 @@ json Daemon::reload(const std::string& trigger) {
     apply_peer_limits(next.peer_limits);
     control_->update_access(next.control);
     loop_.set_max_window(std::chrono::microseconds(next.control.poll_us));
+    sessions_->set_poll_window(std::chrono::microseconds(next.control.poll_us));
     if (!options_.log_level) set_log_level(next.log_level);
     config_ = std::move(next);
     vf_exports_->sync(config_);
@@ -365,14 +370,18 @@ json Daemon::simulate_interrupt(const json& req) {
   const std::string device = req["device"].get<std::string>();
   const auto vector = req["vector"].get<uint64_t>();
   std::string why;
-  vfio_user::VfProxy* proxy = vf_exports_->proxy_of(device, why);
-  if (!proxy) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + why);
-  if (vector >= proxy->msix_layout().vectors)
-    return control::make_error(
-        control::errc::kBadRequest,
-        "simulate-interrupt: " + device + " has " + std::to_string(proxy->msix_layout().vectors) + " MSI-X vectors");
-  const bool wired = proxy->route(static_cast<unsigned>(vector)).has_value();
-  if (wired) proxy->device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
+  unsigned vectors = 0;
+  bool wired = false;
+  const bool served = vf_exports_->with_proxy(device, why, [&](vfio_user::VfProxy& proxy) {
+    vectors = proxy.msix_layout().vectors;
+    if (vector >= vectors) return;
+    wired = proxy.route(static_cast<unsigned>(vector)).has_value();
+    if (wired) proxy.device().trigger(vfio::kMsixIrq, static_cast<unsigned>(vector));
+  });
+  if (!served) return control::make_error(control::errc::kBadRequest, "simulate-interrupt: " + why);
+  if (vector >= vectors)
+    return control::make_error(control::errc::kBadRequest,
+                               "simulate-interrupt: " + device + " has " + std::to_string(vectors) + " MSI-X vectors");
   return control::make_result({{"device", device}, {"vector", vector}, {"raised", wired}});
 }
 

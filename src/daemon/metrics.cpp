@@ -311,6 +311,15 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
                 "wall time the control thread spent polling (its yields included)", MetricType::Counter);
   polled.add({}, static_cast<double>(loop_.stats().polled_ns) / 1e9);
   out.push_back(std::move(polled.f));
+  Family sessions("sriovd_session_thread_exports", "exports served by each session thread", MetricType::Gauge);
+  Family cpu("sriovd_session_thread_cpu_seconds_total", "CPU time each session thread has used", MetricType::Counter);
+  for (size_t i = 0; i < sessions_->size(); ++i) {
+    const SessionThread& st = sessions_->at(i);
+    sessions.add({{"thread", std::to_string(i)}}, st.sessions());
+    cpu.add({{"thread", std::to_string(i)}}, static_cast<double>(st.cpu_ns()) / 1e9);
+  }
+  out.push_back(std::move(sessions.f));
+  out.push_back(std::move(cpu.f));
   Family txn("sriovd_host_transactions_total", "host change transactions, by outcome", MetricType::Counter);
   const auto& t = host_->transactions();
   txn.add({{"outcome", "committed"}}, static_cast<double>(t.committed))

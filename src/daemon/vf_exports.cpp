@@ -17,8 +17,8 @@ using control::json;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-VfExports::VfExports(asio::io_context& io, irq::Engine& engine, HostService& host, std::string sysfs_root)
-    : io_(io), engine_(engine), host_(host), sysfs_root_(std::move(sysfs_root)) {}
+VfExports::VfExports(SessionPool& sessions, irq::Engine& engine, HostService& host, std::string sysfs_root)
+    : sessions_(sessions), engine_(engine), host_(host), sysfs_root_(std::move(sysfs_root)) {}
 
 VfExports::~VfExports() = default;
 
@@ -51,12 +51,12 @@ irq::Policy policy_of(config::MsixPolicy p) {
 
 void VfExports::drop(const config::Config* next, const config::Config& current) {
   if (!next) {
-    for (const auto& e : exports_) forget(e);
+    for (auto& e : exports_) end(e);
     exports_.clear();
     return;
   }
   const auto keep = wanted(*next);
-  std::erase_if(exports_, [&](const Export& e) {
+  std::erase_if(exports_, [&](Export& e) {
     const bool drop = [&] {
       for (const auto& w : keep) {
         if (w.pf != e.pf || w.index != e.index || w.assign->socket != e.socket ||
@@ -69,15 +69,31 @@ void VfExports::drop(const config::Config* next, const config::Config& current) 
       }
       return true;
     }();
-    if (drop) forget(e);
+    if (drop) end(e);
     return drop;
   });
 }
 
+// An export's end: what it gave away remembered, then its server and
+// proxy deleted on their thread, users first (never by a vector's element
+// assignment, which would delete them in declaration order).
+void VfExports::end(Export& e) {
+  forget(e);
+  e.server.reset();
+  e.proxy.reset();
+  e.thread.reset();
+}
+
+std::vector<pid_t> VfExports::fd_recipients(const Export& e) {
+  if (!e.server) return {};
+  return e.thread->call([&] { return e.server->fd_recipients(); });
+}
+
 void VfExports::forget(const Export& e) {
-  if (!e.server || e.server->fd_recipients().empty()) return;
+  const std::vector<pid_t> given = fd_recipients(e);
+  if (given.empty()) return;
   auto& pids = fd_given_[e.vf];
-  for (pid_t p : e.server->fd_recipients())
+  for (pid_t p : given)
     if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
 }
 
@@ -105,9 +121,12 @@ void VfExports::sync(const config::Config& cfg) {
     if (have != exports_.end()) {
       // Running: a reload's access applies to it (the next client).
       if (have->server) {
-        have->server->set_allowed_uids(w.assign->access.allowed_uids);
+        Export& x = *have;
         try {
-          have->server->set_socket_access(access_of(w.assign->access));
+          x.thread->call([&] {
+            x.server->set_allowed_uids(w.assign->access.allowed_uids);
+            x.server->set_socket_access(access_of(w.assign->access));
+          });
         } catch (const std::exception& ex) {
           spdlog::error("vfio-user: {}", ex.what());
         }
@@ -124,19 +143,30 @@ void VfExports::sync(const config::Config& cfg) {
       if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
       e.vf = vf->to_string();
       e.bar_access = w.assign->bar_access;
-      e.proxy = std::make_unique<vfio_user::VfProxy>(
-          host_.open_vf(cfg, w.pf_cfg->ref, w.index), engine_, e.policy, e.vf,
-          e.bar_access == config::BarAccess::mmap ? vfio_user::BarMapping::device_fd : vfio_user::BarMapping::trapped);
-      e.proxy->set_dma_limit(w.assign->max_dma_mib << 20U);
+      std::unique_ptr<vfio::Device> device = host_.open_vf(cfg, w.pf_cfg->ref, w.index);
+      e.thread = sessions_.lease();
+      SessionThread& t = *e.thread;
+      e.proxy = make_on_session(t, [&] {
+        auto proxy = std::make_unique<vfio_user::VfProxy>(std::move(device), engine_, e.policy, e.vf,
+                                                          e.bar_access == config::BarAccess::mmap
+                                                              ? vfio_user::BarMapping::device_fd
+                                                              : vfio_user::BarMapping::trapped);
+        proxy->set_dma_limit(w.assign->max_dma_mib << 20U);
+        return proxy;
+      });
       // The export's own allow-list: a VMM allowed here may not use the
       // control API, nor an operator's uid this VMM's socket.
-      e.server = std::make_unique<vfio_user::Server>(io_, e.socket, *e.proxy, w.assign->access.allowed_uids);
-      e.server->set_socket_access(access_of(w.assign->access));
+      e.server = make_on_session(t, [&] {
+        auto server = std::make_unique<vfio_user::Server>(t.io(), e.socket, *e.proxy, w.assign->access.allowed_uids);
+        server->set_socket_access(access_of(w.assign->access));
+        return server;
+      });
       spdlog::info("vfio-user: VF {} ({} VF {}) exported for {} on {}, MSI-X policy {}", e.vf, w.pf.to_string(),
                    w.index, w.assign->owner.empty() ? "anyone" : w.assign->owner, e.socket, irq::to_string(e.policy));
     } catch (const std::exception& ex) {
       e.server.reset();
       e.proxy.reset();
+      e.thread.reset();
       e.not_served = ex.what();
       spdlog::error("vfio-user: {} VF {}: not exported: {}", w.pf.to_string(), w.index, ex.what());
     }
@@ -145,21 +175,26 @@ void VfExports::sync(const config::Config& cfg) {
 }
 
 void VfExports::release(const PciAddress& pf, const std::vector<unsigned>& indices) {
-  std::erase_if(exports_, [&](const Export& e) {
+  std::erase_if(exports_, [&](Export& e) {
     if (e.pf != pf || std::find(indices.begin(), indices.end(), e.index) == indices.end()) return false;
-    forget(e);
+    end(e);
     return true;
   });
 }
 
-vfio_user::VfProxy* VfExports::proxy_of(const std::string& device, std::string& why) {
+bool VfExports::with_proxy(const std::string& device, std::string& why,
+                           const std::function<void(vfio_user::VfProxy&)>& fn) {
   for (const Export& e : exports_) {
     if (e.vf != device) continue;
-    if (!e.proxy) why = device + " is not served: " + e.not_served;
-    return e.proxy.get();
+    if (!e.proxy) {
+      why = device + " is not served: " + e.not_served;
+      return false;
+    }
+    e.thread->call([&] { fn(*e.proxy); });
+    return true;
   }
   why = device + " is not exported";
-  return nullptr;
+  return false;
 }
 
 // Never a /proc walk here (a status is built for every scrape): the last
@@ -169,7 +204,7 @@ std::string VfExports::surveyed_holders(const std::string& vf) const {
   for (const auto& e : exports_) {
     if (!e.server) continue;
     auto& pids = devices[e.vf];
-    for (pid_t p : e.server->fd_recipients())
+    for (pid_t p : fd_recipients(e))
       if (std::find(pids.begin(), pids.end(), p) == pids.end()) pids.push_back(p);
   }
   std::erase_if(devices, [](const auto& d) { return d.second.empty(); });
@@ -200,18 +235,23 @@ json VfExports::exports_json() const {
       j["state"] = "not served";
       j["reason"] = e.not_served;
     } else {
-      const auto& st = e.server->stats();
-      j["state"] = e.server->connected() ? "connected" : "listening";
-      j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
-      j["vfio_user"]["last_error"] = st.last_error;
-      j["dma_windows"] = e.proxy->dma_windows();
-      if (!e.server->fd_recipients().empty()) j["device_fd_holders"] = surveyed_holders(e.vf);
-      j["interrupts"] = counters_json(e.proxy->interrupt_totals(), irq::kRouteCounters);
-      j["msix"] = {{"vectors", e.proxy->msix().vectors()},
-                   {"enabled", e.proxy->msix().enabled()},
-                   {"function_masked", e.proxy->msix().function_masked()},
-                   {"vfio_enabled_vectors", e.proxy->vfio_enabled_vectors()},
-                   {"vfio_reenables", e.proxy->vfio_reenables()}};
+      bool holders = false;
+      e.thread->call([&] {
+        const auto& st = e.server->stats();
+        j["state"] = e.server->connected() ? "connected" : "listening";
+        j["session_thread"] = e.thread->index();
+        j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
+        j["vfio_user"]["last_error"] = st.last_error;
+        j["dma_windows"] = e.proxy->dma_windows();
+        holders = !e.server->fd_recipients().empty();
+        j["interrupts"] = counters_json(e.proxy->interrupt_totals(), irq::kRouteCounters);
+        j["msix"] = {{"vectors", e.proxy->msix().vectors()},
+                     {"enabled", e.proxy->msix().enabled()},
+                     {"function_masked", e.proxy->msix().function_masked()},
+                     {"vfio_enabled_vectors", e.proxy->vfio_enabled_vectors()},
+                     {"vfio_reenables", e.proxy->vfio_reenables()}};
+      });
+      if (holders) j["device_fd_holders"] = surveyed_holders(e.vf);
     }
     out.push_back(std::move(j));
   }
@@ -228,10 +268,15 @@ void VfExports::metrics(std::vector<MetricFamily>& out) const {
   for (const auto& e : exports_) {
     const std::vector<std::pair<std::string, std::string>> labels = {
         {"pf", e.pf.to_string()}, {"vf", std::to_string(e.index)}, {"device", e.vf}};
-    connected.add(labels, e.server && e.server->connected() ? 1 : 0);
-    if (!e.server) continue;
-    proto.add(labels, e.server->stats());
-    irq.add(labels, e.proxy->interrupt_totals());
+    if (!e.server) {
+      connected.add(labels, 0);
+      continue;
+    }
+    e.thread->call([&] {
+      connected.add(labels, e.server->connected() ? 1 : 0);
+      proto.add(labels, e.server->stats());
+      irq.add(labels, e.proxy->interrupt_totals());
+    });
   }
   out.push_back(std::move(connected.f));
   proto.into(out);

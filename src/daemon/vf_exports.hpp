@@ -5,10 +5,12 @@
 // closed as the config and the host change, shown in `devices` and in
 // Prometheus. It remembers which processes were given a VF's device fd
 // (bar_access: mmap), past the export, for the host layer's question before
-// it unbinds a VF. On the control thread, as the daemon that owns it.
+// it unbinds a VF. On the control thread, as the daemon that owns it; each
+// export's proxy and server live on the session thread it is given.
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +23,7 @@
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/pci_address.hpp"
+#include "sriovd/util/session_threads.hpp"
 #include "sriovd/vfio/holders.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
@@ -32,7 +35,8 @@ class HostService;
 class VfExports {
  public:
   // `sysfs_root` resolves a PF the config names by netdev (system mode).
-  VfExports(asio::io_context& io, irq::Engine& engine, HostService& host, std::string sysfs_root);
+  // Each export is served on a thread of `sessions` (util/session_threads.hpp).
+  VfExports(SessionPool& sessions, irq::Engine& engine, HostService& host, std::string sysfs_root);
   ~VfExports();
   VfExports(const VfExports&) = delete;
   VfExports& operator=(const VfExports&) = delete;
@@ -50,9 +54,9 @@ class VfExports {
   // The host layer's question before it unbinds a VF from vfio-pci: who
   // still holds its VFIO device ("" when nobody).
   std::string release_holders(const PciAddress& vf);
-  // The proxy of VF `device` (its address); null with why when not served
-  // or not exported.
-  vfio_user::VfProxy* proxy_of(const std::string& device, std::string& why);
+  // Runs `fn` with the proxy of VF `device` (its address) on the export's
+  // session thread; false with why when it is not served or not exported.
+  bool with_proxy(const std::string& device, std::string& why, const std::function<void(vfio_user::VfProxy&)>& fn);
 
   [[nodiscard]] control::json exports_json() const;
   // VFs no export serves any more whose device fd a VMM still holds.
@@ -67,8 +71,11 @@ class VfExports {
     std::string socket;
     irq::Policy policy = irq::Policy::adaptive;
     config::BarAccess bar_access = config::BarAccess::trapped;
-    std::unique_ptr<vfio_user::VfProxy> proxy;
-    std::unique_ptr<vfio_user::Server> server;
+    // The session thread that serves it; the proxy and server are made,
+    // used and deleted there (declared after it: deleted before it goes).
+    SessionPool::Lease thread;
+    OnSession<vfio_user::VfProxy> proxy;
+    OnSession<vfio_user::Server> server;
     std::string not_served;  // why, when it is not served
   };
   struct WantedExport {
@@ -79,11 +86,14 @@ class VfExports {
   };
   std::vector<WantedExport> wanted(const config::Config& cfg);
   void forget(const Export& e);
+  void end(Export& e);
+  // The clients given the VF's device fd (on the export's thread).
+  static std::vector<pid_t> fd_recipients(const Export& e);
   // Who holds the fds given for `vf`, as the last survey saw it (never a
   // /proc walk here: a status is built for every scrape).
   [[nodiscard]] std::string surveyed_holders(const std::string& vf) const;
 
-  asio::io_context& io_;
+  SessionPool& sessions_;
   irq::Engine& engine_;
   HostService& host_;
   std::string sysfs_root_;

@@ -39,8 +39,8 @@ json queue_stats(const virtio::Device& device) {
 
 }  // namespace
 
-VirtioExports::VirtioExports(asio::io_context& io, irq::Engine& engine, Retirer& retirer, HostService& host)
-    : io_(io), engine_(engine), retirer_(retirer), host_(host) {}
+VirtioExports::VirtioExports(SessionPool& sessions, irq::Engine& engine, Retirer& retirer, HostService& host)
+    : sessions_(sessions), engine_(engine), retirer_(retirer), host_(host) {}
 
 VirtioExports::~VirtioExports() { drop(nullptr); }
 
@@ -81,8 +81,10 @@ void VirtioExports::drop(const config::Config* next) {
     e.pci_server.reset();
     e.pci.reset();
     e.backend.reset();
-    std::unique_ptr<virtio::PacketPort> port = e.device ? e.device->release_port() : nullptr;
+    std::unique_ptr<virtio::PacketPort> port =
+        e.device ? e.thread->call([&] { return e.device->release_port(); }) : nullptr;
     e.device.reset();
+    e.thread.reset();
     if (!port) continue;
     // The same tap for the device that replaces this one: nothing to close.
     const auto& c = e.config;
@@ -138,13 +140,16 @@ void VirtioExports::start(const config::Config& cfg) {
         nc.offloads = o.csum;
         nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
         std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, cfg.state_dir);
-        e.device = std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port));
+        e.thread = sessions_.lease();
+        e.device = make_on_session(*e.thread,
+                                   [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
         serve(dev, e);
       } catch (const std::exception& ex) {
         e.pci_server.reset();
         e.pci.reset();
         e.backend.reset();
         e.device.reset();
+        e.thread.reset();
         e.not_served = ex.what();
         spdlog::error("virtio {}: not served: {}", dev.name, ex.what());
       }
@@ -215,17 +220,24 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
 }
 
 void VirtioExports::serve(const config::VirtioDevice& dev, Export& e) {
+  SessionThread& t = *e.thread;
   if (dev.transport == config::Transport::vfio_user) {
-    e.pci = std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name);
-    e.pci_server = std::make_unique<vfio_user::Server>(io_, dev.socket, *e.pci, dev.access.allowed_uids);
-    e.pci_server->set_socket_access(access_of(dev.access));
+    e.pci = make_on_session(t, [&] { return std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name); });
+    e.pci_server = make_on_session(t, [&] {
+      auto server = std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids);
+      server->set_socket_access(access_of(dev.access));
+      return server;
+    });
   } else {
-    e.backend = std::make_unique<vhost_user::Backend>(io_, dev.socket, *e.device, engine_,
-                                                      dev.socket_mode == config::SocketMode::client
-                                                          ? vhost_user::Backend::Mode::client
-                                                          : vhost_user::Backend::Mode::server,
-                                                      dev.access.allowed_uids);
-    e.backend->set_socket_access(access_of(dev.access));
+    e.backend = make_on_session(t, [&] {
+      auto backend = std::make_unique<vhost_user::Backend>(t.io(), dev.socket, *e.device, engine_,
+                                                           dev.socket_mode == config::SocketMode::client
+                                                               ? vhost_user::Backend::Mode::client
+                                                               : vhost_user::Backend::Mode::server,
+                                                           dev.access.allowed_uids);
+      backend->set_socket_access(access_of(dev.access));
+      return backend;
+    });
   }
 }
 
@@ -234,11 +246,15 @@ void VirtioExports::update_access(Export& e, const config::SocketAccess& access)
   e.config.access = access;
   try {
     if (e.pci_server) {
-      e.pci_server->set_allowed_uids(access.allowed_uids);
-      e.pci_server->set_socket_access(access_of(access));
+      e.thread->call([&] {
+        e.pci_server->set_allowed_uids(access.allowed_uids);
+        e.pci_server->set_socket_access(access_of(access));
+      });
     } else if (e.backend) {
-      e.backend->set_allowed_uids(access.allowed_uids);
-      e.backend->set_socket_access(access_of(access));
+      e.thread->call([&] {
+        e.backend->set_allowed_uids(access.allowed_uids);
+        e.backend->set_socket_access(access_of(access));
+      });
     }
   } catch (const std::exception& ex) {
     spdlog::error("virtio {}: {}", e.name, ex.what());
@@ -275,12 +291,18 @@ void VirtioExports::follow_vf_netdevs(const config::Config& cfg) {
   start(cfg);
 }
 
+// Posted, not waited for: the housekeeping tick never waits on a session
+// thread. The objects outlive the handler: their deletion is posted to the
+// same thread after it.
 void VirtioExports::poll_links() {
   for (auto& e : exports_) {
-    if (!e.device || !e.device->poll_link()) continue;
-    spdlog::info("virtio {}: link {}", e.name, e.device->link_up() ? "up" : "down");
-    if (e.pci) e.pci->config_changed();
-    if (e.backend) e.backend->config_changed();
+    if (!e.device) continue;
+    asio::post(e.thread->io(), [name = e.name, device = e.device.get(), pci = e.pci.get(), backend = e.backend.get()] {
+      if (!device->poll_link()) return;
+      spdlog::info("virtio {}: link {}", name, device->link_up() ? "up" : "down");
+      if (pci) pci->config_changed();
+      if (backend) backend->config_changed();
+    });
   }
 }
 
@@ -298,11 +320,13 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
     }
     for (const auto& e : exports_)
       if (e.name == dev.name && e.device) {
-        const virtio::PacketPort& port = e.device->port();
-        backend["netdev"] = port.netdev();
         if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
-        for (const auto& fact : port.describe())
-          std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);
+        e.thread->call([&] {
+          const virtio::PacketPort& port = e.device->port();
+          backend["netdev"] = port.netdev();
+          for (const auto& fact : port.describe())
+            std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);
+        });
       }
     json j = {{"name", dev.name},
               {"transport", config::to_string(dev.transport)},
@@ -318,44 +342,55 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
         j["reason"] = e.not_served;
         continue;
       }
+      j["session_thread"] = e.thread->index();
       if (e.pci_server) {
-        const auto& st = e.pci_server->stats();
-        j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
-        j["features"] = e.device->features();
-        j["needs_reset"] = e.device->broken();
-        j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
-        j["vfio_user"]["last_error"] = st.last_error;
-        // Live migration: the state the client set, the DMA log while one
-        // runs, and what it missed (a write outside the ranges logged).
-        if (const vfio_user::Migration* mig = e.pci_server->migration()) {
-          json& m = j["vfio_user"]["migration"];
-          m = counters_json(mig->stats(), vfio_user::kMigrationCounters);
-          m["state"] = vfio_user::mig_state_name(static_cast<uint32_t>(mig->state()));
-          m["dma_logging"] = mig->dma_log() != nullptr;
-          m["dma_log_missed"] = mig->dma_log() ? mig->dma_log()->log().missed() : 0;
-        }
-        j["queues"] = queue_stats(*e.device);
+        e.thread->call([&] { pci_json(e, j); });
         continue;
       }
-      j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
-                   : dev.socket_mode == config::SocketMode::client ? "connecting"
-                                                                   : "listening";
-      j["socket_mode"] = config::to_string(dev.socket_mode);
-      j["features"] = e.device->features();
-      j["needs_reset"] = e.device->broken();
-      j["queues"] = queue_stats(*e.device);
-      j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
-      j["vhost_user"]["last_error"] = e.backend->stats().last_error;
-      // Live migration: the log while one runs, and what it missed (a
-      // write past a log the front-end sized too small).
-      j["vhost_user"]["migration"] = counters_json(e.backend->stats(), vhost_user::kMigrationCounters);
-      j["vhost_user"]["migration"]["logging"] = e.backend->logging();
-      j["vhost_user"]["migration"]["log_bytes"] = e.backend->log_bytes();
-      j["vhost_user"]["migration"]["log_missed"] = e.backend->log_missed();
+      e.thread->call([&] { backend_json(e, dev, j); });
     }
     virtio.push_back(std::move(j));
   }
   return virtio;
+}
+
+// On the export's session thread.
+void VirtioExports::pci_json(const Export& e, json& j) {
+  const auto& st = e.pci_server->stats();
+  j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
+  j["features"] = e.device->features();
+  j["needs_reset"] = e.device->broken();
+  j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
+  j["vfio_user"]["last_error"] = st.last_error;
+  // Live migration: the state the client set, the DMA log while one
+  // runs, and what it missed (a write outside the ranges logged).
+  if (const vfio_user::Migration* mig = e.pci_server->migration()) {
+    json& m = j["vfio_user"]["migration"];
+    m = counters_json(mig->stats(), vfio_user::kMigrationCounters);
+    m["state"] = vfio_user::mig_state_name(static_cast<uint32_t>(mig->state()));
+    m["dma_logging"] = mig->dma_log() != nullptr;
+    m["dma_log_missed"] = mig->dma_log() ? mig->dma_log()->log().missed() : 0;
+  }
+  j["queues"] = queue_stats(*e.device);
+}
+
+// On the export's session thread.
+void VirtioExports::backend_json(const Export& e, const config::VirtioDevice& dev, json& j) {
+  j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
+               : dev.socket_mode == config::SocketMode::client ? "connecting"
+                                                               : "listening";
+  j["socket_mode"] = config::to_string(dev.socket_mode);
+  j["features"] = e.device->features();
+  j["needs_reset"] = e.device->broken();
+  j["queues"] = queue_stats(*e.device);
+  j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
+  j["vhost_user"]["last_error"] = e.backend->stats().last_error;
+  // Live migration: the log while one runs, and what it missed (a
+  // write past a log the front-end sized too small).
+  j["vhost_user"]["migration"] = counters_json(e.backend->stats(), vhost_user::kMigrationCounters);
+  j["vhost_user"]["migration"]["logging"] = e.backend->logging();
+  j["vhost_user"]["migration"]["log_bytes"] = e.backend->log_bytes();
+  j["vhost_user"]["migration"]["log_missed"] = e.backend->log_missed();
 }
 
 void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
@@ -378,20 +413,22 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
       connected.add({{"device", e.name}}, 0);
       continue;
     }
-    connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
-    peer.add({{"device", e.name}},
-             e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
-    if (e.backend) {
-      migration.add({{"device", e.name}}, e.backend->stats());
-      logging.add({{"device", e.name}}, e.backend->logging() ? 1 : 0);
-    } else if (const vfio_user::Migration* mig = e.pci_server->migration()) {
-      pci_migration.add({{"device", e.name}}, mig->stats());
-      pci_logging.add({{"device", e.name}}, mig->dma_log() ? 1 : 0);
-      pci_state.add({{"device", e.name}}, static_cast<double>(mig->state()));
-    }
-    const virtio::DeviceStats stats = e.device->stats();
-    for (unsigned q = 0; q < stats.queues.size(); ++q)
-      queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
+    e.thread->call([&] {
+      connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
+      peer.add({{"device", e.name}},
+               e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
+      if (e.backend) {
+        migration.add({{"device", e.name}}, e.backend->stats());
+        logging.add({{"device", e.name}}, e.backend->logging() ? 1 : 0);
+      } else if (const vfio_user::Migration* mig = e.pci_server->migration()) {
+        pci_migration.add({{"device", e.name}}, mig->stats());
+        pci_logging.add({{"device", e.name}}, mig->dma_log() ? 1 : 0);
+        pci_state.add({{"device", e.name}}, static_cast<double>(mig->state()));
+      }
+      const virtio::DeviceStats stats = e.device->stats();
+      for (unsigned q = 0; q < stats.queues.size(); ++q)
+        queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
+    });
   }
   out.push_back(std::move(connected.f));
   peer.into(out);

@@ -4,7 +4,9 @@
 // vfio-user server) and its port (a tap, or a VF's netdev through AF_PACKET,
 // a macvtap or AF_XDP), made by the factories below; started, stopped and
 // restarted as the config and the host change, shown in `devices` and in
-// Prometheus. On the control thread, as the daemon that owns it.
+// Prometheus. On the control thread, as the daemon that owns it; each
+// device and its transport live on the session thread it is given (made,
+// served and deleted there: util/session_threads.hpp).
 
 #include <map>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/retirer.hpp"
+#include "sriovd/util/session_threads.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/vhost_user/backend.hpp"
@@ -31,7 +34,7 @@ class VirtioExports {
  public:
   // `retirer` closes the ports of stopped devices off the control thread;
   // `host` names a VF's netdev. All of them outlive this.
-  VirtioExports(asio::io_context& io, irq::Engine& engine, Retirer& retirer, HostService& host);
+  VirtioExports(SessionPool& sessions, irq::Engine& engine, Retirer& retirer, HostService& host);
   ~VirtioExports();
   VirtioExports(const VirtioExports&) = delete;
   VirtioExports& operator=(const VirtioExports&) = delete;
@@ -71,11 +74,14 @@ class VirtioExports {
   struct Export {
     std::string name;
     config::VirtioDevice config;  // what it was started from
-    std::unique_ptr<virtio::NetDevice> device;
-    std::unique_ptr<vhost_user::Backend> backend;
+    // The session thread that serves it (declared first: it outlives the
+    // objects below, which it makes, serves and deletes).
+    SessionPool::Lease thread;
+    OnSession<virtio::NetDevice> device;
+    OnSession<vhost_user::Backend> backend;
     // transport: vfio-user - the PCI transport and its server instead.
-    std::unique_ptr<vfio_user::VirtioPci> pci;
-    std::unique_ptr<vfio_user::Server> pci_server;
+    OnSession<vfio_user::VirtioPci> pci;
+    OnSession<vfio_user::Server> pci_server;
     std::string not_served;  // why it is not served, when it is not
     // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.
     std::string port_key;
@@ -95,8 +101,11 @@ class VirtioExports {
   // The transport factory: vhost-user back-end, or virtio-pci and its server.
   void serve(const config::VirtioDevice& dev, Export& e);
   void update_access(Export& e, const config::SocketAccess& access);
+  // A served device's part of `devices` (on its session thread).
+  static void pci_json(const Export& e, control::json& j);
+  static void backend_json(const Export& e, const config::VirtioDevice& dev, control::json& j);
 
-  asio::io_context& io_;
+  SessionPool& sessions_;
   irq::Engine& engine_;
   Retirer& retirer_;
   HostService& host_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -86,7 +87,7 @@ void UnixListener::accept_later(const boost::system::error_code& why) {
 // ---- FramedReader ---------------------------------------------------------
 
 FramedReader::FramedReader(size_t header_size, size_t max_fds, PayloadSize payload_size)
-    : header_(header_size), max_fds_(max_fds), payload_size_(std::move(payload_size)) {}
+    : header_(header_size), max_fds_(max_fds), payload_size_(std::move(payload_size)), ahead_(kReadAhead) {}
 
 FramedReader::Status FramedReader::read(int fd) {
   for (;;) {
@@ -100,40 +101,94 @@ FramedReader::Status FramedReader::read(int fd) {
       to = payload_.data() + at;
       want = payload_.size() - at;
     }
-    if (want > 0) {
+    if (want > 0 && ahead_pos_ < ahead_end_) {
+      const size_t n = std::min(want, ahead_end_ - ahead_pos_);
+      std::memcpy(to, ahead_.data() + ahead_pos_, n);
+      ahead_pos_ += n;
+      got_ += n;
+    } else if (want > 0) {
+      // Nothing read ahead: a large rest goes straight into place, else
+      // as much as the socket holds is read ahead.
+      const bool direct = want >= ahead_.size();
+      uint8_t* into = direct ? to : ahead_.data();
+      const size_t room = direct ? want : ahead_.size();
       bool truncated = false;
-      // The cap is over the whole message: a message trickled one byte per
-      // sendmsg must not collect max_fds with each part.
-      const ssize_t n =
-          recv_with_fds(fd, to, want, fds_, MSG_DONTWAIT, truncated, max_fds_ - std::min(fds_.size(), max_fds_));
+      incoming_.clear();
+      ++reads_;
+      const ssize_t n = recv_with_fds(fd, into, room, incoming_, MSG_DONTWAIT, truncated, max_fds_);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::again;
       if (n < 0) throw_errno("reading from the peer");
       if (n == 0) return Status::closed;
       if (truncated) throw FramingError("more than " + std::to_string(max_fds_) + " fds with one message");
-      got_ += static_cast<size_t>(n);
+      received_ += static_cast<size_t>(n);
+      if (!incoming_.empty()) {
+        // Read only when nothing is read ahead: every byte read so far
+        // belongs to the message being framed or one before it, so the
+        // fds still waiting are all for this message (a peer that trickles
+        // a message with fds on every part is stopped at the cap).
+        size_t held = fds_.size() + incoming_.size();
+        for (const Arrived& w : arrived_) held += w.fds.size();
+        if (held > max_fds_) throw FramingError("more than " + std::to_string(max_fds_) + " fds with one message");
+        Arrived a{received_ - 1, {}};
+        a.fds.swap(incoming_);
+        arrived_.push_back(std::move(a));
+      }
+      if (direct) {
+        got_ += static_cast<size_t>(n);
+      } else {
+        ahead_pos_ = 0;
+        ahead_end_ = static_cast<size_t>(n);
+      }
+      continue;
     }
     if (!header_done_) {
       if (got_ < header_.size()) continue;
       payload_.resize(payload_size_(header_));
       header_done_ = true;
     }
-    if (got_ == header_.size() + payload_.size()) return Status::message;
+    if (got_ == header_.size() + payload_.size()) {
+      attach_fds();
+      return Status::message;
+    }
   }
+}
+
+// The fds whose read ended inside this message are its own.
+void FramedReader::attach_fds() {
+  if (arrived_.empty()) return;
+  const uint64_t end = msg_start_ + got_;
+  size_t used = 0;
+  for (Arrived& a : arrived_) {
+    if (a.last >= end) break;
+    if (fds_.size() + a.fds.size() > max_fds_)
+      throw FramingError("more than " + std::to_string(max_fds_) + " fds with one message");
+    for (UniqueFd& f : a.fds) fds_.push_back(std::move(f));
+    ++used;
+  }
+  arrived_.erase(arrived_.begin(), arrived_.begin() + static_cast<std::ptrdiff_t>(used));
 }
 
 void FramedReader::take(std::span<uint8_t> header, std::vector<uint8_t>& payload, std::vector<UniqueFd>& fds) {
   std::copy_n(header_.begin(), std::min(header.size(), header_.size()), header.begin());
   payload.swap(payload_);
   fds.swap(fds_);
-  reset();
+  next_message();
 }
 
-void FramedReader::reset() {
+void FramedReader::next_message() {
+  msg_start_ += got_;
   payload_.clear();
   fds_.clear();
   got_ = 0;
   header_done_ = false;
+}
+
+void FramedReader::reset() {
+  next_message();
+  ahead_pos_ = ahead_end_ = 0;
+  msg_start_ = received_ = 0;
+  arrived_.clear();
 }
 
 // ---- PeerConnection -------------------------------------------------------
@@ -162,14 +217,26 @@ void PeerConnection::adopt(UniqueFd fd) {
   limit_send_wait(fd.get());
   fd_ = std::move(fd);
   ++message_seq_;
+  ++generation_;
   watch_ = std::make_unique<asio::posix::stream_descriptor>(io_, fd_.get());
   wait_readable();
 }
 
 void PeerConnection::wait_readable() {
-  watch_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-    if (ec) return;  // cancelled: the connection (or this object) is gone
-    on_readable();
+  if (read_armed_) return;  // one wait at a time (a continuation may come first)
+  read_armed_ = true;
+  watch_->async_wait(asio::posix::stream_descriptor::wait_read,
+                     [this, gen = generation_](boost::system::error_code ec) {
+                       if (ec) return;  // cancelled: the connection (or this object) is gone
+                       if (gen != generation_) return;
+                       read_armed_ = false;
+                       on_readable();
+                     });
+}
+
+void PeerConnection::continue_later() {
+  asio::post(io_, [this, gen = generation_] {
+    if (gen == generation_ && fd_) on_readable();
   });
 }
 
@@ -193,6 +260,12 @@ void PeerConnection::on_readable() {
       }
       message_done();
       on_message_(reader_);
+    }
+    // A batch's end with messages read ahead: the socket will not wake
+    // this for them, so it comes back after the other handlers' turn.
+    if (fd_.get() == fd && reader_.buffered() && queue_.empty()) {
+      continue_later();
+      return;
     }
   } catch (const FramingError& e) {
     if (fd_.get() == fd) end(e.what(), true);
@@ -313,6 +386,9 @@ bool PeerConnection::read_blocking(std::chrono::steady_clock::time_point deadlin
     const FramedReader::Status s = reader_.read(fd_.get());
     if (s == FramedReader::Status::message) {
       message_done();
+      // What came after the answer was read ahead with it: served after
+      // the caller's handler, even if the socket has nothing new.
+      if (reader_.buffered()) continue_later();
       return true;
     }
     if (s == FramedReader::Status::closed) return false;
@@ -347,6 +423,7 @@ void PeerConnection::close() {
   queued_bytes_ = 0;
   read_paused_ = false;
   write_armed_ = false;
+  read_armed_ = false;
   ++message_seq_;
   if (watch_) {
     watch_->cancel(ignored);
@@ -355,6 +432,7 @@ void PeerConnection::close() {
   }
   reader_.reset();
   fd_.reset();
+  ++generation_;
 }
 
 }  // namespace sriovd

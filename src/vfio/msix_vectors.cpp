@@ -25,6 +25,7 @@ void MsixVectors::grow(size_t had) {
 }
 
 void MsixVectors::reserve(unsigned count) {
+  std::lock_guard lock(mutex_);
   if (count > info_.count)
     throw std::out_of_range(device_.name() + ": " + std::to_string(count) + " MSI-X vectors asked, " +
                             std::to_string(info_.count) + " exist");
@@ -35,6 +36,7 @@ void MsixVectors::reserve(unsigned count) {
 }
 
 void MsixVectors::bind(unsigned vector, int eventfd) {
+  std::lock_guard lock(mutex_);
   if (vector < fds_.size()) {
     fds_[vector] = eventfd;
     const int one[1] = {eventfd};
@@ -50,6 +52,7 @@ void MsixVectors::bind(unsigned vector, int eventfd) {
 }
 
 void MsixVectors::disable() {
+  std::lock_guard lock(mutex_);
   if (fds_.empty()) return;
   device_.disable_irqs(kMsixIrq);
   fds_.clear();

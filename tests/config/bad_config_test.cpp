@@ -106,6 +106,8 @@ const BadCase kCases[] = {
    "control.allowed_uids[0]: expected an integer from 0 to 4294967294, got '-1'"},
   {"ControlPollTooLong", kSystem + "control:\n  poll_us: 5000\n", 4, 12,
    "control.poll_us: expected an integer from 0 to 1000, got '5000'"},
+  {"SessionThreadsTooMany", kSystem + "control:\n  session_threads: 257\n", 4, 20,
+   "control.session_threads: expected an integer from 0 to 256, got '257'"},
   {"ControlPollNegative", kSystem + "control:\n  poll_us: -1\n", 4, 12,
    "control.poll_us: expected an integer from 0 to 1000, got '-1'"},
   {"ControlSocketIsAList", kSystem + "control:\n  socket: [/a, /b]\n", 4, 11,

@@ -105,7 +105,14 @@ TEST(Defaults, MinimalSystemConfig) {
   EXPECT_EQ(cfg.interrupts.relay_threads, 1);
   EXPECT_FALSE(cfg.interrupts.busy_poll);
   EXPECT_EQ(cfg.control.poll_us, 0U);
+  EXPECT_EQ(cfg.control.session_threads, 0U);
   EXPECT_TRUE(cfg.physical_functions.empty());
+}
+
+TEST(Control, SessionThreadsAreReadAndEmitted) {
+  const Config cfg = parse("version: 1\nhost: system\ncontrol: {session_threads: 3}\n", "s.yaml");
+  EXPECT_EQ(cfg.control.session_threads, 3U);
+  EXPECT_EQ(parse(to_yaml(cfg), "emitted.yaml").control.session_threads, 3U);
 }
 
 TEST(Control, PollWindowIsReadAndEmitted) {

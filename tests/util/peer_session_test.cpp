@@ -145,6 +145,89 @@ TEST(FramedReader, AnImpossibleSizeIsAFramingError) {
   EXPECT_THROW((void)r.read(p.ours.get()), FramingError);
 }
 
+// A burst of small messages costs a few reads, not two per message.
+TEST(FramedReader, ABurstIsReadInFewSystemCalls) {
+  Pair p;
+  FramedReader r = reader();
+  std::vector<uint8_t> burst;
+  for (int i = 0; i < 200; ++i) {
+    auto f = frame("doorbell " + std::to_string(i));
+    burst.insert(burst.end(), f.begin(), f.end());
+  }
+  ASSERT_EQ(::send(p.theirs.get(), burst.data(), burst.size(), 0), static_cast<ssize_t>(burst.size()));
+  uint8_t hdr[4];
+  std::vector<uint8_t> payload;
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(r.read(p.ours.get()), FramedReader::Status::message) << i;
+    r.take(hdr, payload, fds);
+    ASSERT_EQ(std::string(payload.begin(), payload.end()), "doorbell " + std::to_string(i));
+  }
+  EXPECT_LE(r.reads(), 2U) << "200 messages of " << burst.size() << " bytes in all";
+  EXPECT_FALSE(r.buffered());
+  EXPECT_EQ(r.read(p.ours.get()), FramedReader::Status::again);
+}
+
+// Fds sent with a later message of a batch belong to that message, not to
+// the one being framed when the read brought them.
+TEST(FramedReader, FdsReadAheadGoWithTheMessageThatCarriedThem) {
+  Pair p;
+  FramedReader r = reader();
+  auto a = frame("no fds");
+  auto b = frame("two fds");
+  auto c = frame("none again");
+  UniqueFd e1(::eventfd(0, EFD_CLOEXEC)), e2(::eventfd(0, EFD_CLOEXEC));
+  const int fds[2] = {e1.get(), e2.get()};
+  ASSERT_EQ(::send(p.theirs.get(), a.data(), a.size(), 0), static_cast<ssize_t>(a.size()));
+  const iovec bv{b.data(), b.size()};
+  ASSERT_EQ(send_with_fds(p.theirs.get(), std::span<const iovec>(&bv, 1), fds), static_cast<ssize_t>(b.size()));
+  ASSERT_EQ(::send(p.theirs.get(), c.data(), c.size(), 0), static_cast<ssize_t>(c.size()));
+  uint8_t hdr[4];
+  std::vector<uint8_t> payload;
+  std::vector<UniqueFd> got;
+  const std::pair<std::string, size_t> want[] = {{"no fds", 0}, {"two fds", 2}, {"none again", 0}};
+  for (const auto& [text, n] : want) {
+    ASSERT_EQ(r.read(p.ours.get()), FramedReader::Status::message) << text;
+    r.take(hdr, payload, got);
+    EXPECT_EQ(std::string(payload.begin(), payload.end()), text);
+    EXPECT_EQ(got.size(), n) << text;
+  }
+}
+
+// Messages read ahead past a batch's 64 are served though the socket has
+// nothing new to wake the loop for them.
+TEST(PeerConnection, MessagesReadAheadAreServedWithoutMoreData) {
+  Loop loop;
+  Pair p;
+  std::atomic<int> messages{0};
+  auto owned = std::make_unique<PeerConnection>(
+      loop.io, reader(), 1s,
+      [&](FramedReader& r) {
+        uint8_t h[4];
+        std::vector<uint8_t> payload;
+        std::vector<UniqueFd> fds;
+        r.take(h, payload, fds);
+        ++messages;
+      },
+      [](const std::string&, bool) {});
+  PeerConnection& conn = *owned;
+  loop.on_loop([&] {
+    conn.adopt(std::move(p.ours));
+    return 0;
+  });
+  std::vector<uint8_t> burst;
+  for (int i = 0; i < 500; ++i) {
+    auto f = frame("x");
+    burst.insert(burst.end(), f.begin(), f.end());
+  }
+  ASSERT_EQ(::send(p.theirs.get(), burst.data(), burst.size(), 0), static_cast<ssize_t>(burst.size()));
+  EXPECT_TRUE(test::wait_until([&] { return messages == 500; }, 5s)) << messages << " of 500 served";
+  loop.on_loop([&] {
+    owned.reset();
+    return 0;
+  });
+}
+
 // A half message ends the connection at its deadline, with the reason;
 // meanwhile the loop serves other work; a whole message in time is handled.
 TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {

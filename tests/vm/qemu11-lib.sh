@@ -17,9 +17,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/vm-lib.sh"
 
 Q11_DIR=$VM_CACHE/trixie-qemu
-# What the guest loads, in order: virtio-net (virtio_pci is built into
-# Debian 13's kernel).
-Q11_MODULES="net/core/failover drivers/net/net_failover drivers/net/virtio_net"
+# What the guest loads, in order: virtio-mmio (for QEMU's microvm machine,
+# scripts/bench mmio) and virtio-net (virtio_pci is built into Debian 13's
+# kernel).
+Q11_MODULES="drivers/virtio/virtio_mmio net/core/failover drivers/net/net_failover drivers/net/virtio_net"
 
 q11_root() { echo "$Q11_DIR/root"; }
 q11_kernel() { echo "$Q11_DIR/kernel"; }

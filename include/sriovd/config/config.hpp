@@ -78,11 +78,17 @@ struct Control {
   std::string group;                // empty: the daemon's own group
   std::optional<gid_t> gid;         // resolved from group
   std::vector<uid_t> allowed_uids;  // empty: any peer the socket mode admits
-  // After work, the control thread (control API, vfio-user, vhost-user
-  // messages) polls up to this long before it sleeps, while that pays
-  // (util/polling_loop.hpp); 0: it sleeps at once.
+  // After work, the control thread and the session threads (control API,
+  // vfio-user, vhost-user messages) poll up to this long before they
+  // sleep, while that pays (util/polling_loop.hpp); 0: they sleep at once.
   uint32_t poll_us = 0;
+  // The session threads that serve the VMMs' vfio-user and vhost-user
+  // sessions (util/session_threads.hpp); 0: one per CPU the daemon may
+  // run on.
+  uint16_t session_threads = 0;
 };
+
+inline constexpr uint16_t kMaxSessionThreads = 256;
 
 // Who may use one of the sockets a VMM connects to (a vfio-user export, a
 // vhost-user or virtio-pci device): the file's owner, group and mode, set

@@ -13,6 +13,7 @@
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/k8s/device_plugin.hpp"
 #include "sriovd/util/polling_loop.hpp"
+#include "sriovd/util/session_threads.hpp"
 #include "sriovd/util/retirer.hpp"
 #include "sriovd/util/asio.hpp"
 
@@ -80,6 +81,7 @@ class Daemon {
   // Prometheus families of the routes (metrics.cpp).
   void route_metrics(std::vector<prometheus::MetricFamily>& out) const;
   control::json control_loop_json() const;
+  control::json session_threads_json() const;
   control::json udev_event(const control::json& request);
   control::json release(const control::json& request);
   control::json simulate_fault(const control::json& request);
@@ -99,6 +101,9 @@ class Daemon {
   asio::steady_timer housekeeping_timer_;
   std::unique_ptr<SystemdNotifier> notifier_;
   std::unique_ptr<irq::Engine> irq_;
+  // The threads that serve the VMMs' sessions: after the engine (their
+  // devices use it), before the exports (which live on them).
+  std::unique_ptr<SessionPool> sessions_;
   std::unique_ptr<HostService> host_;
   // The virtio devices, their transports and ports (src/daemon/virtio_exports.hpp).
   std::unique_ptr<VirtioExports> virtio_;

@@ -120,6 +120,19 @@ class FramingError : public std::runtime_error {
 // payload's size follows. The buffers are kept from message to message
 // (take() swaps them out and the caller's come back), so a steady stream
 // allocates nothing.
+//
+// Reads are batched: what the socket holds is read ahead, up to
+// kReadAhead bytes in one recvmsg, and framed from there, so a burst of
+// small messages (posted doorbell writes) costs one system call, not two
+// per message. A payload larger than that is read straight into place.
+//
+// Fds: the kernel ends a read at the segment that carries fds (SCM_RIGHTS
+// on a stream socket), and a segment begins where its sendmsg began, so
+// the fds that come with a read belong to the message that holds the
+// read's last byte: the message whose sendmsg carried them, when each
+// message is sent whole by one sendmsg (the protocols' rule), and the
+// message being read when the reads stop at message boundaries (as an
+// unbatched reader's do).
 class FramedReader {
  public:
   // The payload size a whole header announces; throws FramingError for
@@ -127,25 +140,38 @@ class FramedReader {
   using PayloadSize = std::function<size_t(std::span<const uint8_t> header)>;
   enum class Status { message, again, closed };
 
+  static constexpr size_t kReadAhead = 16U << 10U;
+
   FramedReader(size_t header_size, size_t max_fds, PayloadSize payload_size);
 
-  // Reads from the non-blocking socket `fd` up to the end of the current
-  // message: `message` when it is whole, `again` when the socket has no
-  // more now, `closed` at end of stream. Throws FramingError (too many
-  // fds, the header's size) or SystemError (a read error).
+  // Frames the next message from what was read ahead, reading from the
+  // non-blocking socket `fd` as needed: `message` when it is whole,
+  // `again` when the socket has no more now, `closed` at end of stream.
+  // Throws FramingError (too many fds, the header's size) or SystemError
+  // (a read error).
   Status read(int fd);
-  // Whether part of a message has come (its deadline runs).
-  [[nodiscard]] bool partial() const { return got_ > 0; }
-  [[nodiscard]] size_t bytes() const { return got_; }
+  // Whether part of a message has come (its deadline runs): bytes of the
+  // message being framed, or read ahead of the next.
+  [[nodiscard]] bool partial() const { return got_ > 0 || ahead_pos_ < ahead_end_; }
+  [[nodiscard]] size_t bytes() const { return got_ + (ahead_end_ - ahead_pos_); }
   [[nodiscard]] size_t expected() const { return header_.size() + (header_done_ ? payload_.size() : 0); }
+  // Read ahead and not framed yet (a server that stops after a batch must
+  // come back for these: the socket will not wake it for them).
+  [[nodiscard]] bool buffered() const { return ahead_pos_ < ahead_end_; }
+  // System calls that read (for the benchmarks and tests of batching).
+  [[nodiscard]] uint64_t reads() const { return reads_; }
 
   // The whole message: its header bytes, and payload and fds swapped with
   // the caller's (whose old contents are cleared and reused next time).
   void take(std::span<uint8_t> header, std::vector<uint8_t>& payload, std::vector<UniqueFd>& fds);
-  // Drops what has come of the current message (a connection that ends).
+  // Drops what has come of the current message and what was read ahead
+  // (a connection that ends).
   void reset();
 
  private:
+  void next_message();
+  void attach_fds();
+
   std::vector<uint8_t> header_;
   std::vector<uint8_t> payload_;
   std::vector<UniqueFd> fds_;
@@ -153,6 +179,21 @@ class FramedReader {
   PayloadSize payload_size_;
   size_t got_ = 0;
   bool header_done_ = false;
+  // Read ahead: [ahead_pos_, ahead_end_) of ahead_ not framed yet.
+  std::vector<uint8_t> ahead_;
+  size_t ahead_pos_ = 0;
+  size_t ahead_end_ = 0;
+  uint64_t received_ = 0;   // bytes read from the socket so far
+  uint64_t msg_start_ = 0;  // where the message being framed starts, in those
+  // Fds that came with a read, for the message holding `last`, the read's
+  // last byte (rare: kept apart so the common message allocates nothing).
+  struct Arrived {
+    uint64_t last;
+    std::vector<UniqueFd> fds;
+  };
+  std::vector<Arrived> arrived_;
+  std::vector<UniqueFd> incoming_;  // a read's fds (buffer kept)
+  uint64_t reads_ = 0;
 };
 
 // What on_end hears when the peer closed its end.
@@ -209,6 +250,8 @@ class PeerConnection {
  private:
   void wait_readable();
   void on_readable();
+  // Serves what was read ahead after the other handlers' turn.
+  void continue_later();
   void wait_writable();
   void flush();
   void arm_deadline();
@@ -225,6 +268,7 @@ class PeerConnection {
   std::unique_ptr<asio::posix::stream_descriptor> watch_;
   asio::steady_timer timer_;
   uint64_t message_seq_ = 0;  // which message the armed deadline belongs to
+  uint64_t generation_ = 0;   // which connection a posted continuation belongs to
   bool timer_armed_ = false;
   bool ending_ = false;
   // What the peer's socket did not take yet, oldest first.
@@ -236,6 +280,7 @@ class PeerConnection {
   std::deque<Queued> queue_;
   size_t queued_bytes_ = 0;
   bool write_armed_ = false;
+  bool read_armed_ = false;
   bool read_paused_ = false;        // requests wait while replies are queued
   asio::steady_timer drain_timer_;  // the queue's deadline
   uint64_t drain_seq_ = 0;          // which queue the armed deadline belongs to

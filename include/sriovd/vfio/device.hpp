@@ -5,6 +5,7 @@
 // everything above runs unchanged on either.
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,12 +90,22 @@ class MsixVectors : public irq::SourceBinder {
   void reserve(unsigned count);
   void disable();
 
-  [[nodiscard]] unsigned enabled() const { return static_cast<unsigned>(fds_.size()); }
+  [[nodiscard]] unsigned enabled() const {
+    std::lock_guard lock(mutex_);
+    return static_cast<unsigned>(fds_.size());
+  }
   [[nodiscard]] unsigned capacity() const { return info_.count; }
-  [[nodiscard]] uint64_t reenables() const { return reenables_; }
+  [[nodiscard]] uint64_t reenables() const {
+    std::lock_guard lock(mutex_);
+    return reenables_;
+  }
 
  private:
   void grow(size_t had);
+  // The engine binds from the thread that masks (the export's session
+  // thread) and from its housekeeping (the control thread): a mode switch,
+  // never per interrupt.
+  mutable std::mutex mutex_;
   Device& device_;
   IrqInfo info_;
   std::vector<int> fds_;  // one per enabled vector

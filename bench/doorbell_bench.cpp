@@ -1,0 +1,412 @@
+// scripts/bench vfio-user (its doorbell part) and scripts/bench tenants:
+// what a doorbell costs the server on its session thread, and how the
+// session threads share a host's tenants. Prints one JSON object; human
+// text to stderr.
+//
+// A doorbell is what QEMU's vfio-user client sends for a guest's queue
+// notify: a posted REGION_WRITE (No_reply) of 4 bytes into the notify
+// window, which the device turns into one write to the queue worker's
+// kick eventfd. The device here is that and nothing else (DoorbellDevice:
+// a 4 KiB BAR whose writes kick an eventfd), behind the real Server on a
+// real SessionThread, so what is measured is the server's path.
+//
+//  doorbells (scripts/bench vfio-user):
+//   - cpu_per_doorbell_us: the session thread's CPU time (its thread CPU
+//     clock) over a storm of posted writes, per write; against
+//     echo_cpu_per_doorbell_us: a thread that reads the same bytes from a
+//     socketpair with plain recv, one message at a time, and kicks an
+//     eventfd per message (the floor: no protocol, no batching).
+//   - latency p50/p99: a doorbell sent (the client's clock) to its kick
+//     seen by the worker thread (which waits in poll on the eventfd),
+//     one at a time, 50 us apart; against the same through the echo.
+//  tenants (scripts/bench tenants):
+//   - for 1 and 2 session threads, 1, 2, 4 and 8 clients storming
+//     doorbells (each sends 256 at a time, as a client whose guest has
+//     many queues would): the aggregate doorbells/s the devices saw;
+//     scaling = the rate with 2 threads / with 1, at each client count;
+//   - a quiet tenant on its own export reading a register (a round trip),
+//     alone and beside the 8 storming clients: its p99, and the ratio.
+#include <linux/vfio.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "sriovd/guest/vfio_user_client.hpp"
+#include "sriovd/util/session_threads.hpp"
+#include "sriovd/vfio_user/protocol.hpp"
+#include "sriovd/vfio_user/server.hpp"
+
+using namespace sriovd;
+using namespace sriovd::vfio_user;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A device whose BAR0 writes are doorbells: each one kicks the eventfd
+// its worker waits on (what virtio-pci's notify does).
+class DoorbellDevice : public ExportedDevice {
+ public:
+  DoorbellDevice() : kick_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (!kick_) throw std::runtime_error("eventfd");
+  }
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  RegionDescription region(uint32_t index) override {
+    RegionDescription r;
+    if (index == 0) {
+      r.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+      r.size = 4096;
+    }
+    return r;
+  }
+  void read(uint32_t, uint64_t, std::span<uint8_t> data) override { std::fill(data.begin(), data.end(), 0); }
+  void write(uint32_t, uint64_t, std::span<const uint8_t>) override {
+    const uint64_t one = 1;
+    (void)!::write(kick_.get(), &one, sizeof one);
+  }
+  vfio::IrqInfo irq(uint32_t index) override { return {index, 0, 0}; }
+  void set_irq_eventfds(uint32_t, uint32_t, std::vector<UniqueFd>) override {}
+  void disable_irqs(uint32_t) override {}
+  void mask_irq(uint32_t, uint32_t, bool) override {}
+  void trigger_irq(uint32_t, uint32_t) override {}
+  void reset() override {}
+  void client_gone() override {}
+  [[nodiscard]] int kick() const { return kick_.get(); }
+
+ private:
+  std::string name_ = "doorbell";
+  UniqueFd kick_;
+};
+
+double thread_cpu_us(pthread_t t) {
+  clockid_t id;
+  if (::pthread_getcpuclockid(t, &id) != 0) throw std::runtime_error("pthread_getcpuclockid");
+  timespec ts{};
+  ::clock_gettime(id, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+// One posted 4-byte REGION_WRITE (No_reply) at BAR0 + 0x10, as the wire
+// carries it.
+using Doorbell = std::array<uint8_t, 36>;
+static_assert(sizeof(Doorbell) == 36);
+Doorbell doorbell() {
+  Doorbell d{};
+  const Header h{0, kRegionWrite, 36, kNoReply, 0};
+  const RegionAccess a{0x10, 0, 4};
+  const uint32_t value = 1;
+  std::memcpy(d.data(), &h, sizeof h);
+  std::memcpy(d.data() + sizeof h, &a, sizeof a);
+  std::memcpy(d.data() + sizeof h + sizeof a, &value, sizeof value);
+  return d;
+}
+
+void send_all(int fd, const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// The kicks a worker thread sees (it waits in poll, as a queue worker does).
+class Worker {
+ public:
+  explicit Worker(int kick) : kick_(kick), thread_([this] { run(); }) {}
+  ~Worker() {
+    stop_ = true;
+    thread_.join();
+  }
+  [[nodiscard]] uint64_t kicks() const { return kicks_.load(std::memory_order_acquire); }
+  [[nodiscard]] Clock::time_point last() const { return Clock::time_point(Clock::duration(last_.load())); }
+  bool wait_for(uint64_t n, std::chrono::milliseconds limit) const {
+    const auto end = Clock::now() + limit;
+    while (kicks() < n)
+      if (Clock::now() > end) return false;
+    return true;
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      pollfd p{kick_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      uint64_t v = 0;
+      if (::read(kick_, &v, sizeof v) != sizeof v) continue;
+      last_.store(Clock::now().time_since_epoch().count());
+      kicks_.fetch_add(v, std::memory_order_release);
+    }
+  }
+  int kick_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> kicks_{0};
+  std::atomic<Clock::rep> last_{0};
+  std::thread thread_;
+};
+
+// The echo floor: a thread that reads 36-byte messages one at a time and
+// kicks an eventfd for each.
+class Echo {
+ public:
+  Echo() : kick_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair");
+    a_.reset(sv[0]);
+    b_.reset(sv[1]);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Echo() {
+    a_.reset();
+    thread_.join();
+  }
+  [[nodiscard]] int client() const { return a_.get(); }
+  [[nodiscard]] int kick() const { return kick_.get(); }
+  pthread_t native() { return thread_.native_handle(); }
+
+ private:
+  void run() {
+    Doorbell m;
+    for (;;) {
+      size_t got = 0;
+      while (got < sizeof m) {
+        const ssize_t n = ::recv(b_.get(), reinterpret_cast<uint8_t*>(&m) + got, sizeof m - got, 0);
+        if (n <= 0) return;
+        got += static_cast<size_t>(n);
+      }
+      const uint64_t one = 1;
+      (void)!::write(kick_.get(), &one, sizeof one);
+    }
+  }
+  UniqueFd kick_, a_, b_;
+  std::thread thread_;
+};
+
+constexpr size_t kBatch = 256;
+
+// A storm of `total` doorbells in batches of kBatch sends.
+void storm(int fd, uint64_t total) {
+  std::vector<Doorbell> batch(kBatch, doorbell());
+  for (uint64_t sent = 0; sent < total; sent += kBatch) send_all(fd, batch.data(), batch.size() * sizeof(Doorbell));
+}
+
+struct Export {
+  DoorbellDevice device;
+  OnSession<Server> server;
+  Export(SessionThread& t, const std::string& path)
+      : server(make_on_session(t, [&] { return std::make_unique<Server>(t.io(), path, device); })) {}
+};
+
+std::string socket_path(const std::string& what, int i) {
+  return "/tmp/sriovd-bench-doorbell-" + std::to_string(::getpid()) + "-" + what + std::to_string(i) + ".sock";
+}
+
+nlohmann::json doorbells(int runs, uint64_t per_run) {
+  SessionPool pool(1, std::chrono::microseconds(0));
+  SessionThread& t = pool.at(0);
+  const pthread_t native = t.call([] { return ::pthread_self(); });
+  Export ex(t, socket_path("one", 0));
+  Worker worker(ex.device.kick());
+  guest::VfioUserClient c(socket_path("one", 0));
+  Echo echo;
+  Worker echo_worker(echo.kick());
+
+  std::vector<double> cpu, echo_cpu, lat, echo_lat;
+  uint64_t expect = 0, echo_expect = 0;
+  for (int run = 0; run < runs; ++run) {
+    std::fprintf(stderr, "doorbells: run %d: a storm through the server...\n", run + 1);
+    double before = thread_cpu_us(native);
+    storm(c.fd(), per_run);
+    expect += per_run;
+    if (!worker.wait_for(expect, std::chrono::seconds(30))) throw std::runtime_error("the server lost doorbells");
+    cpu.push_back((thread_cpu_us(native) - before) / static_cast<double>(per_run));
+
+    std::fprintf(stderr, "doorbells: run %d: the same through the echo...\n", run + 1);
+    before = thread_cpu_us(echo.native());
+    storm(echo.client(), per_run);
+    echo_expect += per_run;
+    if (!echo_worker.wait_for(echo_expect, std::chrono::seconds(30)))
+      throw std::runtime_error("the echo lost doorbells");
+    echo_cpu.push_back((thread_cpu_us(echo.native()) - before) / static_cast<double>(per_run));
+
+    std::fprintf(stderr, "doorbells: run %d: latency, one at a time...\n", run + 1);
+    const Doorbell one = doorbell();
+    for (int i = 0; i < 2000; ++i) {
+      for (auto* w : {&worker, &echo_worker}) {
+        const int fd = w == &worker ? c.fd() : echo.client();
+        uint64_t& n = w == &worker ? expect : echo_expect;
+        const auto gap = Clock::now() + std::chrono::microseconds(50);
+        while (Clock::now() < gap) {
+        }
+        const auto t0 = Clock::now();
+        send_all(fd, &one, sizeof one);
+        ++n;
+        if (!w->wait_for(n, std::chrono::seconds(5))) throw std::runtime_error("a doorbell was lost");
+        (w == &worker ? lat : echo_lat).push_back(std::chrono::duration<double, std::micro>(w->last() - t0).count());
+      }
+    }
+  }
+  const auto med = [](std::vector<double> v) { return percentile(std::move(v), 0.5); };
+  const double c50 = med(cpu), e50 = med(echo_cpu);
+  const double p50 = percentile(lat, 0.5), p99 = percentile(lat, 0.99);
+  const double ep50 = percentile(echo_lat, 0.5), ep99 = percentile(echo_lat, 0.99);
+  return {{"cpu_per_doorbell_us", c50},      {"echo_cpu_per_doorbell_us", e50},
+          {"cpu_ratio", c50 / e50},          {"latency_p50_us", p50},
+          {"latency_p99_us", p99},           {"echo_latency_p50_us", ep50},
+          {"echo_latency_p99_us", ep99},     {"latency_p99_ratio", p99 / ep99},
+          {"goal_cpu_per_doorbell_us", 3.0}, {"runs", runs},
+          {"doorbells_per_run", per_run}};
+}
+
+// Round trips of a quiet tenant (a 4-byte register read) for `seconds`.
+std::vector<double> quiet_trips(guest::VfioUserClient& c, double seconds) {
+  std::vector<double> us;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    const auto t0 = Clock::now();
+    (void)c.read32(0, 0);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    const auto gap = Clock::now() + std::chrono::microseconds(200);
+    while (Clock::now() < gap) std::this_thread::yield();
+  }
+  return us;
+}
+
+nlohmann::json tenants(double seconds) {
+  nlohmann::json out = nlohmann::json::object();
+  nlohmann::json rates = nlohmann::json::object();
+  for (unsigned threads : {1U, 2U}) {
+    for (unsigned clients : {1U, 2U, 4U, 8U}) {
+      std::fprintf(stderr, "tenants: %u session thread(s), %u storming client(s)...\n", threads, clients);
+      SessionPool pool(threads, std::chrono::microseconds(0));
+      std::vector<std::unique_ptr<Export>> exports;
+      std::vector<std::unique_ptr<guest::VfioUserClient>> conns;
+      std::vector<std::unique_ptr<Worker>> workers;
+      for (unsigned i = 0; i < clients; ++i) {
+        auto lease = pool.lease();  // balanced as the daemon does
+        exports.push_back(std::make_unique<Export>(*lease, socket_path("t", static_cast<int>(i))));
+        workers.push_back(std::make_unique<Worker>(exports.back()->device.kick()));
+        conns.push_back(std::make_unique<guest::VfioUserClient>(socket_path("t", static_cast<int>(i))));
+      }
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> senders;
+      const auto t0 = Clock::now();
+      for (auto& c : conns)
+        senders.emplace_back([&, fd = c->fd()] {
+          std::vector<Doorbell> batch(kBatch, doorbell());
+          while (!stop.load(std::memory_order_relaxed)) send_all(fd, batch.data(), batch.size() * sizeof(Doorbell));
+        });
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      uint64_t seen = 0;
+      for (auto& w : workers) seen += w->kicks();
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      stop = true;
+      // Closing the clients ends the senders' sends (EPIPE) once the
+      // servers stop reading.
+      for (auto& c : conns) ::shutdown(c->fd(), SHUT_RDWR);
+      for (auto& th : senders) th.join();
+      rates[std::to_string(threads) + "_threads"][std::to_string(clients) + "_clients"] = seen / s;
+    }
+  }
+  for (unsigned clients : {1U, 2U, 4U, 8U}) {
+    const std::string k = std::to_string(clients) + "_clients";
+    out["scaling_2_over_1"][k] = rates["2_threads"][k].get<double>() / rates["1_threads"][k].get<double>();
+  }
+  out["doorbells_per_sec"] = rates;
+
+  // The quiet tenant, alone and beside 8 storming clients (2 threads).
+  std::fprintf(stderr, "tenants: a quiet tenant alone, then beside 8 storming clients...\n");
+  SessionPool pool(2, std::chrono::microseconds(0));
+  std::vector<std::unique_ptr<Export>> exports;
+  auto quiet_lease = pool.lease();
+  Export quiet(*quiet_lease, socket_path("quiet", 0));
+  guest::VfioUserClient qc(socket_path("quiet", 0));
+  const std::vector<double> alone = quiet_trips(qc, seconds);
+  std::vector<std::unique_ptr<guest::VfioUserClient>> conns;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<SessionPool::Lease> leases;
+  for (int i = 0; i < 8; ++i) {
+    leases.push_back(pool.lease());
+    exports.push_back(std::make_unique<Export>(*leases.back(), socket_path("s", i)));
+    workers.push_back(std::make_unique<Worker>(exports.back()->device.kick()));
+    conns.push_back(std::make_unique<guest::VfioUserClient>(socket_path("s", i)));
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> senders;
+  for (auto& c : conns)
+    senders.emplace_back([&, fd = c->fd()] {
+      std::vector<Doorbell> batch(kBatch, doorbell());
+      try {
+        while (!stop.load(std::memory_order_relaxed)) send_all(fd, batch.data(), batch.size() * sizeof(Doorbell));
+      } catch (const std::exception&) {
+      }
+    });
+  const std::vector<double> beside = quiet_trips(qc, seconds);
+  stop = true;
+  for (auto& c : conns) ::shutdown(c->fd(), SHUT_RDWR);
+  for (auto& th : senders) th.join();
+  const double a99 = percentile(alone, 0.99), b99 = percentile(beside, 0.99);
+  out["quiet"] = {{"alone_p50_us", percentile(alone, 0.5)},
+                  {"alone_p99_us", a99},
+                  {"beside_storm_p50_us", percentile(beside, 0.5)},
+                  {"beside_storm_p99_us", b99},
+                  {"p99_ratio", b99 / a99},
+                  {"trips_alone", alone.size()},
+                  {"trips_beside", beside.size()}};
+  out["cpus"] = SessionPool::usable_cpus();
+  out["seconds"] = seconds;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bench"));
+  spdlog::set_level(spdlog::level::err);
+  const std::string what = argc > 1 ? argv[1] : "doorbells";
+  const double seconds = argc > 2 ? std::stod(argv[2]) : 2.0;
+  try {
+    nlohmann::json j;
+    if (what == "doorbells") {
+      j = doorbells(5, 200000);
+      j["bench"] = "doorbells";
+    } else if (what == "tenants") {
+      j = tenants(seconds);
+      j["bench"] = "tenants";
+    } else {
+      std::fprintf(stderr, "usage: sriovd-bench-doorbell doorbells | tenants [SECONDS]\n");
+      return 64;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "doorbell bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
