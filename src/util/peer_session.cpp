@@ -194,9 +194,13 @@ void FramedReader::reset() {
 // ---- PeerConnection -------------------------------------------------------
 
 namespace {
-// Messages handled per wakeup before other work on the io_context gets a
-// turn: a peer that sends without pause cannot starve the other sockets.
-constexpr int kMessagesPerWakeup = 64;
+// A peer's turn: at most this many messages, and no new one after this
+// long, before the other work on the io_context (the thread's other
+// sessions) gets its turn. A peer that sends without pause cannot starve
+// the others: a request of another session on the thread waits at most
+// one turn per busy session, plus the message each was in.
+constexpr int kMessagesPerTurn = 64;
+constexpr std::chrono::microseconds kTurn{20};
 }  // namespace
 
 PeerConnection::PeerConnection(asio::io_context& io, FramedReader reader, std::chrono::milliseconds message_deadline,
@@ -234,16 +238,27 @@ void PeerConnection::wait_readable() {
                      });
 }
 
+// Behind whatever the thread's next look at its sockets finds ready: a
+// post from here would run before a session that became ready meanwhile
+// (the scheduler looks at the sockets once per pass over its queue), so
+// the continuation is posted from a post, which runs after that look. A
+// quiet session waits for one turn of each busy one, not two.
 void PeerConnection::continue_later() {
   asio::post(io_, [this, gen = generation_] {
-    if (gen == generation_ && fd_) on_readable();
+    if (gen != generation_) return;
+    asio::post(io_, [this, gen] {
+      if (gen == generation_ && fd_) on_readable();
+    });
   });
 }
 
 void PeerConnection::on_readable() {
   const int fd = fd_.get();
+  const auto turn_ends = std::chrono::steady_clock::now() + kTurn;
+  bool more = true;  // the turn ended with the peer's stream not drained
   try {
-    for (int handled = 0; handled < kMessagesPerWakeup && fd_.get() == fd; ++handled) {
+    for (int handled = 0; fd_.get() == fd; ++handled) {
+      if (handled == kMessagesPerTurn || (handled > 0 && std::chrono::steady_clock::now() >= turn_ends)) break;
       if (!queue_.empty()) {  // replies the peer has not read: its requests wait
         read_paused_ = true;
         return;
@@ -256,15 +271,20 @@ void PeerConnection::on_readable() {
       if (s == FramedReader::Status::again) {
         if (reader_.partial()) arm_deadline();
         if (on_idle_) on_idle_();
+        more = false;
         break;
       }
       message_done();
       on_message_(reader_);
     }
-    // A batch's end with messages read ahead: the socket will not wake
-    // this for them, so it comes back after the other handlers' turn.
-    if (fd_.get() == fd && reader_.buffered() && queue_.empty()) {
-      continue_later();
+    // The turn is over with more to read (read ahead, or in the socket):
+    // it comes back after the other handlers' turn, whether or not the
+    // socket has anything new to wake it for.
+    if (more && fd_.get() == fd) {
+      if (queue_.empty())
+        continue_later();
+      else
+        read_paused_ = true;  // the queue's drain resumes it (flush)
       return;
     }
   } catch (const FramingError& e) {
@@ -379,6 +399,17 @@ void PeerConnection::flush() {
     read_paused_ = false;
     on_readable();  // what came meanwhile may be in the socket already
   }
+}
+
+bool PeerConnection::settle_if_closed() {
+  if (!fd_) return true;
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) != 1 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return false;
+  // What is left is finite (the socket's buffer and what was read ahead):
+  // turn after turn until its end, unless replies wait for a peer that
+  // still reads (a half close).
+  for (int turns = 0; fd_ && !read_paused_ && turns < 4096; ++turns) on_readable();
+  return !fd_;
 }
 
 bool PeerConnection::read_blocking(std::chrono::steady_clock::time_point deadline) {

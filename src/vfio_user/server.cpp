@@ -77,7 +77,7 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
             client_pid_ = peer.pid;
             adopt(std::move(fd));
           },
-          [this] { return conn_.connected(); },
+          [this] { return conn_.connected() && !conn_.settle_if_closed(); },
           [this](UniqueFd, const std::string& why) {
             ++stats_.refused_peers;
             stats_.last_error = why;

@@ -163,7 +163,8 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& 
   listener_ = std::make_unique<UnixListener>(
       io, path_,
       UnixListener::Options{"vhost-user: " + device_.name(), "the device's allowed_uids", 0660, allowed_uids_},
-      [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); }, [this] { return conn_.connected(); },
+      [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); },
+      [this] { return conn_.connected() && !conn_.settle_if_closed(); },
       [this](UniqueFd, const std::string& why) {
         ++stats_.refused_peers;
         stats_.last_error = why;

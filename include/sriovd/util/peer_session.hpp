@@ -224,6 +224,12 @@ class PeerConnection {
   // Ends the connection now (on_end is called with `why`).
   void end(const std::string& why, bool framing = false);
   [[nodiscard]] bool connected() const { return fd_.valid(); }
+  // For a one-client server asked to admit another: when the peer has
+  // closed its end, what it sent before is served now and the connection
+  // ends (true), so a client that reconnects at once is not refused
+  // because the old one's end had not had its turn yet. False while the
+  // peer is there.
+  bool settle_if_closed();
   [[nodiscard]] int fd() const { return fd_.get(); }
   [[nodiscard]] FramedReader& reader() { return reader_; }
   [[nodiscard]] std::chrono::milliseconds deadline() const { return deadline_; }
