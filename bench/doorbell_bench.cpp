@@ -59,6 +59,7 @@
 #include "sriovd/util/session_threads.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
 #include "sriovd/vfio_user/server.hpp"
+#include "support/bar_device.hpp"
 
 using namespace sriovd;
 using namespace sriovd::vfio_user;
@@ -67,42 +68,32 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A device whose BAR0 writes are doorbells: each one kicks the eventfd
-// its worker waits on (what virtio-pci's notify does).
-class DoorbellDevice : public ExportedDevice {
+// its worker waits on (what virtio-pci's notify does), and is counted.
+class DoorbellDevice : public test::BarDevice {
  public:
-  DoorbellDevice() : kick_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  DoorbellDevice() : BarDevice("doorbell"), kick_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     if (!kick_) throw std::runtime_error("eventfd");
   }
-  [[nodiscard]] const std::string& name() const override { return name_; }
-  RegionDescription region(uint32_t index) override {
-    RegionDescription r;
-    if (index == 0) {
-      r.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
-      r.size = 4096;
-    }
-    return r;
-  }
-  void read(uint32_t, uint64_t, std::span<uint8_t> data) override { std::fill(data.begin(), data.end(), 0); }
   void write(uint32_t, uint64_t, std::span<const uint8_t>) override {
     const uint64_t one = 1;
     (void)!::write(kick_.get(), &one, sizeof one);
     counted_.fetch_add(1, std::memory_order_relaxed);
   }
   [[nodiscard]] uint64_t counted() const { return counted_.load(std::memory_order_relaxed); }
-  vfio::IrqInfo irq(uint32_t index) override { return {index, 0, 0}; }
-  void set_irq_eventfds(uint32_t, uint32_t, std::vector<UniqueFd>) override {}
-  void disable_irqs(uint32_t) override {}
-  void mask_irq(uint32_t, uint32_t, bool) override {}
-  void trigger_irq(uint32_t, uint32_t) override {}
-  void reset() override {}
-  void client_gone() override {}
   [[nodiscard]] int kick() const { return kick_.get(); }
 
  private:
-  std::string name_ = "doorbell";
   std::atomic<uint64_t> counted_{0};
   UniqueFd kick_;
 };
+
+using Export = test::SessionExport<DoorbellDevice>;
+using test::Doorbell;
+using test::doorbell;
+
+void send_all(int fd, const void* data, size_t size) {
+  if (!test::send_all(fd, data, size)) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
+}
 
 double thread_cpu_us(pthread_t t) {
   clockid_t id;
@@ -116,32 +107,6 @@ double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-// One posted 4-byte REGION_WRITE (No_reply) at BAR0 + 0x10, as the wire
-// carries it.
-using Doorbell = std::array<uint8_t, 36>;
-static_assert(sizeof(Doorbell) == 36);
-Doorbell doorbell() {
-  Doorbell d{};
-  const Header h{0, kRegionWrite, 36, kNoReply, 0};
-  const RegionAccess a{0x10, 0, 4};
-  const uint32_t value = 1;
-  std::memcpy(d.data(), &h, sizeof h);
-  std::memcpy(d.data() + sizeof h, &a, sizeof a);
-  std::memcpy(d.data() + sizeof h + sizeof a, &value, sizeof value);
-  return d;
-}
-
-void send_all(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 // The kicks a worker thread sees (it waits in poll, as a queue worker does).
@@ -237,13 +202,6 @@ void storm_until(int fd, const std::atomic<bool>& stop) {
   } catch (const std::exception&) {
   }
 }
-
-struct Export {
-  DoorbellDevice device;
-  OnSession<Server> server;
-  Export(SessionThread& t, const std::string& path)
-      : server(make_on_session(t, [&] { return std::make_unique<Server>(t.io(), path, device); })) {}
-};
 
 std::string socket_path(const std::string& what, int i) {
   return "/tmp/sriovd-bench-doorbell-" + std::to_string(::getpid()) + "-" + what + std::to_string(i) + ".sock";

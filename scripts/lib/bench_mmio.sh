@@ -76,19 +76,7 @@ boot() {
     -display none -nodefaults -no-reboot -serial "file:$log" </dev/null >"$log.qemu" 2>&1 &
   local qemu=$!
   pids+=("$qemu")
-  local timeout=$((300 + runs * (seconds + 5)))
-  for _ in $(seq "$timeout"); do
-    grep -q '^VMTEST \(PASS\|FAIL\) bench-mmio' "$log" 2>/dev/null && break
-    kill -0 "$qemu" 2>/dev/null || break
-    sleep 1
-  done
-  grep -E '^VMTEST (INFO|BENCH|FAIL)' "$log" | sed "s/^/  $transport: /" >&2
-  if ! grep -q '^VMTEST PASS bench-mmio' "$log" || grep -q '^VMTEST FAIL' "$log"; then
-    echo "bench mmio: the $transport guest's run failed; console:" >&2
-    tail -n 40 "$log" >&2
-    cat "$log.qemu" >&2
-    return 1
-  fi
+  guest_bench_wait "$log" bench-mmio "$qemu" $((300 + runs * (seconds + 5))) "$transport: " || return 1
   kill "$qemu" 2>/dev/null || true
   wait "$qemu" 2>/dev/null || true
 }

@@ -85,19 +85,7 @@ pids+=("$qemu")
 for _ in $(seq 200); do ip link show "sdbqq$tag" >/dev/null 2>&1 && break; sleep 0.1; done
 ip link set "sdbqq$tag" netns "$ns_q" || { echo "bench qemu: QEMU's tap did not appear" >&2; cat "$log.qemu" >&2; exit 1; }
 server "$ns_q" "sdbqq$tag" 81
-timeout=$((300 + runs * 6 * (seconds + 5)))
-for _ in $(seq "$timeout"); do
-  grep -q '^VMTEST \(PASS\|FAIL\) bench-qemu' "$log" 2>/dev/null && break
-  kill -0 "$qemu" 2>/dev/null || break
-  sleep 1
-done
-grep -E '^VMTEST (INFO|BENCH|FAIL)' "$log" | sed 's/^/  /' >&2
-if ! grep -q '^VMTEST PASS bench-qemu' "$log" || grep -q '^VMTEST FAIL' "$log"; then
-  echo "bench qemu: the guest's run failed; console:" >&2
-  tail -n 40 "$log" >&2
-  cat "$log.qemu" >&2
-  exit 1
-fi
+guest_bench_wait "$log" bench-qemu "$qemu" $((300 + runs * 6 * (seconds + 5))) "" || exit 1
 # Where sriovd's time goes: per device, packets, the driver's kicks and
 # the device's interrupts (notifies) over the whole run, and vfio-user
 # messages (every doorbell of QEMU's client is one).

@@ -61,3 +61,23 @@ control:
   socket: $2
 CONF
 }
+
+# guest_bench_wait LOG SCENARIO QEMU_PID TIMEOUT PREFIX: waits (up to
+# TIMEOUT s, or until QEMU exits) for the guest's scenario to say PASS or
+# FAIL on its console LOG, shows its INFO/BENCH/FAIL lines on stderr after
+# PREFIX, and fails with the console's end when it did not pass.
+guest_bench_wait() {
+  local log=$1 scenario=$2 qemu=$3 timeout=$4 prefix=$5
+  for _ in $(seq "$timeout"); do
+    grep -q "^VMTEST \(PASS\|FAIL\) $scenario" "$log" 2>/dev/null && break
+    kill -0 "$qemu" 2>/dev/null || break
+    sleep 1
+  done
+  grep -E '^VMTEST (INFO|BENCH|FAIL)' "$log" | sed "s/^/  $prefix/" >&2
+  if ! grep -q "^VMTEST PASS $scenario" "$log" || grep -q '^VMTEST FAIL' "$log"; then
+    echo "$scenario: the guest's run failed; console:" >&2
+    tail -n 40 "$log" >&2
+    cat "$log.qemu" >&2
+    return 1
+  fi
+}

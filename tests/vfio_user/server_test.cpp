@@ -29,6 +29,7 @@
 #include "sriovd/vfio_user/vf_proxy.hpp"
 #include "support/peer_backing.hpp"
 #include "support/alloc_count.hpp"
+#include "support/bar_device.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -1044,28 +1045,11 @@ TEST_F(VfProxyDirect, DirectBindBypassesTheRelay) {
 
 // A device model that asks the client for memory it shared without an fd:
 // the server's DMA_READ/WRITE, served by the client while it waits.
-class DmaDevice : public ExportedDevice {
+class DmaDevice : public test::BarDevice {
  public:
-  const std::string& name() const override { return name_; }
-  RegionDescription region(uint32_t index) override {
-    RegionDescription d;
-    if (index == 0) {
-      d.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
-      d.size = 4096;
-    }
-    return d;
-  }
-  void read(uint32_t, uint64_t, std::span<uint8_t> data) override { std::fill(data.begin(), data.end(), 0); }
+  DmaDevice() : BarDevice("dma-model") {}
   void write(uint32_t, uint64_t offset, std::span<const uint8_t>) override { on_write(offset); }
-  vfio::IrqInfo irq(uint32_t index) override { return {index, 0, 0}; }
-  void set_irq_eventfds(uint32_t, uint32_t, std::vector<UniqueFd>) override {}
-  void disable_irqs(uint32_t) override {}
-  void mask_irq(uint32_t, uint32_t, bool) override {}
-  void trigger_irq(uint32_t, uint32_t) override {}
-  void reset() override {}
-  void client_gone() override {}
   std::function<void(uint64_t)> on_write;
-  std::string name_ = "dma-model";
 };
 
 TEST(VfioUserServer, DmaReadWriteForMemoryWithoutAnFd) {

@@ -19,6 +19,7 @@
 #include "sriovd/vfio_user/protocol.hpp"
 #include "sriovd/vfio_user/server.hpp"
 #include "support/alloc_count.hpp"
+#include "support/bar_device.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -27,20 +28,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// BAR0 of 4 KiB: a write counts as a doorbell; a write at 0x100 waits
-// until the test lets it go (a device stuck in its handler).
-class CountingDevice : public ExportedDevice {
+// A write counts as a doorbell; a write at 0x100 waits until the test
+// lets it go (a device stuck in its handler).
+class CountingDevice : public test::BarDevice {
  public:
-  [[nodiscard]] const std::string& name() const override { return name_; }
-  RegionDescription region(uint32_t index) override {
-    RegionDescription r;
-    if (index == 0) {
-      r.flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
-      r.size = 4096;
-    }
-    return r;
-  }
-  void read(uint32_t, uint64_t, std::span<uint8_t> data) override { std::fill(data.begin(), data.end(), 0); }
+  CountingDevice() : BarDevice("counting") {}
   void write(uint32_t, uint64_t offset, std::span<const uint8_t>) override {
     if (offset == 0x100) {
       std::unique_lock lock(mutex_);
@@ -50,14 +42,6 @@ class CountingDevice : public ExportedDevice {
     }
     writes.fetch_add(1, std::memory_order_relaxed);
   }
-  vfio::IrqInfo irq(uint32_t index) override { return {index, 0, 0}; }
-  void set_irq_eventfds(uint32_t, uint32_t, std::vector<UniqueFd>) override {}
-  void disable_irqs(uint32_t) override {}
-  void mask_irq(uint32_t, uint32_t, bool) override {}
-  void trigger_irq(uint32_t, uint32_t) override {}
-  void reset() override {}
-  void client_gone() override {}
-
   bool stuck() {
     std::lock_guard lock(mutex_);
     return stuck_;
@@ -70,46 +54,16 @@ class CountingDevice : public ExportedDevice {
   std::atomic<uint64_t> writes{0};
 
  private:
-  std::string name_ = "counting";
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stuck_ = false;
   bool released_ = false;
 };
 
-// One posted 4-byte REGION_WRITE (No_reply) at BAR0 + 0x10, as the wire
-// carries it.
-using Doorbell = std::array<uint8_t, 36>;
-static_assert(sizeof(Doorbell) == 36);
-Doorbell doorbell() {
-  Doorbell d{};
-  const Header h{0, kRegionWrite, 36, kNoReply, 0};
-  const RegionAccess a{0x10, 0, 4};
-  const uint32_t value = 1;
-  std::memcpy(d.data(), &h, sizeof h);
-  std::memcpy(d.data() + sizeof h, &a, sizeof a);
-  std::memcpy(d.data() + sizeof h + sizeof a, &value, sizeof value);
-  return d;
-}
-
-bool send_all(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-struct Export {
-  CountingDevice device;
-  OnSession<Server> server;
-  Export(SessionThread& t, const std::string& path)
-      : server(make_on_session(t, [&] { return std::make_unique<Server>(t.io(), path, device); })) {}
-};
+using Export = test::SessionExport<CountingDevice>;
+using test::Doorbell;
+using test::doorbell;
+using test::send_all;
 
 // A flooding client sends doorbells without pause; another tenant on the
 // same thread is served between its batches, while the flood goes on.
