@@ -59,10 +59,6 @@ void SessionThread::set_poll_window(PollWindow::ns window) {
   call([&] { loop_.set_max_window(window); });
 }
 
-PollStats SessionThread::poll_stats() {
-  return call([&] { return loop_.stats(); });
-}
-
 unsigned SessionPool::usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

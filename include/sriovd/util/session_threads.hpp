@@ -59,9 +59,8 @@ class SessionThread {
     return done.get();
   }
 
-  // control.poll_us after a reload; the loop's counters.
+  // control.poll_us after a reload.
   void set_poll_window(PollWindow::ns window);
-  [[nodiscard]] PollStats poll_stats();
   // The CPU time the thread has used (its thread CPU clock; any thread).
   [[nodiscard]] uint64_t cpu_ns() const;
 
