@@ -39,6 +39,37 @@ UnixListener::UnixListener(asio::io_context& io, std::string path, Options optio
   accept_next();
 }
 
+UnixListener::UnixListener(asio::io_context& io, SocketFile adopted, Options options, Admit admit, Busy busy,
+                           Refuse refuse)
+    : path_(adopted.path()),
+      options_(std::move(options)),
+      admit_(std::move(admit)),
+      busy_(std::move(busy)),
+      refuse_(std::move(refuse)),
+      acceptor_(io),
+      file_(std::move(adopted)),
+      retry_(io) {
+  UniqueFd fd = file_.take_listener();
+  acceptor_.assign(asio::local::stream_protocol(), fd.get());
+  (void)fd.release();
+  accept_next();
+}
+
+UnixListener::Handed UnixListener::pause_for_handover() {
+  Handed h{dup_fd(acceptor_.native_handle(), options_.what), file_.dup_handle()};
+  boost::system::error_code ignored;
+  acceptor_.cancel(ignored);
+  retry_.cancel();
+  paused_ = true;
+  return h;
+}
+
+void UnixListener::resume() {
+  if (!std::exchange(paused_, false)) return;
+  for (auto& fd : std::exchange(held_, {})) admit_or_refuse(std::move(fd));
+  accept_next();
+}
+
 UnixListener::~UnixListener() {
   boost::system::error_code ignored;
   retry_.cancel();
@@ -56,6 +87,17 @@ void UnixListener::accept_next() {
     if (std::exchange(failing_, false))
       spdlog::info("{}: accepting again ({} failed accepts meanwhile)", options_.what, accept_failures_);
     UniqueFd fd(socket.release());
+    if (paused_) {  // accepted just before a handover paused the listener: admitted if it resumes
+      held_.push_back(std::move(fd));
+      return;
+    }
+    admit_or_refuse(std::move(fd));
+    accept_next();
+  });
+}
+
+void UnixListener::admit_or_refuse(UniqueFd fd) {
+  {
     const std::optional<ucred> peer = peer_credentials(fd.get());
     std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
     if (why.empty() && busy_ && busy_())
@@ -69,8 +111,7 @@ void UnixListener::accept_next() {
       spdlog::warn("{}: {}", options_.what, why);
       if (refuse_) refuse_(std::move(fd), why);
     }
-    accept_next();
-  });
+  }
 }
 
 void UnixListener::accept_later(const boost::system::error_code& why) {
@@ -176,6 +217,26 @@ void FramedReader::take(std::span<uint8_t> header, std::vector<uint8_t>& payload
   next_message();
 }
 
+std::vector<uint8_t> FramedReader::unframed() const {
+  std::vector<uint8_t> out;
+  out.reserve(bytes());
+  const size_t in_header = std::min(got_, header_.size());
+  out.insert(out.end(), header_.begin(), header_.begin() + static_cast<std::ptrdiff_t>(in_header));
+  if (got_ > header_.size())
+    out.insert(out.end(), payload_.begin(), payload_.begin() + static_cast<std::ptrdiff_t>(got_ - header_.size()));
+  out.insert(out.end(), ahead_.begin() + static_cast<std::ptrdiff_t>(ahead_pos_),
+             ahead_.begin() + static_cast<std::ptrdiff_t>(ahead_end_));
+  return out;
+}
+
+void FramedReader::prefill(std::span<const uint8_t> bytes) {
+  reset();
+  if (bytes.size() > ahead_.size()) ahead_.resize(bytes.size());
+  std::memcpy(ahead_.data(), bytes.data(), bytes.size());
+  ahead_end_ = bytes.size();
+  received_ = bytes.size();
+}
+
 void FramedReader::next_message() {
   msg_start_ += got_;
   payload_.clear();
@@ -253,6 +314,7 @@ void PeerConnection::continue_later() {
 }
 
 void PeerConnection::on_readable() {
+  if (frozen_) return;
   const int fd = fd_.get();
   const auto turn_ends = std::chrono::steady_clock::now() + kTurn;
   bool more = true;  // the turn ended with the peer's stream not drained
@@ -395,10 +457,44 @@ void PeerConnection::flush() {
   }
   drain_timer_.cancel();
   ++drain_seq_;
-  if (read_paused_ && watch_) {
+  if (read_paused_ && watch_ && !frozen_) {
     read_paused_ = false;
     on_readable();  // what came meanwhile may be in the socket already
   }
+}
+
+PeerConnection::Frozen PeerConnection::freeze() {
+  if (!fd_) throw std::runtime_error("no connection");
+  if (!queue_.empty())
+    throw std::runtime_error(std::to_string(queued_bytes_) + " bytes of replies not taken by the peer yet");
+  if (reader_.holds_fds()) throw std::runtime_error("fds of a message not handled yet");
+  Frozen f{dup_fd(fd_.get(), "a peer's connection"), reader_.unframed()};
+  boost::system::error_code ignored;
+  if (watch_) watch_->cancel(ignored);
+  read_armed_ = false;
+  timer_.cancel();
+  timer_armed_ = false;
+  ++message_seq_;
+  ++generation_;  // a posted continuation does nothing
+  frozen_ = true;
+  return f;
+}
+
+void PeerConnection::thaw() {
+  if (!frozen_) return;
+  frozen_ = false;
+  if (!fd_ || !watch_) return;
+  if (reader_.partial()) arm_deadline();
+  if (reader_.buffered()) continue_later();
+  if (!read_paused_) wait_readable();
+}
+
+void PeerConnection::adopt(UniqueFd fd, std::span<const uint8_t> unframed) {
+  adopt(std::move(fd));
+  if (unframed.empty()) return;
+  reader_.prefill(unframed);
+  arm_deadline();
+  continue_later();
 }
 
 bool PeerConnection::settle_if_closed() {
@@ -453,6 +549,7 @@ void PeerConnection::close() {
   queue_.clear();
   queued_bytes_ = 0;
   read_paused_ = false;
+  frozen_ = false;
   write_armed_ = false;
   read_armed_ = false;
   ++message_seq_;

@@ -40,6 +40,13 @@ void remove_stale(const std::string& path, const std::string& what) {
 
 }  // namespace
 
+UniqueFd dup_fd(int fd, const std::string& what) {
+  if (fd < 0) return {};
+  UniqueFd d(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
+  if (!d) throw_errno("duplicating " + what);
+  return d;
+}
+
 // ---- SocketFile ------------------------------------------------------------
 
 namespace {
@@ -131,6 +138,34 @@ void SocketFile::set_access(const SocketAccess& access) const {
 
 void SocketFile::remove() const {
   if (dir_ && same_file(dir_.get(), base_.c_str(), dev_, ino_)) ::unlinkat(dir_.get(), base_.c_str(), 0);
+}
+
+UniqueFd SocketFile::dup_handle() const { return dup_fd(handle_.get(), "the handle of " + what_ + " " + path_); }
+
+SocketFile SocketFile::adopt(const std::string& path, const std::string& what, UniqueFd listener, UniqueFd handle) {
+  SocketFile f;
+  f.path_ = path;
+  f.what_ = what;
+  const std::filesystem::path p(path);
+  f.base_ = p.filename().string();
+  int accepting = 0;
+  socklen_t len = sizeof accepting;
+  sockaddr_un addr{};
+  socklen_t alen = sizeof addr;
+  if (!listener || ::getsockopt(listener.get(), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting ||
+      ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &alen) != 0 || addr.sun_family != AF_UNIX)
+    throw std::runtime_error(what + " " + path + ": the handed-over fd is not a listening Unix socket");
+  struct stat st {};
+  if (!handle || ::fstat(handle.get(), &st) != 0 || !S_ISSOCK(st.st_mode))
+    throw std::runtime_error(what + " " + path + ": the handed-over handle is not a socket file");
+  f.dir_.reset(::open(p.parent_path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!f.dir_ || !same_file(f.dir_.get(), f.base_.c_str(), st.st_dev, st.st_ino))
+    throw std::runtime_error(what + " " + path + ": the path no longer names the handed-over socket");
+  f.dev_ = st.st_dev;
+  f.ino_ = st.st_ino;
+  f.listener_ = std::move(listener);
+  f.handle_ = std::move(handle);
+  return f;
 }
 
 SocketFile listen_unix(asio::local::stream_protocol::acceptor& acceptor, const std::string& path,

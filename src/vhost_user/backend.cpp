@@ -128,11 +128,31 @@ void Backend::CallRoutes::clear() {
 
 Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine, Mode mode,
                  std::vector<uid_t> allowed_uids)
+    : Backend(io, std::move(socket_path), device, engine, mode, std::move(allowed_uids), BackendHandover{}) {}
+
+void Backend::make_listener(std::optional<SocketFile> adopted) {
+  UnixListener::Options options{"vhost-user: " + device_.name(), "the device's allowed_uids", 0660, allowed_uids_};
+  auto admit = [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); };
+  auto busy = [this] { return conn_.connected() && !conn_.settle_if_closed(); };
+  auto refuse = [this](UniqueFd, const std::string& why) {
+    ++stats_.refused_peers;
+    stats_.last_error = why;
+  };
+  asio::io_context& io = io_;
+  listener_ = adopted ? std::make_unique<UnixListener>(io, std::move(*adopted), options, admit, busy, refuse)
+                      : std::make_unique<UnixListener>(io, path_, options, admit, busy, refuse);
+  spdlog::info("vhost-user: {} {} {}", device_.name(), adopted ? "listening again (handed over) on" : "listening on",
+               path_);
+}
+
+Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine, Mode mode,
+                 std::vector<uid_t> allowed_uids, BackendHandover handover)
     : path_(std::move(socket_path)),
       device_(device),
       calls_(engine, device),
       mode_(mode),
       allowed_uids_(std::move(allowed_uids)),
+      io_(io),
       retry_(io),
       err_fds_(device.num_queues()),
       miss_watch_(io, ::dup(iotlb_.miss_fd())),
@@ -154,22 +174,19 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& 
           // The IOTLB updates of a burst become visible to the workers at once.
           [this] { publish_translations(); }) {
   memory_.set_quota(&quota_);
+  kick_fds_.resize(device_.num_queues());
+  call_fds_.resize(device_.num_queues());
   watch_misses();
+  if (!handover.device.empty()) {
+    take_over(handover);
+    return;
+  }
   if (mode_ == Mode::client) {
     spdlog::info("vhost-user: {} connecting to {}", device_.name(), path_);
     try_connect();
     return;
   }
-  listener_ = std::make_unique<UnixListener>(
-      io, path_,
-      UnixListener::Options{"vhost-user: " + device_.name(), "the device's allowed_uids", 0660, allowed_uids_},
-      [this](UniqueFd fd, const ucred&) { adopt(std::move(fd)); },
-      [this] { return conn_.connected() && !conn_.settle_if_closed(); },
-      [this](UniqueFd, const std::string& why) {
-        ++stats_.refused_peers;
-        stats_.last_error = why;
-      });
-  spdlog::info("vhost-user: {} listening on {}", device_.name(), path_);
+  make_listener(std::nullopt);
 }
 
 void Backend::set_allowed_uids(std::vector<uid_t> uids) {
@@ -429,9 +446,11 @@ bool Backend::set_mem_table(Message& m) {
   quiesce("SET_MEM_TABLE");
   device_.set_memory(nullptr);
   memory_.clear();
+  held_regions_.clear();
   for (uint32_t i = 0; i < t.nregions; ++i) {
     const MemRegion& reg = t.regions[i];
     memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
+    held_regions_.push_back({reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[i])});
   }
   device_.set_memory(&memory_);
   install_log();  // the log must cover the new table
@@ -496,10 +515,12 @@ bool Backend::set_vring_fd(Message& m) {
   if (m.hdr.request == kSetVringKick) {
     if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
     device_.stop();
+    kick_fds_[q] = dup_fd(fd.get(), "a kick eventfd");
     device_.set_queue_kick(q, std::move(fd));
     // Without protocol features a ring starts when its kick fd arrives.
     if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
   } else if (m.hdr.request == kSetVringCall) {
+    call_fds_[q] = dup_fd(fd.get(), "a call eventfd");
     calls_.set(q, std::move(fd));
   } else {
     // Never signalled (the device reports no ring errors), but held: one
@@ -559,8 +580,12 @@ bool Backend::mem_reg(Message& m) {
     if (memory_.regions().size() >= kMaxRegions)
       throw ProtocolError("ADD_MEM_REG beyond " + std::to_string(kMaxRegions) + " memory slots");
     memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[0].get(), reg.mmap_offset);
+    held_regions_.push_back({reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[0])});
   } else if (!memory_.remove_region(reg.guest_addr, reg.size)) {
     throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
+  } else {
+    std::erase_if(held_regions_,
+                  [&](const HeldRegion& h) { return h.guest_addr == reg.guest_addr && h.size == reg.size; });
   }
   device_.set_memory(&memory_);
   install_log();
@@ -638,6 +663,10 @@ bool Backend::set_inflight(Message& m) {
   // Sealed or not, a fault there fails this connection, not the daemon.
   inflight_ = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
   device_.set_inflight(inflight_.data(), d.num_queues, d.queue_size);
+  inflight_fd_ = std::move(m.fds[0]);
+  inflight_offset_ = d.mmap_offset;
+  inflight_queues_ = d.num_queues;
+  inflight_queue_size_ = d.queue_size;
   log_limited(log_limits_.inflight, spdlog::level::info, "vhost-user: {}: inflight buffer for {} queues of {}",
               device_.name(), d.num_queues, d.queue_size);
   return false;
@@ -648,6 +677,7 @@ void Backend::drop_inflight() {
   if (device_.wedged()) return;  // its worker may still mark chains in it
   device_.set_inflight(nullptr, 0, 0);
   inflight_.reset();
+  inflight_fd_.reset();
 }
 
 // A buffer of the front-end's (the inflight buffer, the dirty log): exactly
@@ -797,6 +827,9 @@ void Backend::release_session() {
   log_fd_.reset();
   device_.reset();
   calls_.clear();
+  for (auto& fd : call_fds_) fd.reset();
+  for (auto& fd : kick_fds_) fd.reset();
+  held_regions_.clear();
   memory_.clear();
   memory_.set_iotlb(nullptr);
   access_platform_ = false;
@@ -888,6 +921,268 @@ void Backend::send_miss() {
   } __attribute__((packed)) out{{kBackendIotlbMsg, kVersion, sizeof(IotlbMsg)}, {iova, 4096, 0, perm, kIotlbMiss, {}}};
   if (::send(backend_req_.get(), &out, sizeof out, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof out))
     spdlog::warn("vhost-user: {}: cannot send an IOTLB miss: {}", device_.name(), std::strerror(errno));
+}
+
+}  // namespace sriovd::vhost_user
+
+namespace sriovd::vhost_user {
+
+// ---- handover ----------------------------------------------------------------
+
+uint32_t BackendHandover::add_fd(UniqueFd fd) {
+  if (!fd) return kNoFd;
+  fds.push_back(std::move(fd));
+  return static_cast<uint32_t>(fds.size() - 1);
+}
+
+UniqueFd BackendHandover::take_fd(uint32_t index) {
+  if (index == kNoFd || index >= fds.size()) return {};
+  return std::move(fds[index]);
+}
+
+std::vector<uint8_t> BackendHandover::serialize() const {
+  virtio::StateWriter w;
+  w.u32(kVersion);
+  w.u8(mode);
+  w.u32(listener);
+  w.u32(listener_handle);
+  w.u32(connection);
+  w.blob(unframed);
+  w.u64(protocol_features);
+  w.u8(protocol_negotiated ? 1 : 0);
+  w.u8(status);
+  w.u8(running ? 1 : 0);
+  w.u32(static_cast<uint32_t>(regions.size()));
+  for (const Region& r : regions) {
+    w.u64(r.guest_addr);
+    w.u64(r.size);
+    w.u64(r.user_addr);
+    w.u64(r.mmap_offset);
+    w.u32(r.fd);
+  }
+  w.u32(static_cast<uint32_t>(queues.size()));
+  for (const Queue& q : queues) {
+    w.u32(q.kick);
+    w.u32(q.call);
+    w.u32(q.err);
+  }
+  w.u32(backend_req);
+  w.u32(inflight);
+  w.u64(inflight_offset);
+  w.u64(inflight_size);
+  w.u16(inflight_queues);
+  w.u16(inflight_queue_size);
+  w.blob(device);
+  return w.take();
+}
+
+BackendHandover BackendHandover::parse(std::span<const uint8_t> bytes, size_t nfds, const std::string& what) {
+  virtio::StateReader r(bytes, what);
+  BackendHandover h;
+  const uint32_t version = r.u32();
+  if (version != kVersion)
+    r.fail("a vhost-user handover of version " + std::to_string(version) + " (this sriovd reads " +
+           std::to_string(kVersion) + ")");
+  const auto fd_index = [&](const char* field) {
+    const uint32_t i = r.u32();
+    if (i != kNoFd && i >= nfds) r.fail(std::string(field) + " names fd " + std::to_string(i) + " of " + std::to_string(nfds));
+    return i;
+  };
+  h.mode = r.u8();
+  if (h.mode > 1) r.fail("mode " + std::to_string(h.mode));
+  h.listener = fd_index("the listener");
+  h.listener_handle = fd_index("the listener's handle");
+  h.connection = fd_index("the connection");
+  h.unframed = r.blob(kMaxPayload + sizeof(Header));
+  h.protocol_features = r.u64();
+  h.protocol_negotiated = r.u8() != 0;
+  h.status = r.u8();
+  h.running = r.u8() != 0;
+  const uint32_t nregions = r.u32();
+  if (nregions > kMaxRegions) r.fail(std::to_string(nregions) + " memory regions");
+  for (uint32_t i = 0; i < nregions; ++i) {
+    Region g;
+    g.guest_addr = r.u64();
+    g.size = r.u64();
+    g.user_addr = r.u64();
+    g.mmap_offset = r.u64();
+    g.fd = fd_index("a memory region");
+    if (g.fd == kNoFd) r.fail("a memory region without its fd");
+    h.regions.push_back(g);
+  }
+  const uint32_t nqueues = r.u32();
+  if (nqueues > 1024) r.fail(std::to_string(nqueues) + " queues");
+  for (uint32_t i = 0; i < nqueues; ++i) {
+    Queue q;
+    q.kick = fd_index("a kick fd");
+    q.call = fd_index("a call fd");
+    q.err = fd_index("an error fd");
+    h.queues.push_back(q);
+  }
+  h.backend_req = fd_index("the back-end channel");
+  h.inflight = fd_index("the inflight buffer");
+  h.inflight_offset = r.u64();
+  h.inflight_size = r.u64();
+  h.inflight_queues = r.u16();
+  h.inflight_queue_size = r.u16();
+  h.device = r.blob(16U << 20U);
+  r.end();
+  return h;
+}
+
+BackendHandover Backend::freeze_for_handover() {
+  if (frozen_) throw HandoverRefused("it is being handed over already");
+  if (release_pending_ || device_.wedged())
+    throw HandoverRefused("the device's worker has not stopped since it was asked to");
+  if (log_all_ || log_) throw HandoverRefused("a live migration is logging the device's writes");
+  if (access_platform_)
+    throw HandoverRefused("VIRTIO_F_ACCESS_PLATFORM is negotiated (the IOTLB's translations are not handed over)");
+  BackendHandover h;
+  h.mode = static_cast<uint8_t>(mode_);
+  if (conn_.connected()) {
+    try {
+      PeerConnection::Frozen f = conn_.freeze();
+      h.connection = h.add_fd(std::move(f.fd));
+      h.unframed = std::move(f.unframed);
+    } catch (const std::exception& e) {
+      throw HandoverRefused(std::string("its connection: ") + e.what());
+    }
+  }
+  frozen_ = true;
+  was_running_ = device_.running();
+  try {
+    retry_.cancel();
+    if (listener_) {
+      UnixListener::Handed l = listener_->pause_for_handover();
+      h.listener = h.add_fd(std::move(l.listener));
+      h.listener_handle = h.add_fd(std::move(l.handle));
+    }
+    if (conn_.connected()) {
+      device_.stop();
+      if (device_.wedged()) throw HandoverRefused("the device's worker did not stop");
+      h.device = device_.save_state().serialize();
+      h.running = was_running_;
+      h.protocol_features = protocol_features_;
+      h.protocol_negotiated = protocol_negotiated_;
+      h.status = status_;
+      for (const HeldRegion& r : held_regions_)
+        h.regions.push_back({r.guest_addr, r.size, r.user_addr, r.mmap_offset,
+                             h.add_fd(dup_fd(r.fd.get(), "a memory region's fd"))});
+      for (unsigned q = 0; q < device_.num_queues(); ++q)
+        h.queues.push_back({h.add_fd(dup_fd(kick_fds_[q].get(), "a kick fd")),
+                            h.add_fd(dup_fd(call_fds_[q].get(), "a call fd")),
+                            h.add_fd(dup_fd(err_fds_[q].get(), "an error fd"))});
+      h.backend_req = h.add_fd(dup_fd(backend_req_.get(), "the back-end channel"));
+      if (inflight_) {
+        h.inflight = h.add_fd(dup_fd(inflight_fd_.get(), "the inflight buffer"));
+        h.inflight_offset = inflight_offset_;
+        h.inflight_size = inflight_.size();
+        h.inflight_queues = inflight_queues_;
+        h.inflight_queue_size = inflight_queue_size_;
+      }
+    } else {
+      // Nobody connected: the successor only listens (or connects) again.
+      h.device = device_.save_state().serialize();
+    }
+  } catch (const HandoverRefused&) {
+    thaw();
+    throw;
+  } catch (const std::exception& e) {
+    thaw();
+    throw HandoverRefused(e.what());
+  }
+  spdlog::info("vhost-user: {}: frozen for a handover ({} fds)", device_.name(), h.fds.size());
+  return h;
+}
+
+void Backend::thaw() {
+  if (!std::exchange(frozen_, false)) return;
+  if (listener_) listener_->resume();
+  conn_.thaw();
+  if (was_running_) {
+    try_start();
+    device_.kick_all();
+  }
+  if (mode_ == Mode::client && !conn_.connected()) connect_later(std::chrono::milliseconds(0));
+  spdlog::info("vhost-user: {}: the handover did not happen; serving again", device_.name());
+}
+
+void Backend::handed_over() {
+  if (listener_) listener_->forget_file();
+}
+
+void Backend::take_over(BackendHandover& h) {
+  const std::string who = "vhost-user " + device_.name() + "'s handover";
+  if (h.mode != static_cast<uint8_t>(mode_))
+    throw std::invalid_argument(who + ": a back-end in the other socket mode");
+  const virtio::DeviceState state = virtio::DeviceState::parse(h.device, who);
+  if (mode_ == Mode::server) {
+    std::optional<SocketFile> adopted;
+    if (h.listener != BackendHandover::kNoFd) {
+      try {
+        adopted = SocketFile::adopt(path_, "vhost-user socket of " + device_.name(), h.take_fd(h.listener),
+                                    h.take_fd(h.listener_handle));
+      } catch (const std::exception& e) {
+        spdlog::warn("vhost-user: {}: {}; listening on a new socket", device_.name(), e.what());
+      }
+    }
+    make_listener(std::move(adopted));
+  }
+  UniqueFd conn = h.take_fd(h.connection);
+  if (!conn) {
+    if (mode_ == Mode::client) try_connect();
+    return;
+  }
+  if (h.queues.size() != device_.num_queues())
+    throw std::invalid_argument(who + ": " + std::to_string(h.queues.size()) + " queues for a device of " +
+                                std::to_string(device_.num_queues()));
+  device_.restore_state(state);
+  protocol_features_ = h.protocol_features;
+  protocol_negotiated_ = h.protocol_negotiated;
+  status_ = h.status;
+  for (const auto& r : h.regions) {
+    UniqueFd fd = h.take_fd(r.fd);
+    memory_.add_fd_region(r.guest_addr, r.size, r.user_addr, fd.get(), r.mmap_offset);
+    held_regions_.push_back({r.guest_addr, r.size, r.user_addr, r.mmap_offset, std::move(fd)});
+  }
+  if (!h.regions.empty()) device_.set_memory(&memory_);
+  if (UniqueFd fd = h.take_fd(h.inflight)) {
+    inflight_ = map_peer_buffer(fd.get(), h.inflight_offset, h.inflight_size, who + ": the inflight buffer");
+    device_.set_inflight(inflight_.data(), h.inflight_queues, h.inflight_queue_size);
+    inflight_fd_ = std::move(fd);
+    inflight_offset_ = h.inflight_offset;
+    inflight_queues_ = h.inflight_queues;
+    inflight_queue_size_ = h.inflight_queue_size;
+  }
+  // The front-end may have changed its eventfds' flags since the
+  // predecessor checked them: checked again.
+  for (unsigned q = 0; q < device_.num_queues(); ++q) {
+    const BackendHandover::Queue& hq = h.queues[q];
+    if (UniqueFd kick = h.take_fd(hq.kick)) {
+      kick = checked_peer_eventfd(std::move(kick), who + ": queue " + std::to_string(q) + "'s kick");
+      kick_fds_[q] = dup_fd(kick.get(), "a kick eventfd");
+      device_.set_queue_kick(q, std::move(kick));
+    }
+    if (UniqueFd call = h.take_fd(hq.call)) {
+      call = checked_peer_eventfd(std::move(call), who + ": queue " + std::to_string(q) + "'s call");
+      call_fds_[q] = dup_fd(call.get(), "a call eventfd");
+      calls_.set(q, std::move(call));
+    }
+    err_fds_[q] = h.take_fd(hq.err);
+  }
+  backend_req_ = h.take_fd(h.backend_req);
+  ++stats_.connections;
+  conn_.adopt(std::move(conn), h.unframed);
+  if (h.running) {
+    try_start();
+    device_.kick_all();
+  }
+  // An interrupt the predecessor owed when it stopped is delivered now (a
+  // spurious one costs a driver a look at its used ring).
+  for (unsigned q = 0; q < device_.num_queues(); ++q)
+    if (call_fds_[q]) calls_.engine.trigger(calls_.ids[q]);
+  spdlog::info("vhost-user: {}: front-end taken over from the previous sriovd ({} regions, device {})",
+               device_.name(), h.regions.size(), h.running ? "running" : "stopped");
 }
 
 }  // namespace sriovd::vhost_user

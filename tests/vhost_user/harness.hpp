@@ -37,6 +37,13 @@ class BackendRunner {
         device(nc, engine, std::move(port)),
         backend(io, socket, device, engine, mode, std::move(allowed_uids)),
         runner([this] { io.run(); }) {}
+  // A successor's: serves the front-end `handover` came from.
+  BackendRunner(const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port, const std::string& socket,
+                BackendHandover handover, Backend::Mode mode = Backend::Mode::server)
+      : engine(no_relay()),
+        device(nc, engine, std::move(port)),
+        backend(io, socket, device, engine, mode, {}, std::move(handover)),
+        runner([this] { io.run(); }) {}
   ~BackendRunner() {
     io.stop();
     runner.join();

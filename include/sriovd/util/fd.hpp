@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <string>
 #include <utility>
 
 namespace sriovd {
@@ -35,5 +36,9 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// A close-on-exec duplicate of `fd` (-1 stays -1); throws SystemError
+// naming `what`.
+UniqueFd dup_fd(int fd, const std::string& what);
 
 }  // namespace sriovd

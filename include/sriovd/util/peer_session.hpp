@@ -68,6 +68,10 @@ class UnixListener {
   // throws).
   UnixListener(asio::io_context& io, std::string path, Options options, Admit admit, Busy busy = {},
                Refuse refuse = {});
+  // A successor's listener on its predecessor's socket (SocketFile::adopt:
+  // the socket and its file as they were, clients in its backlog kept).
+  UnixListener(asio::io_context& io, SocketFile adopted, Options options, Admit admit, Busy busy = {},
+               Refuse refuse = {});
   ~UnixListener();  // stops accepting and removes the socket file (if the path is still it)
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;
@@ -83,6 +87,16 @@ class UnixListener {
   [[nodiscard]] uint64_t refused() const { return refused_; }
   [[nodiscard]] const std::string& last_refusal() const { return last_refusal_; }
   [[nodiscard]] uint64_t accept_failures() const { return accept_failures_; }
+  // Handover: accepting stops (who connects waits in the backlog) and the
+  // listening socket and its file's handle are duplicated for the
+  // successor; resume() when the handover did not happen. forget_file():
+  // the successor has the file, whose removal is no longer this one's.
+  struct Handed {
+    UniqueFd listener, handle;
+  };
+  Handed pause_for_handover();
+  void resume();
+  void forget_file() { file_ = SocketFile(); }
 
   // After a failed accept (EMFILE: the process is out of fds) the listener
   // waits this long before it tries again: accepting at once would fail at
@@ -92,6 +106,7 @@ class UnixListener {
  private:
   void accept_next();
   void accept_later(const boost::system::error_code& why);
+  void admit_or_refuse(UniqueFd fd);
 
   std::string path_;
   Options options_;
@@ -104,6 +119,8 @@ class UnixListener {
   uint64_t refused_ = 0;
   uint64_t accept_failures_ = 0;
   bool failing_ = false;  // accepts fail: logged once until one succeeds
+  bool paused_ = false;
+  std::vector<UniqueFd> held_;  // accepted while paused
   std::string last_refusal_;
   asio::steady_timer retry_;
 };
@@ -167,6 +184,13 @@ class FramedReader {
   // Drops what has come of the current message and what was read ahead
   // (a connection that ends).
   void reset();
+  // Handover: the bytes read and not taken (the message being framed,
+  // then what was read ahead), and whether fds came with them (they cannot
+  // be handed over apart from their bytes: the handover waits). prefill():
+  // a successor's first bytes, framed before anything read from the socket.
+  [[nodiscard]] std::vector<uint8_t> unframed() const;
+  [[nodiscard]] bool holds_fds() const { return !fds_.empty() || !arrived_.empty(); }
+  void prefill(std::span<const uint8_t> bytes);
 
  private:
   void next_message();
@@ -252,6 +276,22 @@ class PeerConnection {
   // there or `deadline` passes (then throws FramingError), on the calling
   // thread. Returns false at end of stream.
   bool read_blocking(std::chrono::steady_clock::time_point deadline);
+  // Handover (daemon/handover.hpp): reading stops at a message boundary,
+  // what the peer sends waits in its socket, and the socket (duplicated)
+  // and the bytes read and not handled yet are the successor's. Throws
+  // std::runtime_error, and stays as it was, while replies are still
+  // queued for the peer or fds came with the unhandled bytes (the
+  // handover is tried again). thaw(): it did not happen; reading goes on.
+  struct Frozen {
+    UniqueFd fd;
+    std::vector<uint8_t> unframed;
+  };
+  Frozen freeze();
+  void thaw();
+  [[nodiscard]] bool frozen() const { return frozen_; }
+  // A successor's adopt: the predecessor's unhandled bytes are served
+  // first.
+  void adopt(UniqueFd fd, std::span<const uint8_t> unframed);
 
  private:
   void wait_readable();
@@ -288,6 +328,7 @@ class PeerConnection {
   bool write_armed_ = false;
   bool read_armed_ = false;
   bool read_paused_ = false;        // requests wait while replies are queued
+  bool frozen_ = false;             // handed over (freeze): nothing is read
   asio::steady_timer drain_timer_;  // the queue's deadline
   uint64_t drain_seq_ = 0;          // which queue the armed deadline belongs to
 };

@@ -51,6 +51,14 @@ class SocketFile {
   void set_access(const SocketAccess& access) const;
   // Unlinks the path if it is still this socket's file.
   void remove() const;
+  // Handover (daemon/handover.hpp): the O_PATH handle on the socket's
+  // file, duplicated for a successor, and a successor's SocketFile from
+  // its predecessor's listening socket and handle. adopt() checks that the
+  // listener is a listening Unix socket and that `path` still names the
+  // handle's file; it throws std::runtime_error naming `what` otherwise
+  // (the successor then makes a socket of its own).
+  [[nodiscard]] UniqueFd dup_handle() const;
+  static SocketFile adopt(const std::string& path, const std::string& what, UniqueFd listener, UniqueFd handle);
   [[nodiscard]] const std::string& path() const { return path_; }
 
  private:

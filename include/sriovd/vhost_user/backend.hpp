@@ -14,6 +14,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,55 @@ inline constexpr Counter<BackendStats> kMigrationCounters[] = {
     {"rarps_refused", "SEND_RARPs refused: the MAC was not the device's", &BackendStats::rarps_refused},
 };
 
+// What a successor needs to go on serving a back-end's front-end where it
+// stopped, without the front-end noticing (an upgrade in place,
+// daemon/handover.hpp): the listening socket and its file, the connection
+// and the bytes read from it and not handled yet, the shared memory, the
+// queues' eventfds, the inflight buffer, the negotiated protocol state and
+// the device's own state. Fds are indexes into `fds` (none: kNoFd).
+struct BackendHandover {
+  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kNoFd = 0xffffffff;
+  struct Region {
+    uint64_t guest_addr = 0, size = 0, user_addr = 0, mmap_offset = 0;
+    uint32_t fd = kNoFd;
+  };
+  struct Queue {
+    uint32_t kick = kNoFd, call = kNoFd, err = kNoFd;
+  };
+  uint8_t mode = 0;  // Backend::Mode
+  uint32_t listener = kNoFd, listener_handle = kNoFd;
+  uint32_t connection = kNoFd;
+  std::vector<uint8_t> unframed;
+  uint64_t protocol_features = 0;
+  bool protocol_negotiated = false;
+  uint8_t status = 0;
+  bool running = false;
+  std::vector<Region> regions;
+  std::vector<Queue> queues;
+  uint32_t backend_req = kNoFd;
+  uint32_t inflight = kNoFd;
+  uint64_t inflight_offset = 0, inflight_size = 0;
+  uint16_t inflight_queues = 0, inflight_queue_size = 0;
+  std::vector<uint8_t> device;  // virtio::DeviceState, serialized
+  std::vector<UniqueFd> fds;
+
+  // The fds travel apart (inherited across exec, or systemd's fd store):
+  // serialize() writes the rest; parse() throws std::invalid_argument
+  // naming `what` on bytes that do not fit (another version, an fd index
+  // past `nfds`).
+  [[nodiscard]] std::vector<uint8_t> serialize() const;
+  static BackendHandover parse(std::span<const uint8_t> bytes, size_t nfds, const std::string& what);
+  uint32_t add_fd(UniqueFd fd);
+  UniqueFd take_fd(uint32_t index);
+};
+
+// Why a back-end cannot be handed over now; it goes on as it was.
+class HandoverRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Backend {
  public:
   enum class Mode { server, client };
@@ -63,6 +115,14 @@ class Backend {
   // notifications (the front-end's call eventfds are their sinks).
   Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine,
           Mode mode = Mode::server, std::vector<uid_t> allowed_uids = {});
+  // A successor's back-end: serves the front-end of `handover` where its
+  // predecessor stopped (the socket, the connection, memory, rings and
+  // the device as they were), and delivers each queue's interrupt once
+  // (one the predecessor may not have sent before it stopped). Throws
+  // std::invalid_argument when the handover does not fit this device (its
+  // fds are closed then, and the front-end sees its connection end).
+  Backend(asio::io_context& io, std::string socket_path, virtio::Device& device, irq::Engine& engine, Mode mode,
+          std::vector<uid_t> allowed_uids, BackendHandover handover);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -86,6 +146,20 @@ class Backend {
   // The device configuration changed (the link): tells the front-end on
   // the back-end channel when CONFIG was negotiated.
   void config_changed();
+
+  // Handover: the device stops (the data path waits from here to the
+  // successor's start), the front-end's next messages and connections
+  // wait in their sockets, and what a successor needs is returned, fds
+  // duplicated: nothing is given up yet. Throws HandoverRefused, and goes
+  // on as it was, while it cannot be handed over (a live migration's
+  // dirty log, an IOMMU's translations, a stuck worker, replies the
+  // front-end has not read). thaw(): the handover did not happen; serving
+  // goes on. handed_over(): the successor serves it now; this back-end's
+  // end removes nothing the front-end sees (the socket file).
+  BackendHandover freeze_for_handover();
+  void thaw();
+  void handed_over();
+  [[nodiscard]] bool frozen() const { return frozen_; }
 
  private:
   struct Message;
@@ -137,6 +211,8 @@ class Backend {
   bool send_rarp(Message& m);
   void install_log();
   void drop_log();
+  void take_over(BackendHandover& h);
+  void make_listener(std::optional<SocketFile> adopted);
   [[nodiscard]] uint64_t offered_protocol() const;
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
   void drop_inflight();
@@ -168,6 +244,7 @@ class Backend {
   CallRoutes calls_;
   Mode mode_;
   std::vector<uid_t> allowed_uids_;
+  asio::io_context& io_;
   asio::steady_timer retry_;
   PeerMemoryQuota quota_;  // what one front-end may make the daemon map (outlives the mappings below)
   virtio::GuestMemory memory_;
@@ -186,6 +263,20 @@ class Backend {
     LogLimit rarp, logging, log_base, inflight;
   } log_limits_;
   PeerMemory inflight_;  // the front-end's inflight buffer, as it declared it
+  // What a handover passes on that the mappings and the device do not
+  // keep: each region's fd and layout, the queues' kick and call fds, the
+  // inflight buffer's fd and layout.
+  struct HeldRegion {
+    uint64_t guest_addr, size, user_addr, mmap_offset;
+    UniqueFd fd;
+  };
+  std::vector<HeldRegion> held_regions_;
+  std::vector<UniqueFd> kick_fds_, call_fds_;
+  UniqueFd inflight_fd_;
+  uint64_t inflight_offset_ = 0;
+  uint16_t inflight_queues_ = 0, inflight_queue_size_ = 0;
+  bool frozen_ = false;
+  bool was_running_ = false;  // before the freeze
   // The dirty log (SET_LOG_BASE), mapped; in memory_ while VHOST_F_LOG_ALL
   // is negotiated (install_log).
   bool log_all_ = false;
