@@ -1,5 +1,6 @@
 // sriovctl: talks to a running sriovd over its control socket.
 #include <cstdio>
+#include <thread>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -163,7 +164,65 @@ struct Args {
   std::string udev_action, udev_device, udev_pf;
   bool udev_env = false;
   std::string link_pf, link_state;
+  std::string upgrade_binary;
+  bool upgrade_force = false;
 };
+
+
+// `upgrade`: the daemon replies (or its connection ends with the exec),
+// then the successor - the same PID - answers `status` with what it took
+// over from that PID.
+int run_upgrade(const json& request, const Args& a) {
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(a.timeout_s * 1000));
+  int pid = 0;
+  json reply;
+  try {
+    sriovd::control::Client client(a.socket, timeout);
+    pid = client.request({{"cmd", "status"}})["result"].value("pid", 0);
+    reply = client.request(request);
+  } catch (const std::exception& e) {
+    if (pid == 0) {
+      std::fprintf(stderr, "sriovctl: %s\n", e.what());
+      return kExitUnreachable;
+    }
+    reply = json::object();  // the exec closed the connection before the reply came
+  }
+  if (reply.contains("ok") && !reply.value("ok", false)) {
+    std::fprintf(stderr, "sriovctl: upgrade: %s\n", field(reply["error"], "message").c_str());
+    return kExitFailed;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    json status;
+    try {
+      sriovd::control::Client client(a.socket, timeout);
+      status = client.request({{"cmd", "status"}})["result"];
+    } catch (const std::exception&) {
+      continue;  // the successor is not listening yet
+    }
+    const json& h = status["handover"];
+    if (!h.is_object() || h.value("from_pid", 0) != pid || status.value("pid", 0) != pid) {
+      if (status.value("pid", 0) != pid) {
+        std::fprintf(stderr, "sriovctl: upgrade: another sriovd (pid %d) answers now\n", status.value("pid", 0));
+        return kExitFailed;
+      }
+      continue;
+    }
+    if (a.as_json) {
+      std::printf("%s\n", status.dump(2).c_str());
+    } else {
+      std::printf("upgraded in place: sriovd %s, pid %d; took over %zu virtio device(s)\n",
+                  field(status, "version").c_str(), pid, h["virtio_devices"].size());
+      for (const auto& n : h["virtio_devices"]) std::printf("  %s\n", n.get<std::string>().c_str());
+      if (reply.contains("result"))
+        for (const auto& n : reply["result"]["served_afresh"]) std::printf("  served afresh: %s\n", n.get<std::string>().c_str());
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "sriovctl: upgrade: no answer from the upgraded sriovd (pid %d) within 60 s\n", pid);
+  return kExitFailed;
+}
 
 void add_commands(CLI::App& app, Args& a) {
   app.require_subcommand(1);
@@ -196,6 +255,11 @@ void add_commands(CLI::App& app, Args& a) {
   auto* link = app.add_subcommand("simulate-link", "simulated host only: a PF's link goes down or comes back");
   link->add_option("pf", a.link_pf, "the PF's address")->required();
   link->add_option("state", a.link_state, "up or down")->required()->check(CLI::IsMember({"up", "down"}));
+  auto* upgrade = app.add_subcommand(
+      "upgrade", "restart sriovd in place (the same PID) from its binary on disk, handing the VMs' vhost-user "
+                 "devices to it without them noticing; refused, with the running one going on, when it cannot");
+  upgrade->add_option("--binary", a.upgrade_binary, "the binary to exec (default: the daemon's own path)");
+  upgrade->add_flag("--force", a.upgrade_force, "upgrade even if exports that are not handed over have clients");
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   udev->add_option("action", a.udev_action, "add, remove, change, bind or unbind")->required();
   udev->add_option("device", a.udev_device, "PCI address of the VF (udev's %k)")->required();
@@ -231,6 +295,10 @@ std::optional<json> request_for(const std::string& cmd, const Args& a) {
   if (cmd == "simulate-link") {
     request["pf"] = a.link_pf;
     request["up"] = a.link_state == "up";
+  }
+  if (cmd == "upgrade") {
+    if (!a.upgrade_binary.empty()) request["binary"] = a.upgrade_binary;
+    request["force"] = a.upgrade_force;
   }
   if (cmd == "udev-event") {
     request["action"] = a.udev_action;
@@ -284,6 +352,7 @@ int main(int argc, char** argv) {
   const std::string cmd = app.get_subcommands().front()->get_name();
   const std::optional<json> request = request_for(cmd, a);
   if (!request) return kExitUsage;
+  if (cmd == "upgrade") return run_upgrade(*request, a);
 
   json reply;
   try {

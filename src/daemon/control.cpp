@@ -57,6 +57,7 @@ json Daemon::status_json() const {
       {"virtio_devices", config_.virtio_devices.size()},
       {"watchdog_usec", notifier_->watchdog_interval() ? notifier_->watchdog_interval()->count() * 2 : 0},
       {"reloads", {{"ok", reloads_.ok}, {"failed", reloads_.failed}, {"last_error", reloads_.last_error}}},
+      {"handover", handover_status_},
       {"udev_events", events},
       {"kubernetes", k8s_ ? k8s_->status() : json(nullptr)},
       {"metrics", metrics_ ? json{{"listen", metrics_->listen()}, {"port", metrics_->port()}} : json(nullptr)},

@@ -1,16 +1,24 @@
 #include "sriovd/daemon/daemon.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <net/if.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "control_server.hpp"
 #include "daemon_internal.hpp"
+#include "handover.hpp"
 #include "host_service.hpp"
 #include "metrics.hpp"
 #include "notify.hpp"
@@ -87,11 +95,188 @@ Daemon::Daemon(Options options, config::Config config)
   host_->start(config_, options_.test_stop_before_step);
   vf_exports_->sync(config_);
   VirtioExports::remove_left_over(config_.state_dir);
+  if (options_.handover_fd) {
+    // An upgrade in place: what the predecessor handed over is taken by
+    // the exports that fit it; anything wrong with it and they start afresh.
+    try {
+      Handover h = Handover::read(*options_.handover_fd);
+      handover_status_ = h.summary();
+      spdlog::info("upgrade: taking over from sriovd pid {}: {}", h.from_pid, handover_status_.dump());
+      virtio_->take_handover(std::move(h.virtio));
+    } catch (const std::exception& e) {
+      handover_status_ = {{"error", e.what()}};
+      spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
+    }
+  }
   virtio_->start(config_);
   update_k8s();
 }
 
 Daemon::~Daemon() = default;
+
+struct Daemon::PendingUpgrade {
+  std::string binary;
+  Handover handover;
+  UniqueFd manifest;
+  asio::steady_timer timer;
+};
+
+namespace {
+
+// Runs `argv` (a binary and its arguments) with its stdout and stderr
+// captured, for at most `limit`; its exit status, or -1 when it did not
+// finish in time (it is killed) or could not be run.
+int run_captured(const std::vector<std::string>& argv, std::chrono::milliseconds limit, std::string& out) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return -1;
+  UniqueFd rd(pipe_fds[0]), wr(pipe_fds[1]);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, wr.get(), STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, wr.get(), STDERR_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  wr.reset();
+  if (rc != 0) {
+    out = std::string("cannot run ") + argv[0] + ": " + std::strerror(rc);
+    return -1;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{rd.get(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    const ssize_t n = ::read(rd.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    if (out.size() < 65536) out.append(buf, static_cast<size_t>(n));
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, WNOHANG) == 0) {
+    // Still running past its time (or its output closed early): given
+    // until the deadline, then killed.
+    while (std::chrono::steady_clock::now() < deadline && ::waitpid(pid, &status, WNOHANG) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      out += " (killed: no answer within " + std::to_string(limit.count()) + " ms)";
+      return -1;
+    }
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+json Daemon::upgrade(const json& req) {
+  if (upgrading_) return control::make_error(control::errc::kFailed, "an upgrade is already under way");
+  const std::string binary = req.value("binary", options_.binary);
+  const bool force = req.value("force", false);
+  const auto refuse = [&](const std::string& why) {
+    spdlog::warn("upgrade to {} refused: {}", binary, why);
+    return control::make_error(control::errc::kFailed, "upgrade refused (this sriovd goes on): " + why);
+  };
+  if (binary.empty() || binary.front() != '/') return refuse("the binary must be an absolute path: '" + binary + "'");
+  // The successor reads what this one writes, and takes the config on disk.
+  std::string out;
+  if (run_captured({binary, "--handover-version"}, std::chrono::seconds(10), out) != 0)
+    return refuse(binary + " --handover-version: " + trimmed(out));
+  if (trimmed(out).empty()) return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
+  if (trimmed(out) != std::to_string(kHandoverVersion))
+    return refuse(binary + " reads handovers of version " + trimmed(out) + "; this sriovd writes version " +
+                  std::to_string(kHandoverVersion));
+  out.clear();
+  if (run_captured({binary, "--check-config", options_.config_path}, std::chrono::seconds(30), out) != 0)
+    return refuse(binary + " does not take " + options_.config_path + ": " + trimmed(out));
+  // What the successor would serve afresh: their clients see their
+  // connection end. Refused unless asked for.
+  std::vector<std::string> cut = vf_exports_->connected();
+  auto pending = std::make_unique<PendingUpgrade>(PendingUpgrade{binary, {}, {}, asio::steady_timer(io_)});
+  pending->handover.from_pid = ::getpid();
+  try {
+    pending->handover.virtio = virtio_->freeze_for_handover(cut);
+  } catch (const std::exception& e) {
+    return refuse(e.what());
+  }
+  if (!cut.empty() && !force) {
+    virtio_->thaw();
+    std::string list;
+    for (const auto& c : cut) list += (list.empty() ? "" : ", ") + c;
+    return refuse("not handed over yet, their clients would be cut: " + list + " (--force upgrades anyway)");
+  }
+  try {
+    pending->manifest = pending->handover.write();
+  } catch (const std::exception& e) {
+    pending->handover.keep_from_exec();
+    virtio_->thaw();
+    return refuse(e.what());
+  }
+  json result = {{"binary", binary}, {"handover", pending->handover.summary()}, {"served_afresh", cut}};
+  // The reply goes out first; the exec on the loop's next turns.
+  upgrading_ = std::move(pending);
+  upgrading_->timer.expires_after(std::chrono::milliseconds(20));
+  upgrading_->timer.async_wait([this](boost::system::error_code ec) {
+    if (!ec) exec_successor();
+  });
+  return control::make_result(std::move(result));
+}
+
+void Daemon::exec_successor() {
+  PendingUpgrade& p = *upgrading_;
+  // Nothing but what is handed over crosses the exec: every other fd is
+  // closed by it (sockets Boost.Asio opened without close-on-exec too: a
+  // listening port kept would make the successor's bind fail).
+  std::vector<int> keep;
+  for (const auto& v : p.handover.virtio) {
+    for (const auto& fd : v.backend.fds) keep.push_back(fd.get());
+    for (const auto& fd : v.tap_fds) keep.push_back(fd.get());
+  }
+  keep.push_back(p.manifest.get());
+  std::vector<int> flagged;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* ent = ::readdir(d)) {
+      const int fd = std::atoi(ent->d_name);
+      if (fd < 3 || fd == ::dirfd(d) || std::find(keep.begin(), keep.end(), fd) != keep.end()) continue;
+      const int flags = ::fcntl(fd, F_GETFD);
+      if (flags >= 0 && !(flags & FD_CLOEXEC) && ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0) flagged.push_back(fd);
+    }
+    ::closedir(d);
+  }
+  std::vector<std::string> args = options_.argv;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--handover-fd" && i + 1 < args.size()) {
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      break;
+    }
+  if (args.empty()) args.push_back(p.binary);
+  args.push_back("--handover-fd");
+  args.push_back(std::to_string(p.manifest.get()));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  spdlog::info("upgrade: exec {} with {} virtio device(s) handed over", p.binary, p.handover.virtio.size());
+  notifier_->reloading();
+  spdlog::default_logger()->flush();
+  ::execv(p.binary.c_str(), argv.data());
+  const int err = errno;
+  for (int fd : flagged) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) & ~FD_CLOEXEC);
+  p.handover.keep_from_exec();
+  virtio_->thaw();
+  spdlog::error("upgrade: exec {} failed: {}; this sriovd goes on", p.binary, std::strerror(err));
+  notifier_->ready(summary(config_));
+  upgrading_.reset();
+}
 
 int Daemon::run() {
   wait_for_signal();
@@ -260,6 +445,7 @@ void Daemon::register_commands() {
   commands_["simulate-fault"] = [this](const json& req, const PeerCredentials&) { return simulate_fault(req); };
   commands_["simulate-link"] = [this](const json& req, const PeerCredentials&) { return simulate_link(req); };
   commands_["simulate-interrupt"] = [this](const json& req, const PeerCredentials&) { return simulate_interrupt(req); };
+  commands_["upgrade"] = [this](const json& req, const PeerCredentials&) { return upgrade(req); };
 }
 
 json Daemon::handle(const json& request, const PeerCredentials& peer) {

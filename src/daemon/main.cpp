@@ -10,6 +10,7 @@
 
 #include "sriovd/config/loader.hpp"
 #include "sriovd/daemon/daemon.hpp"
+#include "handover.hpp"
 #include "logging.hpp"
 #include "sriovd/host/host_control.hpp"
 #include "sriovd/host/netlink_vf_link.hpp"
@@ -99,6 +100,18 @@ int pending_restore(const std::string& pending_path) {
   }
 }
 
+// The binary's path as it is now (an upgrade exec's the file that is at
+// this path then: the new package's).
+std::string self_binary() {
+  char target[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", target, sizeof target - 1);
+  if (n <= 0) return "";
+  std::string path(target, static_cast<size_t>(n));
+  static constexpr std::string_view kDeleted = " (deleted)";
+  if (path.ends_with(kDeleted)) path.resize(path.size() - kDeleted.size());
+  return path;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +137,12 @@ int main(int argc, char** argv) {
   app.add_option("--test-stop-before-step", test_stop_before_step,
                  "crash tests: SIGSTOP before step N of the first apply")
       ->group("");  // hidden
+  int handover_fd = -1;
+  app.add_option("--handover-fd", handover_fd, "an upgrade in place: the predecessor's handover manifest")
+      ->group("");  // hidden: given by the predecessor's exec
+  bool handover_version = false;
+  app.add_flag("--handover-version", handover_version,
+               "print the version of the handover this binary takes over from (an upgrade in place) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -131,6 +150,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
 
+  if (handover_version) {
+    std::printf("%u\n", sriovd::daemon::kHandoverVersion);
+    return 0;
+  }
   if (version) {
     std::printf("sriovd %s (config schema %d)\n", sriovd::kVersion, sriovd::kConfigSchemaVersion);
     return 0;
@@ -163,6 +186,9 @@ int main(int argc, char** argv) {
     if (!log_level.empty()) options.log_level = log_level;
     options.sysfs_root = sysfs_root;
     if (test_stop_before_step >= 0) options.test_stop_before_step = static_cast<size_t>(test_stop_before_step);
+    if (handover_fd >= 0) options.handover_fd = handover_fd;
+    options.binary = self_binary();
+    options.argv.assign(argv, argv + argc);
     sriovd::daemon::Daemon daemon(std::move(options), std::move(cfg));
     return daemon.run();
   } catch (const std::exception& e) {

@@ -222,6 +222,13 @@ json VfExports::held_json() const {
   return out;
 }
 
+std::vector<std::string> VfExports::connected() const {
+  std::vector<std::string> out;
+  for (const auto& e : exports_)
+    if (e.server && e.thread->call([&] { return e.server->connected(); })) out.push_back("VF export " + e.vf);
+  return out;
+}
+
 json VfExports::exports_json() const {
   json out = json::array();
   for (const auto& e : exports_) {

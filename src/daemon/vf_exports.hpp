@@ -59,6 +59,9 @@ class VfExports {
   bool with_proxy(const std::string& device, std::string& why, const std::function<void(vfio_user::VfProxy&)>& fn);
 
   [[nodiscard]] control::json exports_json() const;
+  // The exports whose client is connected now (an upgrade in place cuts
+  // them: their export is not handed over yet).
+  [[nodiscard]] std::vector<std::string> connected() const;
   // VFs no export serves any more whose device fd a VMM still holds.
   [[nodiscard]] control::json held_json() const;
   void metrics(std::vector<prometheus::MetricFamily>& out) const;

@@ -139,11 +139,29 @@ void VirtioExports::start(const config::Config& cfg) {
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
         nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
-        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, cfg.state_dir);
+        std::optional<HandedVirtio> handed = take_handed(dev);
+        std::unique_ptr<virtio::PacketPort> port;
+        if (handed && !handed->tap_fds.empty()) {
+          e.port_key = "tap:" + dev.tap.name;
+          port = ports::Tap::adopt(dev.tap.name, std::move(handed->tap_fds));
+        } else {
+          port = open_port(dev, e, nc, cfg.state_dir);
+        }
         e.thread = sessions_.lease();
         e.device = make_on_session(*e.thread,
                                    [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
-        serve(dev, e);
+        if (handed) {
+          try {
+            serve(dev, e, std::move(handed->backend));
+            spdlog::info("virtio {}: taken over from the previous sriovd", dev.name);
+          } catch (const std::exception& ex) {
+            spdlog::error("virtio {}: the handover did not fit ({}); served afresh", dev.name, ex.what());
+            e.backend.reset();
+            serve(dev, e);
+          }
+        } else {
+          serve(dev, e);
+        }
       } catch (const std::exception& ex) {
         e.pci_server.reset();
         e.pci.reset();
@@ -158,6 +176,62 @@ void VirtioExports::start(const config::Config& cfg) {
   }
   for (auto& [name, tap] : spare_taps_) retirer_.retire("tap:" + tap->name(), std::move(tap));
   spare_taps_.clear();
+  for (const HandedVirtio& h : handed_)
+    spdlog::warn("virtio {}: handed over but not in the config (or not served here): its front-end is let go", h.name);
+  handed_.clear();
+}
+
+std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevice& dev) {
+  const auto it = std::find_if(handed_.begin(), handed_.end(), [&](const HandedVirtio& h) { return h.name == dev.name; });
+  if (it == handed_.end()) return std::nullopt;
+  HandedVirtio h = std::move(*it);
+  handed_.erase(it);
+  const bool fits = dev.transport == config::Transport::vhost_user && h.socket == dev.socket &&
+                    (h.tap_fds.empty() || (dev.backend_kind == config::BackendKind::tap && h.tap == dev.tap.name));
+  if (!fits) {
+    spdlog::warn("virtio {}: the config changed how it is served since the handover: served afresh", dev.name);
+    return std::nullopt;
+  }
+  return h;
+}
+
+std::vector<HandedVirtio> VirtioExports::freeze_for_handover(std::vector<std::string>& others) {
+  std::vector<HandedVirtio> out;
+  try {
+    for (auto& e : exports_) {
+      if (e.pci_server) others.push_back(e.name);
+      if (!e.backend) continue;
+      HandedVirtio h;
+      h.name = e.name;
+      h.socket = e.config.socket;
+      e.thread->call([&] {
+        try {
+          h.backend = e.backend->freeze_for_handover();
+        } catch (const vhost_user::HandoverRefused& ex) {
+          throw vhost_user::HandoverRefused("virtio device " + e.name + ": " + ex.what());
+        }
+        if (const auto* tap = dynamic_cast<const ports::Tap*>(&e.device->port())) {
+          h.tap = tap->name();
+          for (unsigned q = 0; q < tap->queues(); ++q) h.tap_fds.push_back(dup_fd(tap->fd(q), "a tap queue"));
+        }
+      });
+      out.push_back(std::move(h));
+    }
+  } catch (...) {
+    thaw();
+    throw;
+  }
+  return out;
+}
+
+void VirtioExports::thaw() {
+  for (auto& e : exports_)
+    if (e.backend) e.thread->call([&] { e.backend->thaw(); });
+}
+
+void VirtioExports::handed_over() {
+  for (auto& e : exports_)
+    if (e.backend) e.thread->call([&] { e.backend->handed_over(); });
 }
 
 namespace {
@@ -219,7 +293,7 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
   return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
 }
 
-void VirtioExports::serve(const config::VirtioDevice& dev, Export& e) {
+void VirtioExports::serve(const config::VirtioDevice& dev, Export& e, vhost_user::BackendHandover handover) {
   SessionThread& t = *e.thread;
   if (dev.transport == config::Transport::vfio_user) {
     e.pci = make_on_session(t, [&] { return std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name); });
@@ -234,7 +308,7 @@ void VirtioExports::serve(const config::VirtioDevice& dev, Export& e) {
                                                            dev.socket_mode == config::SocketMode::client
                                                                ? vhost_user::Backend::Mode::client
                                                                : vhost_user::Backend::Mode::server,
-                                                           dev.access.allowed_uids);
+                                                           dev.access.allowed_uids, std::move(handover));
       backend->set_socket_access(access_of(dev.access));
       return backend;
     });

@@ -9,6 +9,7 @@
 // served and deleted there: util/session_threads.hpp).
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "sriovd/vfio_user/virtio_pci.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
+#include "handover.hpp"
 
 namespace sriovd::daemon {
 
@@ -65,6 +67,20 @@ class VirtioExports {
   // for the driver when it changes).
   void poll_links();
 
+  // An upgrade in place (handover.hpp). freeze_for_handover(): every
+  // vhost-user device is frozen and its part returned; a device that
+  // cannot be handed over now throws vhost_user::HandoverRefused naming it,
+  // with every device serving again. `others` gets the devices that would
+  // be served afresh by the successor (virtio-pci over vfio-user).
+  // thaw(): the handover did not happen. handed_over(): it did.
+  std::vector<HandedVirtio> freeze_for_handover(std::vector<std::string>& others);
+  void thaw();
+  void handed_over();
+  // The successor's: what start() takes over instead of making anew (a
+  // device the config no longer has, or has otherwise, is not taken: its
+  // fds are closed and its front-end sees the connection end).
+  void take_handover(std::vector<HandedVirtio> handed) { handed_ = std::move(handed); }
+
   // The `virtio_devices` of `devices`, in config order.
   [[nodiscard]] control::json devices_json(const config::Config& cfg) const;
   void metrics(std::vector<prometheus::MetricFamily>& out) const;
@@ -99,7 +115,7 @@ class VirtioExports {
   std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, Export& e, virtio::NetConfig& nc,
                                                 const std::string& state_dir);
   // The transport factory: vhost-user back-end, or virtio-pci and its server.
-  void serve(const config::VirtioDevice& dev, Export& e);
+  void serve(const config::VirtioDevice& dev, Export& e, vhost_user::BackendHandover handover = {});
   void update_access(Export& e, const config::SocketAccess& access);
   // A served device's part of `devices` (on its session thread).
   static void pci_json(const Export& e, control::json& j);
@@ -114,6 +130,10 @@ class VirtioExports {
   // tap's settings are the same (name, namespace, queues): the tap, its
   // addresses and its bridge stay; by device name, until start().
   std::map<std::string, std::unique_ptr<virtio::PacketPort>> spare_taps_;
+  // Handed over by the predecessor, until start() takes them.
+  std::vector<HandedVirtio> handed_;
+  // The handed part of `dev`, if there is one that fits it.
+  std::optional<HandedVirtio> take_handed(const config::VirtioDevice& dev);
 };
 
 }  // namespace sriovd::daemon

@@ -54,6 +54,16 @@ Tap::Tap(std::string name, std::vector<UniqueFd> fds)
   set_offloads(0);
 }
 
+std::unique_ptr<Tap> Tap::adopt(const std::string& name, std::vector<UniqueFd> fds) {
+  if (fds.empty()) throw std::runtime_error("tap " + name + ": no queue fds handed over");
+  for (const UniqueFd& fd : fds) {
+    ifreq ifr{};
+    if (::ioctl(fd.get(), TUNGETIFF, &ifr) != 0 || name != ifr.ifr_name)
+      throw std::runtime_error("tap " + name + ": a handed-over fd is not one of its queues");
+  }
+  return std::unique_ptr<Tap>(new Tap(name, std::move(fds)));
+}
+
 Tap::Tap(const std::string& name, unsigned queues, const std::string& netns) : Tap(name, open_tun(name, queues)) {
   if (netns.empty()) {
     set_up(name);

@@ -1386,5 +1386,66 @@ TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
   EXPECT_GE(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["protocol_errors"].get<int>(), 1);
 }
 
+
+// Issue 41: `sriovctl upgrade` execs the binary in place (the same PID)
+// and hands the vhost-user device over: the front-end keeps its connection
+// and its rings (frames sent after the upgrade go through), the tap is the
+// same interface (its ifindex), and the new instance says what it took
+// over. A successor that cannot read the handover is found out first: the
+// upgrade is refused and the running sriovd goes on.
+TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
+  const std::string ns = "sriovd-up" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for a tap backend";
+  const std::string vfb = dir_.file("run/vfb0.sock");
+  const std::string tap = "up" + std::to_string(::getpid() % 100000);
+  dir_.write("sriovd.yaml", config_text(socket(), 2) +
+                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + vfb +
+                                ", backend: {type: tap, name: " + tap + ", netns: " + ns + "}}\n");
+  start();
+  const int pid = request({{"cmd", "status"}})["result"].value("pid", 0);
+  auto ifindex = [&] {
+    const auto r = test::run({"/sbin/ip", "-n", ns, "-o", "link", "show", "dev", tap});
+    return r.exit_code == 0 ? r.output.substr(0, r.output.find(':')) : std::string("none");
+  };
+  const std::string index_before = ifindex();
+  ASSERT_NE(index_before, "none");
+  guest::VirtioNetDriver d(vfb, {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  std::vector<uint8_t> f(12 + 60, 0xff);
+  std::memset(f.data(), 0, 12);
+  auto tx_packets = [&] {
+    return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]["queues"][1].value("packets", 0);
+  };
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 5; }, 5s));
+
+  // Refused: a binary that does not read this handover; nothing changes.
+  const auto refused = ctl({"upgrade", "--binary", "/bin/true"});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("upgrade refused"), std::string::npos) << refused.output;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 7; }, 5s)) << "serving on after a refused upgrade";
+
+  const auto up = ctl({"upgrade"});
+  ASSERT_EQ(up.exit_code, 0) << up.output << daemon_->log();
+  EXPECT_NE(up.output.find("took over 1 virtio device(s)"), std::string::npos) << up.output;
+  const json status = request({{"cmd", "status"}})["result"];
+  EXPECT_EQ(status.value("pid", 0), pid) << "the same process";
+  EXPECT_EQ(status["handover"]["virtio_devices"], json::array({"vfb0"})) << status.dump();
+  EXPECT_EQ(ifindex(), index_before) << "the same tap";
+  // The front-end noticed nothing: the same connection, rings and memory.
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 5; }, 5s))
+      << request({{"cmd", "devices"}})["result"]["virtio_devices"][0].dump() << daemon_->log();
+  const json dev = request({{"cmd", "devices"}})["result"]["virtio_devices"][0];
+  EXPECT_EQ(dev["vhost_user"].value("connections", 0), 1) << dev.dump();
+  EXPECT_EQ(dev["vhost_user"].value("protocol_errors", 0), 0) << dev.dump();
+  const std::string log = daemon_->log();
+  EXPECT_NE(log.find("vfb0: front-end taken over from the previous sriovd"), std::string::npos) << log;
+  EXPECT_EQ(log.find("front-end disconnected"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace sriovd

@@ -40,7 +40,15 @@ struct Options {
   // Crash tests: the daemon stops itself (SIGSTOP) before this step of its
   // first apply, so a test can SIGKILL it mid-transaction.
   std::optional<size_t> test_stop_before_step;
+  // An upgrade in place: the predecessor's handover manifest (handover.hpp).
+  std::optional<int> handover_fd;
+  // How this process was started, for the exec of an upgrade: the binary's
+  // path as it was then (the package may replace the file) and argv.
+  std::string binary;
+  std::vector<std::string> argv;
 };
+
+struct Handover;
 
 // The daemon's control thread: owns the io_context, the signals, the control
 // API, the host layer and the running configuration. Construction applies
@@ -87,6 +95,10 @@ class Daemon {
   control::json simulate_fault(const control::json& request);
   control::json simulate_link(const control::json& request);
   control::json simulate_interrupt(const control::json& request);
+  // `sriovctl upgrade` (handover.hpp): checks the successor binary, freezes
+  // what is handed over, replies, and exec's it on the next turn.
+  control::json upgrade(const control::json& request);
+  void exec_successor();
 
   Options options_;
   config::Config config_;
@@ -115,6 +127,11 @@ class Daemon {
   std::map<std::string, Command> commands_;
   std::chrono::steady_clock::time_point started_;
   bool stopping_ = false;
+  // An upgrade between its reply and its exec; what this process took
+  // over at its start (status), or why it could not.
+  struct PendingUpgrade;
+  std::unique_ptr<PendingUpgrade> upgrading_;
+  control::json handover_status_;
 
   struct ReloadStats {
     uint64_t ok = 0;

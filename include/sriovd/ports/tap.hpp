@@ -1,5 +1,6 @@
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ class Tap : public virtio::PacketPort {
   // (IFF_MULTI_QUEUE when more than one), non-blocking. With `netns`, the
   // tap is moved into that network namespace (its fds stay valid).
   Tap(const std::string& name, unsigned queues, const std::string& netns = "");
+  // The queue fds of tap `name` another sriovd handed over (an upgrade in
+  // place: the tap, its addresses and bridges stay). Throws
+  // std::runtime_error when an fd is not a queue of that tap.
+  static std::unique_ptr<Tap> adopt(const std::string& name, std::vector<UniqueFd> fds);
   ~Tap() override;
   Tap(const Tap&) = delete;
   Tap& operator=(const Tap&) = delete;

@@ -1,0 +1,148 @@
+#include "handover.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "sriovd/util/error.hpp"
+
+namespace sriovd::daemon {
+
+using control::json;
+
+namespace {
+
+std::string to_hex(const std::vector<uint8_t>& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    s.push_back(kDigits[b >> 4U]);
+    s.push_back(kDigits[b & 15U]);
+  }
+  return s;
+}
+
+std::vector<uint8_t> from_hex(const std::string& s, const std::string& what) {
+  if (s.size() % 2 != 0) throw std::runtime_error(what + ": an odd number of hex digits");
+  const auto digit = [&](char c) -> unsigned {
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<unsigned>(c - 'a' + 10);
+    throw std::runtime_error(what + ": not hex");
+  };
+  std::vector<uint8_t> out(s.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(digit(s[2 * i]) << 4U | digit(s[2 * i + 1]));
+  return out;
+}
+
+void set_cloexec(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags < 0) throw_errno("the handover's fd " + std::to_string(fd));
+  if (::fcntl(fd, F_SETFD, on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC)) != 0)
+    throw_errno("the handover's fd " + std::to_string(fd));
+}
+
+json numbers(const std::vector<UniqueFd>& fds) {
+  json a = json::array();
+  for (const UniqueFd& f : fds) a.push_back(f.get());
+  return a;
+}
+
+// Takes the inherited fds a manifest names.
+std::vector<UniqueFd> take(const json& list, const std::string& what) {
+  std::vector<UniqueFd> out;
+  for (const json& n : list) {
+    const int fd = n.get<int>();
+    if (fd < 3) throw std::runtime_error(what + ": fd " + std::to_string(fd));
+    set_cloexec(fd, true);  // throws when it was not inherited
+    out.emplace_back(fd);
+  }
+  return out;
+}
+
+template <typename F>
+void each_fd(const Handover& h, F f) {
+  for (const HandedVirtio& v : h.virtio) {
+    for (const UniqueFd& fd : v.backend.fds) f(fd.get());
+    for (const UniqueFd& fd : v.tap_fds) f(fd.get());
+  }
+}
+
+}  // namespace
+
+UniqueFd Handover::write() const {
+  json j = {{"version", kHandoverVersion}, {"from_pid", from_pid}, {"virtio", json::array()}};
+  for (const HandedVirtio& v : virtio)
+    j["virtio"].push_back({{"name", v.name},
+                           {"socket", v.socket},
+                           {"backend", to_hex(v.backend.serialize())},
+                           {"backend_fds", numbers(v.backend.fds)},
+                           {"tap", v.tap},
+                           {"tap_fds", numbers(v.tap_fds)}});
+  const std::string text = j.dump();
+  UniqueFd fd(::memfd_create("sriovd-handover", MFD_ALLOW_SEALING));  // inherited by the exec
+  if (!fd) throw_errno("the handover's manifest");
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    throw_errno("writing the handover's manifest");
+  (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+  each_fd(*this, [](int f) { set_cloexec(f, false); });
+  return fd;
+}
+
+void Handover::keep_from_exec() const {
+  each_fd(*this, [](int f) { set_cloexec(f, true); });
+}
+
+Handover Handover::read(int fd) {
+  UniqueFd manifest(fd);
+  set_cloexec(fd, true);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno("the handover's manifest (fd " + std::to_string(fd) + ")");
+  if (st.st_size > (64 << 20)) throw std::runtime_error("the handover's manifest is " + std::to_string(st.st_size) + " bytes");
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  if (::pread(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    throw_errno("reading the handover's manifest");
+  Handover h;
+  try {
+    const json j = json::parse(text);
+    const uint32_t version = j.at("version").get<uint32_t>();
+    if (version != kHandoverVersion)
+      throw std::runtime_error("a handover of version " + std::to_string(version) + " (this sriovd reads " +
+                               std::to_string(kHandoverVersion) + ")");
+    h.from_pid = j.at("from_pid").get<int>();
+    // Every fd is taken before anything is parsed further: what fails
+    // below closes them all.
+    for (const json& v : j.at("virtio")) {
+      HandedVirtio hv;
+      hv.name = v.at("name").get<std::string>();
+      hv.socket = v.at("socket").get<std::string>();
+      hv.backend.fds = take(v.at("backend_fds"), hv.name);
+      hv.tap = v.at("tap").get<std::string>();
+      hv.tap_fds = take(v.at("tap_fds"), hv.name);
+      h.virtio.push_back(std::move(hv));
+    }
+    size_t i = 0;
+    for (const json& v : j.at("virtio")) {
+      HandedVirtio& hv = h.virtio[i++];
+      std::vector<UniqueFd> fds = std::move(hv.backend.fds);
+      hv.backend = vhost_user::BackendHandover::parse(from_hex(v.at("backend").get<std::string>(), hv.name),
+                                                      fds.size(), "the handover of virtio device " + hv.name);
+      hv.backend.fds = std::move(fds);
+    }
+  } catch (const json::exception& e) {
+    throw std::runtime_error(std::string("the handover's manifest: ") + e.what());
+  }
+  return h;
+}
+
+json Handover::summary() const {
+  json names = json::array();
+  for (const HandedVirtio& v : virtio) names.push_back(v.name);
+  return {{"from_pid", from_pid}, {"virtio_devices", names}};
+}
+
+}  // namespace sriovd::daemon

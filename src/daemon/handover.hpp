@@ -1,0 +1,55 @@
+#pragma once
+// An upgrade in place (`sriovctl upgrade`): the running sriovd hands what
+// the VMs depend on to its successor, which it becomes by exec'ing the
+// (new) binary with the same PID - systemd's unit sees a reload, not a
+// restart. What is handed over travels as inherited fds and a manifest in
+// a memfd whose fd the successor is given (--handover-fd). The manifest is
+// versioned: a successor that cannot read it is found out before the exec
+// (--handover-version), and the upgrade is refused while the running one
+// goes on.
+//
+// Handed over today: each vhost-user virtio device's back-end (its socket,
+// connection, memory, rings, eventfds and device state:
+// vhost_user::BackendHandover) and a tap port's queue fds. The rest is
+// made anew by the successor as at any start: the host is already as the
+// config says (the journal's converge finds nothing to do), VF exports and
+// virtio-pci devices over vfio-user are served afresh (their clients see
+// their connection end), other ports are opened again.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sriovd/control/protocol.hpp"
+#include "sriovd/util/fd.hpp"
+#include "sriovd/vhost_user/backend.hpp"
+
+namespace sriovd::daemon {
+
+inline constexpr uint32_t kHandoverVersion = 1;
+
+// One virtio device's part.
+struct HandedVirtio {
+  std::string name;
+  std::string socket;
+  vhost_user::BackendHandover backend;
+  std::string tap;  // the tap's name when its queue fds are handed over
+  std::vector<UniqueFd> tap_fds;
+};
+
+struct Handover {
+  int from_pid = 0;
+  std::vector<HandedVirtio> virtio;
+
+  // Into a sealed memfd; every fd it names is made inheritable (the
+  // caller exec's next, or calls keep_from_exec() if it does not).
+  [[nodiscard]] UniqueFd write() const;
+  void keep_from_exec() const;
+  // The successor's: the manifest at `fd` and the fds it names, taken
+  // (close-on-exec again). Throws std::runtime_error naming what is wrong;
+  // the fds it took by then are closed.
+  static Handover read(int fd);
+  // What it holds, for the log and `status`.
+  [[nodiscard]] control::json summary() const;
+};
+
+}  // namespace sriovd::daemon
