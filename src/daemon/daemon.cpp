@@ -95,14 +95,23 @@ Daemon::Daemon(Options options, config::Config config)
   host_->start(config_, options_.test_stop_before_step);
   vf_exports_->sync(config_);
   VirtioExports::remove_left_over(config_.state_dir);
-  if (options_.handover_fd) {
-    // An upgrade in place: what the predecessor handed over is taken by
-    // the exports that fit it; anything wrong with it and they start afresh.
+  {
+    // An upgrade in place (exec) or a restart by systemd with its fd store:
+    // what the predecessor handed over is taken by the exports that fit
+    // it; anything wrong with it and they start afresh.
     try {
-      Handover h = Handover::read(*options_.handover_fd);
+      std::optional<Handover> handed;
+      if (options_.handover_fd)
+        handed = Handover::read(*options_.handover_fd);
+      else
+        handed = Handover::from_fd_store();
+      if (!handed) throw std::out_of_range("none");
+      Handover& h = *handed;
       handover_status_ = h.summary();
       spdlog::info("upgrade: taking over from sriovd pid {}: {}", h.from_pid, handover_status_.dump());
       virtio_->take_handover(std::move(h.virtio));
+    } catch (const std::out_of_range&) {
+      // nothing handed over: a plain start
     } catch (const std::exception& e) {
       handover_status_ = {{"error", e.what()}};
       spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
@@ -327,11 +336,60 @@ void Daemon::arm_housekeeping() {
   });
 }
 
+// SIGTERM from systemd for a `systemctl restart` (the unit's job is a
+// restart, asked over D-Bus): the vhost-user devices go to the fd store
+// for the instance systemd starts next, and the host stays as it is for
+// it. Any doubt (no systemd, no bus, another job, a refusal) is a stop.
+bool Daemon::hand_over_to_fd_store() {
+  if (!::getenv("NOTIFY_SOCKET")) return false;
+  const std::string job = systemd_job_type();
+  if (job != "restart" && job != "try-restart" && job != "reload-or-restart") {
+    if (!job.empty()) spdlog::info("systemd job {}: a stop, not a handover", job);
+    return false;
+  }
+  std::vector<std::string> cut = vf_exports_->connected();
+  Handover h;
+  h.from_pid = ::getpid();
+  try {
+    h.virtio = virtio_->freeze_for_handover(cut);
+  } catch (const std::exception& e) {
+    spdlog::warn("restart by systemd: no handover ({}): the devices' clients see their connections end", e.what());
+    return false;
+  }
+  try {
+    h.store();
+  } catch (const std::exception& e) {
+    virtio_->thaw();
+    spdlog::warn("restart by systemd: no handover ({}; FileDescriptorStoreMax= in the unit?)", e.what());
+    return false;
+  }
+  virtio_->handed_over();
+  for (const auto& c : cut) spdlog::warn("restart by systemd: {} is not handed over: its client is cut", c);
+  spdlog::info("restart by systemd: {} virtio device(s) in the fd store for the next sriovd; the host stays as it is",
+               h.virtio.size());
+  return true;
+}
+
 void Daemon::shutdown(const char* why) {
   if (stopping_) return;
   stopping_ = true;
   spdlog::info("{}: stopping", why);
+  const bool handed = std::string_view(why) == "SIGTERM" && hand_over_to_fd_store();
   notifier_->stopping();
+  if (handed) {
+    // The successor takes the host as it is: nothing is released, the
+    // journal stays.
+    vf_exports_->drop(nullptr, config_);
+    virtio_->drop(nullptr);
+    virtio_->wait_for_vf_ports();
+    control_->stop();
+    metrics_.reset();
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    watchdog_timer_.cancel();
+    housekeeping_timer_.cancel();
+    return;
+  }
   vf_exports_->drop(nullptr, config_);
   // Before the host is released: a VF's netdev must outlive the device
   // bridged to it (and the device's macvtap is deleted by sriovd, not by

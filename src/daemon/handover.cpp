@@ -8,6 +8,14 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include <linux/kcmp.h>
+#include <sys/syscall.h>
+#include <systemd/sd-daemon.h>
+
+#include <map>
+
+#include <spdlog/spdlog.h>
+
 #include "sriovd/util/error.hpp"
 
 namespace sriovd::daemon {
@@ -52,14 +60,21 @@ json numbers(const std::vector<UniqueFd>& fds) {
   return a;
 }
 
-// Takes the inherited fds a manifest names.
-std::vector<UniqueFd> take(const json& list, const std::string& what) {
+// Takes the inherited fds a manifest names (`remap`: where the fd the
+// manifest calls N is in this process).
+// With `remap`, the fds are systemd's store's: duplicated (one stored fd
+// may stand for several), the store's own closed by the caller.
+std::vector<UniqueFd> take(const json& list, const std::string& what, const std::function<int(int)>* remap) {
   std::vector<UniqueFd> out;
   for (const json& n : list) {
-    const int fd = n.get<int>();
-    if (fd < 3) throw std::runtime_error(what + ": fd " + std::to_string(fd));
+    const int fd = remap ? (*remap)(n.get<int>()) : n.get<int>();
+    if (fd < 3) throw std::runtime_error(what + ": fd " + std::to_string(n.get<int>()) + " was not handed over");
     set_cloexec(fd, true);  // throws when it was not inherited
-    out.emplace_back(fd);
+    if (!remap) {
+      out.emplace_back(fd);
+      continue;
+    }
+    out.push_back(dup_fd(fd, what + ": a stored fd"));
   }
   return out;
 }
@@ -97,7 +112,9 @@ void Handover::keep_from_exec() const {
   each_fd(*this, [](int f) { set_cloexec(f, true); });
 }
 
-Handover Handover::read(int fd) {
+Handover Handover::read(int fd) { return read_mapped(fd, nullptr); }
+
+Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
   UniqueFd manifest(fd);
   set_cloexec(fd, true);
   struct stat st {};
@@ -120,9 +137,9 @@ Handover Handover::read(int fd) {
       HandedVirtio hv;
       hv.name = v.at("name").get<std::string>();
       hv.socket = v.at("socket").get<std::string>();
-      hv.backend.fds = take(v.at("backend_fds"), hv.name);
+      hv.backend.fds = take(v.at("backend_fds"), hv.name, remap);
       hv.tap = v.at("tap").get<std::string>();
-      hv.tap_fds = take(v.at("tap_fds"), hv.name);
+      hv.tap_fds = take(v.at("tap_fds"), hv.name, remap);
       h.virtio.push_back(std::move(hv));
     }
     size_t i = 0;
@@ -136,6 +153,64 @@ Handover Handover::read(int fd) {
   } catch (const json::exception& e) {
     throw std::runtime_error(std::string("the handover's manifest: ") + e.what());
   }
+  return h;
+}
+
+void Handover::store() const {
+  UniqueFd manifest = write();
+  keep_from_exec();  // nothing is exec'ed on this path
+  const auto put = [](int fd, const std::string& name) {
+    const std::string state = "FDSTORE=1\nFDNAME=" + name;
+    const int rc = sd_pid_notify_with_fds(0, 0, state.c_str(), &fd, 1);
+    if (rc <= 0)
+      throw std::runtime_error("storing " + name + " with the service manager: " +
+                               (rc == 0 ? std::string("not run by systemd") : std::strerror(-rc)));
+  };
+  // systemd keeps one entry per open file (two fds of one are stored once):
+  // a later fd of the same file is found by the name of the first.
+  std::vector<int> stored;
+  each_fd(*this, [&](int fd) {
+    for (int s : stored)
+      if (::syscall(SYS_kcmp, ::getpid(), ::getpid(), KCMP_FILE, s, fd) == 0) return;
+    put(fd, "fd" + std::to_string(fd));
+    stored.push_back(fd);
+  });
+  put(manifest.get(), "manifest");
+}
+
+std::optional<Handover> Handover::from_fd_store() {
+  char** names = nullptr;
+  const int n = sd_listen_fds_with_names(1, &names);
+  if (n <= 0) return std::nullopt;
+  std::map<std::string, int> by_name;
+  for (int i = 0; i < n; ++i) {
+    by_name[names[i]] = SD_LISTEN_FDS_START + i;
+    std::free(names[i]);
+  }
+  std::free(names);
+  // Out of the store: this process holds them now.
+  for (const auto& [name, fd] : by_name) (void)sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name.c_str());
+  const auto manifest = by_name.find("manifest");
+  if (manifest == by_name.end()) {
+    for (const auto& [name, fd] : by_name) ::close(fd);
+    return std::nullopt;
+  }
+  std::optional<Handover> h;
+  std::string error;
+  try {
+    const std::function<int(int)> remap = [&](int old) {
+      const auto it = by_name.find("fd" + std::to_string(old));
+      return it == by_name.end() ? -1 : it->second;
+    };
+    h = read_mapped(manifest->second, &remap);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Each stored fd was taken by a duplicate (or not at all): the store's
+  // own copies are closed.
+  for (const auto& [name, fd] : by_name)
+    if (name != "manifest") ::close(fd);
+  if (!error.empty()) throw std::runtime_error(error);
   return h;
 }
 

@@ -15,7 +15,9 @@
 // config says (the journal's converge finds nothing to do), VF exports and
 // virtio-pci devices over vfio-user are served afresh (their clients see
 // their connection end), other ports are opened again.
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,18 @@ struct Handover {
   // (close-on-exec again). Throws std::runtime_error naming what is wrong;
   // the fds it took by then are closed.
   static Handover read(int fd);
+
+  // systemd's fd store (FDSTORE=1; a unit with FileDescriptorStoreMax):
+  // the manifest and every fd it names are stored under names of their
+  // own ("manifest", "fd<N>" for the fd the manifest calls N), so the
+  // successor systemd starts gets them back whatever their order and
+  // numbers. Throws std::runtime_error when the manager refuses.
+  void store() const;
+  static Handover read_mapped(int fd, const std::function<int(int)>* remap);
+  // The successor's: the fds systemd passed (sd_listen_fds_with_names);
+  // nullopt when there is no manifest among them. Takes them out of the
+  // store again (FDSTOREREMOVE): a handover is taken once.
+  static std::optional<Handover> from_fd_store();
   // What it holds, for the log and `status`.
   [[nodiscard]] control::json summary() const;
 };

@@ -2,7 +2,13 @@
 
 #include <time.h>
 
+#include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-login.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
@@ -32,5 +38,70 @@ void SystemdNotifier::reloading() {
 void SystemdNotifier::stopping() { send("STOPPING=1"); }
 void SystemdNotifier::status(const std::string& text) { send("STATUS=" + text); }
 void SystemdNotifier::watchdog_ping() { send("WATCHDOG=1"); }
+
+}  // namespace sriovd::daemon
+
+namespace sriovd::daemon {
+
+namespace {
+
+struct BusCloser {
+  void operator()(sd_bus* b) const { sd_bus_flush_close_unref(b); }
+};
+using Bus = std::unique_ptr<sd_bus, BusCloser>;
+
+// The system bus, or systemd's own socket where there is no bus daemon (a
+// minimal host; root only, as systemctl does).
+Bus open_manager_bus() {
+  sd_bus* b = nullptr;
+  if (sd_bus_open_system(&b) >= 0) return Bus(b);
+  if (sd_bus_new(&b) < 0) return nullptr;
+  Bus bus(b);
+  if (sd_bus_set_address(b, "unix:path=/run/systemd/private") < 0 || sd_bus_start(b) < 0) return nullptr;
+  return bus;
+}
+
+}  // namespace
+
+std::string systemd_job_type() {
+  char* unit_raw = nullptr;
+  if (sd_pid_get_unit(0, &unit_raw) < 0 || !unit_raw) return "";
+  const std::string unit(unit_raw);
+  std::free(unit_raw);
+  Bus bus = open_manager_bus();
+  if (!bus) {
+    spdlog::warn("systemd: no bus to ask what {}'s job is", unit);
+    return "";
+  }
+  constexpr const char* kService = "org.freedesktop.systemd1";
+  sd_bus_error error = SD_BUS_ERROR_NULL;
+  sd_bus_message* reply = nullptr;
+  std::string type;
+  const char* unit_path = nullptr;
+  if (sd_bus_call_method(bus.get(), kService, "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
+                         "GetUnit", &error, &reply, "s", unit.c_str()) >= 0 &&
+      sd_bus_message_read(reply, "o", &unit_path) >= 0) {
+    const std::string path(unit_path);
+    sd_bus_message_unref(reply);
+    reply = nullptr;
+    uint32_t job_id = 0;
+    const char* job_path = nullptr;
+    if (sd_bus_get_property(bus.get(), kService, path.c_str(), "org.freedesktop.systemd1.Unit", "Job", &error, &reply,
+                            "(uo)") >= 0 &&
+        sd_bus_message_read(reply, "(uo)", &job_id, &job_path) >= 0 && job_id != 0) {
+      char* t = nullptr;
+      if (sd_bus_get_property_string(bus.get(), kService, job_path, "org.freedesktop.systemd1.Job", "JobType", &error,
+                                     &t) >= 0 &&
+          t) {
+        type = t;
+        std::free(t);
+      }
+    }
+  }
+  if (sd_bus_error_is_set(&error)) spdlog::warn("systemd: asking for {}'s job: {}", unit, error.message);
+  sd_bus_error_free(&error);
+  sd_bus_message_unref(reply);
+  return type;
+}
 
 }  // namespace sriovd::daemon

@@ -27,4 +27,9 @@ class SystemdNotifier {
   std::optional<std::chrono::microseconds> watchdog_interval_;
 };
 
+// The type of the job systemd runs for this process's unit now
+// ("restart", "stop", ...), asked over D-Bus; "" when there is none or
+// no one to ask.
+std::string systemd_job_type();
+
 }  // namespace sriovd::daemon

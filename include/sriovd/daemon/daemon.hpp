@@ -99,6 +99,7 @@ class Daemon {
   // what is handed over, replies, and exec's it on the next turn.
   control::json upgrade(const control::json& request);
   void exec_successor();
+  bool hand_over_to_fd_store();
 
   Options options_;
   config::Config config_;
