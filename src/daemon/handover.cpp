@@ -68,6 +68,12 @@ std::vector<UniqueFd> take(const json& list, const std::string& what, const std:
   std::vector<UniqueFd> out;
   for (const json& n : list) {
     const int fd = remap ? (*remap)(n.get<int>()) : n.get<int>();
+    if (remap && fd < 0) {
+      // Not in systemd's store (an O_PATH handle it cannot poll): the
+      // part that needs it does without it, or is not taken over.
+      out.emplace_back();
+      continue;
+    }
     if (fd < 3) throw std::runtime_error(what + ": fd " + std::to_string(n.get<int>()) + " was not handed over");
     set_cloexec(fd, true);  // throws when it was not inherited
     if (!remap) {
@@ -131,24 +137,23 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
       throw std::runtime_error("a handover of version " + std::to_string(version) + " (this sriovd reads " +
                                std::to_string(kHandoverVersion) + ")");
     h.from_pid = j.at("from_pid").get<int>();
-    // Every fd is taken before anything is parsed further: what fails
-    // below closes them all.
+    // Device by device: one that cannot be taken (its fds closed) is
+    // served afresh; the others are still taken over.
     for (const json& v : j.at("virtio")) {
       HandedVirtio hv;
       hv.name = v.at("name").get<std::string>();
-      hv.socket = v.at("socket").get<std::string>();
-      hv.backend.fds = take(v.at("backend_fds"), hv.name, remap);
-      hv.tap = v.at("tap").get<std::string>();
-      hv.tap_fds = take(v.at("tap_fds"), hv.name, remap);
-      h.virtio.push_back(std::move(hv));
-    }
-    size_t i = 0;
-    for (const json& v : j.at("virtio")) {
-      HandedVirtio& hv = h.virtio[i++];
-      std::vector<UniqueFd> fds = std::move(hv.backend.fds);
-      hv.backend = vhost_user::BackendHandover::parse(from_hex(v.at("backend").get<std::string>(), hv.name),
-                                                      fds.size(), "the handover of virtio device " + hv.name);
-      hv.backend.fds = std::move(fds);
+      try {
+        hv.socket = v.at("socket").get<std::string>();
+        std::vector<UniqueFd> fds = take(v.at("backend_fds"), hv.name, remap);
+        hv.tap = v.at("tap").get<std::string>();
+        hv.tap_fds = take(v.at("tap_fds"), hv.name, remap);
+        hv.backend = vhost_user::BackendHandover::parse(from_hex(v.at("backend").get<std::string>(), hv.name),
+                                                        fds.size(), "the handover of virtio device " + hv.name);
+        hv.backend.fds = std::move(fds);
+        h.virtio.push_back(std::move(hv));
+      } catch (const std::exception& e) {
+        spdlog::error("upgrade: virtio device {} cannot be taken over ({}): it starts afresh", hv.name, e.what());
+      }
     }
   } catch (const json::exception& e) {
     throw std::runtime_error(std::string("the handover's manifest: ") + e.what());
@@ -170,6 +175,8 @@ void Handover::store() const {
   // a later fd of the same file is found by the name of the first.
   std::vector<int> stored;
   each_fd(*this, [&](int fd) {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0 && (fl & O_PATH)) return;  // systemd refuses what it cannot poll: the successor opens the path
     for (int s : stored)
       if (::syscall(SYS_kcmp, ::getpid(), ::getpid(), KCMP_FILE, s, fd) == 0) return;
     put(fd, "fd" + std::to_string(fd));

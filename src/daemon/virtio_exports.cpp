@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <typeinfo>
 #include <variant>
 
 #include <spdlog/spdlog.h>
@@ -210,7 +211,10 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(std::vector<std::st
         } catch (const vhost_user::HandoverRefused& ex) {
           throw vhost_user::HandoverRefused("virtio device " + e.name + ": " + ex.what());
         }
-        if (const auto* tap = dynamic_cast<const ports::Tap*>(&e.device->port())) {
+        // A tap (not a macvtap, which the successor makes anew) goes with
+        // its device: its addresses and bridges stay.
+        const virtio::PacketPort& port = e.device->port();
+        if (const auto* tap = dynamic_cast<const ports::Tap*>(&port); tap && typeid(port) == typeid(ports::Tap)) {
           h.tap = tap->name();
           for (unsigned q = 0; q < tap->queues(); ++q) h.tap_fds.push_back(dup_fd(tap->fd(q), "a tap queue"));
         }

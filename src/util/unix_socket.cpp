@@ -155,10 +155,13 @@ SocketFile SocketFile::adopt(const std::string& path, const std::string& what, U
   if (!listener || ::getsockopt(listener.get(), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting ||
       ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &alen) != 0 || addr.sun_family != AF_UNIX)
     throw std::runtime_error(what + " " + path + ": the handed-over fd is not a listening Unix socket");
+  f.dir_.reset(::open(p.parent_path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  // Without the predecessor's handle (systemd's store cannot keep O_PATH
+  // fds), the socket file the path names now, never through a symlink.
+  if (!handle && f.dir_) handle.reset(::openat(f.dir_.get(), f.base_.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
   struct stat st {};
   if (!handle || ::fstat(handle.get(), &st) != 0 || !S_ISSOCK(st.st_mode))
     throw std::runtime_error(what + " " + path + ": the handed-over handle is not a socket file");
-  f.dir_.reset(::open(p.parent_path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!f.dir_ || !same_file(f.dir_.get(), f.base_.c_str(), st.st_dev, st.st_ino))
     throw std::runtime_error(what + " " + path + ": the path no longer names the handed-over socket");
   f.dev_ = st.st_dev;
