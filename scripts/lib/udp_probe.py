@@ -30,7 +30,10 @@ def send(host, port, interval_ms):
 
 def recv(addr, port, path):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    try:  # what a stall lets pile up; past rmem_max needs root
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, 64 << 20)
+    except OSError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
     s.bind((addr, port))
     with open(path, "w", buffering=1) as f:
         while True:

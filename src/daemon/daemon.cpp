@@ -107,6 +107,10 @@ Daemon::Daemon(Options options, config::Config config)
         handed = Handover::from_fd_store();
       if (!handed) throw std::out_of_range("none");
       Handover& h = *handed;
+      if (options_.test_stop_before_takeover) {
+        spdlog::warn("upgrade: stopping myself before the takeover as --test-stop-before-takeover asked");
+        ::raise(SIGSTOP);
+      }
       handover_status_ = h.summary();
       spdlog::info("upgrade: taking over from sriovd pid {}: {}", h.from_pid, handover_status_.dump());
       virtio_->take_handover(std::move(h.virtio));

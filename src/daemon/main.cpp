@@ -140,6 +140,10 @@ int main(int argc, char** argv) {
   int handover_fd = -1;
   app.add_option("--handover-fd", handover_fd, "an upgrade in place: the predecessor's handover manifest")
       ->group("");  // hidden: given by the predecessor's exec
+  bool stop_before_takeover = false;
+  app.add_flag("--test-stop-before-takeover", stop_before_takeover,
+               "crash tests: an upgraded successor stops itself (SIGSTOP) before it takes over")
+      ->group("");  // hidden
   bool handover_version = false;
   app.add_flag("--handover-version", handover_version,
                "print the version of the handover this binary takes over from (an upgrade in place) and exit");
@@ -187,6 +191,7 @@ int main(int argc, char** argv) {
     options.sysfs_root = sysfs_root;
     if (test_stop_before_step >= 0) options.test_stop_before_step = static_cast<size_t>(test_stop_before_step);
     if (handover_fd >= 0) options.handover_fd = handover_fd;
+    options.test_stop_before_takeover = stop_before_takeover;
     options.binary = self_binary();
     options.argv.assign(argv, argv + argc);
     sriovd::daemon::Daemon daemon(std::move(options), std::move(cfg));

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+
+#include <fstream>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <poll.h>
@@ -1445,6 +1447,75 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
   const std::string log = daemon_->log();
   EXPECT_NE(log.find("vfb0: front-end taken over from the previous sriovd"), std::string::npos) << log;
   EXPECT_EQ(log.find("front-end disconnected"), std::string::npos) << log;
+}
+
+
+// Issue 41: a handover that fails loses nothing. A successor that cannot
+// read this handover's version is found out before the exec: refused, the
+// running sriovd goes on. A successor killed in the middle of its takeover
+// (SIGKILL while it waits to take over): the front-end's connection ends
+// as after any crash, and a clean start converges - the device is served
+// again on its socket and a front-end that connects again gets traffic
+// through the tap.
+TEST_F(Daemon, AFailedHandoverLosesNothing) {
+  const std::string ns = "sriovd-uf" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for a tap backend";
+  const std::string vfb = dir_.file("run/vfb0.sock");
+  const std::string tap = "uf" + std::to_string(::getpid() % 100000);
+  dir_.write("sriovd.yaml", config_text(socket(), 2) +
+                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + vfb +
+                                ", backend: {type: tap, name: " + tap + ", netns: " + ns + "}}\n");
+  start({"--test-stop-before-takeover"});
+  const int pid = request({{"cmd", "status"}})["result"].value("pid", 0);
+  auto tx_packets = [&] {
+    return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]["queues"][1].value("packets", 0);
+  };
+  std::vector<uint8_t> f(12 + 60, 0xff);
+  std::memset(f.data(), 0, 12);
+  {
+    guest::VirtioNetDriver d(vfb, {.queue_size = 64, .packed = false, .offloads = false});
+    d.bring_up();
+    ASSERT_TRUE(d.send(f.data(), f.size()));
+    ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 1; }, 5s));
+
+    // A successor from the future: it reads version 2 only.
+    dir_.write("future-sriovd", "#!/bin/sh\n[ \"$1\" = --handover-version ] && echo 2 && exit 0\nexit 1\n");
+    ASSERT_EQ(::chmod(dir_.file("future-sriovd").c_str(), 0755), 0);
+    const auto refused = ctl({"upgrade", "--binary", dir_.file("future-sriovd")});
+    EXPECT_EQ(refused.exit_code, 1) << refused.output;
+    EXPECT_NE(refused.output.find("reads handovers of version 2; this sriovd writes version 1"), std::string::npos)
+        << refused.output;
+    ASSERT_TRUE(d.send(f.data(), f.size()));
+    ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 2; }, 5s)) << "serving on after the refusal";
+
+    // The successor stops itself before its takeover; killed there.
+    try {
+      (void)request({{"cmd", "upgrade"}});
+    } catch (const std::exception&) {
+      // the exec may close the connection before the reply
+    }
+    const auto stopped = [&] {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto close = line.rfind(')');
+      return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'T';
+    };
+    ASSERT_TRUE(test::wait_until(stopped, 10s)) << daemon_->log();
+    daemon_->signal(SIGKILL);
+    ASSERT_TRUE(daemon_->wait_for(5s).has_value());
+  }
+  // A clean start: the device is served again, a front-end that connects
+  // again gets its traffic through.
+  start();
+  guest::VirtioNetDriver again(vfb, {.queue_size = 64, .packed = false, .offloads = false});
+  again.bring_up();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(again.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 3; }, 5s)) << daemon_->log();
+  const json status = request({{"cmd", "status"}})["result"];
+  EXPECT_TRUE(status["handover"].is_null()) << status.dump();
 }
 
 }  // namespace

@@ -131,12 +131,14 @@ class HandoverTest : public ::testing::TestWithParam<bool> {
       return 0;
     });
     a.reset();  // the predecessor's exec: everything of it is gone
+    if (remove_socket_before_successor) ::unlink(path().c_str());
     BackendHandover got = BackendHandover::parse(bytes, fds.size(), "the test's handover");
     got.fds = std::move(fds);
     b = std::make_unique<test::BackendRunner>(nc, std::make_unique<RecordingPort>(sent, "b0"), path(),
                                               std::move(got));
   }
 
+  bool remove_socket_before_successor = false;
   virtio::NetConfig nc;
   sriovd::test::TempDir dir;
   Sent sent;
@@ -229,6 +231,23 @@ TEST_P(HandoverTest, ALiveMigrationIsNotHandedOver) {
   EXPECT_NE(why.find("migration"), std::string::npos) << why;
   const uint64_t proto = kProtoReplyAck;
   request(kSetProtocolFeatures, &proto, 8);  // still served
+}
+
+TEST_P(HandoverTest, ASocketFileGoneMeanwhileIsMadeAnewAndTheConnectionGoesOn) {
+  for (uint8_t n = 1; n <= 2; ++n) transmit(n);
+  ASSERT_TRUE(take_used(2));
+  remove_socket_before_successor = true;
+  hand_over();
+  for (uint8_t n = 3; n <= 4; ++n) transmit(n);
+  ASSERT_TRUE(take_used(4)) << "the front-end's connection outlives its socket file";
+  struct stat st {};
+  ASSERT_EQ(::lstat(path().c_str(), &st), 0) << "listening anew at the path";
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  sock.reset();
+  ASSERT_TRUE(sriovd::test::wait_until([&] { return !b->on_io([&] { return b->backend.connected(); }); }, 3s));
+  UniqueFd again = test::connect_frontend(path(), 3);
+  const uint64_t proto = kProtoReplyAck;
+  EXPECT_EQ(test::acked_request(again.get(), kSetProtocolFeatures, &proto, 8, {}), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rings, HandoverTest, ::testing::Values(false, true),

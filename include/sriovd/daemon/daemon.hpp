@@ -42,6 +42,8 @@ struct Options {
   std::optional<size_t> test_stop_before_step;
   // An upgrade in place: the predecessor's handover manifest (handover.hpp).
   std::optional<int> handover_fd;
+  // Crash tests: a successor stops itself (SIGSTOP) before it takes over.
+  bool test_stop_before_takeover = false;
   // How this process was started, for the exec of an upgrade: the binary's
   // path as it was then (the package may replace the file) and argv.
   std::string binary;

@@ -106,6 +106,7 @@ mark() { python3 -c 'import sys, time; print(sys.argv[1], "%.6f" % time.monotoni
 ip netns exec vmA python3 -c '
 import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, 64 << 20)  # what a stall lets pile up
 s.bind(("10.77.0.1", 7777))
 with open("/work/rx.txt", "w", buffering=1) as f:
     while True:
@@ -179,7 +180,10 @@ for (name, t0), (_, t1) in zip(marks, marks[1:]):
 print(len(seqs), lost, ", ".join(steps))
 ')
 read -r rx_n rx_lost rx_gaps <<<"$stall"
-say "VMTEST INFO vhost-user traffic: $rx_n datagrams, $rx_lost lost; longest gap in arrivals: $rx_gaps"
+# shellcheck disable=SC2016  # awk's fields
+rcvbuf_errors=$(ip netns exec vmA awk '/^Udp:/ { n++; if (n == 2) print $6 }' /proc/net/snmp)
+tap_dropped=$(ip -n vmB -s link show gt0 | awk '/TX:/ { getline; print $4 }')
+say "VMTEST INFO vhost-user traffic: $rx_n datagrams, $rx_lost lost (receiver's buffer overflows $rcvbuf_errors, front-end tap drops $tap_dropped); longest gap in arrivals: $rx_gaps"
 check "nothing-lost" test "$rx_lost" = 0
 state() { systemctl show -p ActiveState --value sriovd; }
 systemctl stop --no-block sriovd
