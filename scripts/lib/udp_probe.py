@@ -31,7 +31,7 @@ def send(host, port, interval_ms):
 def recv(addr, port, path):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:  # what a stall lets pile up; past rmem_max needs root
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, 64 << 20)
+        s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
     except OSError:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
     s.bind((addr, port))

@@ -293,6 +293,9 @@ void Daemon::exec_successor() {
 
 int Daemon::run() {
   wait_for_signal();
+  // At once: an upgraded successor (the same PID) must not leave systemd's
+  // watchdog waiting a whole interval after its predecessor's last ping.
+  if (notifier_->watchdog_interval()) notifier_->watchdog_ping();
   arm_watchdog();
   arm_housekeeping();
   spdlog::info("sriovd {} ready: {}", kVersion, summary(config_));

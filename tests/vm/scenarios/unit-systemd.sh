@@ -106,7 +106,7 @@ mark() { python3 -c 'import sys, time; print(sys.argv[1], "%.6f" % time.monotoni
 ip netns exec vmA python3 -c '
 import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, 64 << 20)  # what a stall lets pile up
+s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)  # what a stall lets pile up
 s.bind(("10.77.0.1", 7777))
 with open("/work/rx.txt", "w", buffering=1) as f:
     while True:
