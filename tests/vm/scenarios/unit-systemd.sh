@@ -182,7 +182,7 @@ print(len(seqs), lost, ", ".join(steps))
 read -r rx_n rx_lost rx_gaps <<<"$stall"
 # shellcheck disable=SC2016  # awk's fields
 rcvbuf_errors=$(ip netns exec vmA awk '/^Udp:/ { n++; if (n == 2) print $6 }' /proc/net/snmp)
-tap_dropped=$(ip -n vmB -s link show gt0 | awk '/TX:/ { getline; print $4 }')
+tap_dropped=$(ip netns exec vmB cat /sys/class/net/gt0/statistics/tx_dropped)
 say "VMTEST INFO vhost-user traffic: $rx_n datagrams, $rx_lost lost (receiver's buffer overflows $rcvbuf_errors, front-end tap drops $tap_dropped); longest gap in arrivals: $rx_gaps"
 check "nothing-lost" test "$rx_lost" = 0
 state() { systemctl show -p ActiveState --value sriovd; }
