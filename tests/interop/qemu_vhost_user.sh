@@ -54,6 +54,32 @@ kill -0 "$sriovd_pid" || { echo "sriovd died:"; tail -n 20 "$work/sriovd.log"; r
 grep -q "front-end connected" "$work/sriovd.log" || { echo "QEMU never connected"; rc=1; }
 [[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log"; echo "--- sriovd ---"; cat "$work/sriovd.log"; exit 1; }
 
+# Part 1b (issue 41): sriovd is upgraded in place twice (sriovctl upgrade:
+# exec with a handover) while the guest runs iperf3: QEMU keeps its
+# connection (sriovd counts one), the transfer ends without an error, the
+# guest's link never drops.
+log1b=$work/console-upgrade.log
+vm_run "$here/vm/scenarios/virtio-net-upgrade.sh" "$log1b" /usr/bin/iperf3 &
+vm=$!
+pids+=("$vm")
+for _ in $(seq 1200); do grep -q 'phase-upgrade-ready' "$log1b" 2>/dev/null && break; sleep 0.1; done
+for _ in 1 2; do
+  "$build/src/sriovctl" --socket "$work/control.sock" --timeout 60 upgrade || rc=1
+  sleep 2
+done
+# While the guest still runs: QEMU's one connection, served by the upgraded
+# sriovd (which counts the connection it took over as its first).
+conn=$("$build/src/sriovctl" --socket "$work/control.sock" --json devices |
+  python3 -c 'import json, sys; v = json.load(sys.stdin)["virtio_devices"][0]; print(v["state"], v["vhost_user"]["connections"])')
+[[ $conn == "running 1" ]] || { echo "QEMU's connection after the upgrades: $conn (want: running 1)"; rc=1; }
+wait "$vm" || rc=1
+grep -E '^VMTEST (BENCH|PASS|FAIL)' "$log1b" || true
+grep -q "VMTEST FAIL" "$log1b" && rc=1
+grep -q 'VMTEST PASS guest-iperf3-through-upgrades' "$log1b" || rc=1
+[[ $(grep -c "guest-net: front-end taken over from the previous sriovd" "$work/sriovd.log") -eq 2 ]] ||
+  { echo "QEMU's connection was not taken over twice"; rc=1; }
+[[ $rc -eq 0 ]] || { echo "--- console ---"; cat "$log1b"; echo "--- sriovd ---"; cat "$work/sriovd.log"; exit 1; }
+
 # Part 2: sriovd is SIGKILLed and started again while the guest runs; QEMU
 # reconnects and the guest's traffic resumes.
 log2=$work/console-reconnect.log
