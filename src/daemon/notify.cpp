@@ -1,6 +1,7 @@
 #include "notify.hpp"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
@@ -84,6 +85,16 @@ std::string systemd_job_type() {
     const std::string path(unit_path);
     sd_bus_message_unref(reply);
     reply = nullptr;
+    // Only the main process of the service: a process that merely runs in
+    // a unit's cgroup (a test under a CI runner's unit) is not what a
+    // restart of that unit restarts.
+    uint32_t main_pid = 0;
+    if (sd_bus_get_property_trivial(bus.get(), kService, path.c_str(), "org.freedesktop.systemd1.Service", "MainPID",
+                                    &error, 'u', &main_pid) < 0 ||
+        main_pid != static_cast<uint32_t>(::getpid())) {
+      sd_bus_error_free(&error);
+      return "";
+    }
     uint32_t job_id = 0;
     const char* job_path = nullptr;
     if (sd_bus_get_property(bus.get(), kService, path.c_str(), "org.freedesktop.systemd1.Unit", "Job", &error, &reply,
