@@ -168,7 +168,6 @@ struct Args {
   bool upgrade_force = false;
 };
 
-
 // `upgrade`: the daemon replies (or its connection ends with the exec),
 // then the successor - the same PID - answers `status` with what it took
 // over from that PID.
@@ -216,7 +215,8 @@ int run_upgrade(const json& request, const Args& a) {
                   field(status, "version").c_str(), pid, h["virtio_devices"].size());
       for (const auto& n : h["virtio_devices"]) std::printf("  %s\n", n.get<std::string>().c_str());
       if (reply.contains("result"))
-        for (const auto& n : reply["result"]["served_afresh"]) std::printf("  served afresh: %s\n", n.get<std::string>().c_str());
+        for (const auto& n : reply["result"]["served_afresh"])
+          std::printf("  served afresh: %s\n", n.get<std::string>().c_str());
     }
     return 0;
   }
@@ -255,9 +255,10 @@ void add_commands(CLI::App& app, Args& a) {
   auto* link = app.add_subcommand("simulate-link", "simulated host only: a PF's link goes down or comes back");
   link->add_option("pf", a.link_pf, "the PF's address")->required();
   link->add_option("state", a.link_state, "up or down")->required()->check(CLI::IsMember({"up", "down"}));
-  auto* upgrade = app.add_subcommand(
-      "upgrade", "restart sriovd in place (the same PID) from its binary on disk, handing the VMs' vhost-user "
-                 "devices to it without them noticing; refused, with the running one going on, when it cannot");
+  auto* upgrade =
+      app.add_subcommand("upgrade",
+                         "restart sriovd in place (the same PID) from its binary on disk, handing the VMs' vhost-user "
+                         "devices to it without them noticing; refused, with the running one going on, when it cannot");
   upgrade->add_option("--binary", a.upgrade_binary, "the binary to exec (default: the daemon's own path)");
   upgrade->add_flag("--force", a.upgrade_force, "upgrade even if exports that are not handed over have clients");
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");

@@ -161,7 +161,8 @@ int run_captured(const std::vector<std::string>& argv, std::chrono::milliseconds
   const auto deadline = std::chrono::steady_clock::now() + limit;
   char buf[4096];
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     pollfd p{rd.get(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
@@ -205,7 +206,8 @@ json Daemon::upgrade(const json& req) {
   std::string out;
   if (run_captured({binary, "--handover-version"}, std::chrono::seconds(10), out) != 0)
     return refuse(binary + " --handover-version: " + trimmed(out));
-  if (trimmed(out).empty()) return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
+  if (trimmed(out).empty())
+    return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
   if (trimmed(out) != std::to_string(kHandoverVersion))
     return refuse(binary + " reads handovers of version " + trimmed(out) + "; this sriovd writes version " +
                   std::to_string(kHandoverVersion));

@@ -125,7 +125,8 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
   set_cloexec(fd, true);
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("the handover's manifest (fd " + std::to_string(fd) + ")");
-  if (st.st_size > (64 << 20)) throw std::runtime_error("the handover's manifest is " + std::to_string(st.st_size) + " bytes");
+  if (st.st_size > (64 << 20))
+    throw std::runtime_error("the handover's manifest is " + std::to_string(st.st_size) + " bytes");
   std::string text(static_cast<size_t>(st.st_size), '\0');
   if (::pread(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
     throw_errno("reading the handover's manifest");

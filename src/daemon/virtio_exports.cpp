@@ -183,7 +183,8 @@ void VirtioExports::start(const config::Config& cfg) {
 }
 
 std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevice& dev) {
-  const auto it = std::find_if(handed_.begin(), handed_.end(), [&](const HandedVirtio& h) { return h.name == dev.name; });
+  const auto it =
+      std::find_if(handed_.begin(), handed_.end(), [&](const HandedVirtio& h) { return h.name == dev.name; });
   if (it == handed_.end()) return std::nullopt;
   HandedVirtio h = std::move(*it);
   handed_.erase(it);

@@ -985,7 +985,8 @@ BackendHandover BackendHandover::parse(std::span<const uint8_t> bytes, size_t nf
            std::to_string(kVersion) + ")");
   const auto fd_index = [&](const char* field) {
     const uint32_t i = r.u32();
-    if (i != kNoFd && i >= nfds) r.fail(std::string(field) + " names fd " + std::to_string(i) + " of " + std::to_string(nfds));
+    if (i != kNoFd && i >= nfds)
+      r.fail(std::string(field) + " names fd " + std::to_string(i) + " of " + std::to_string(nfds));
     return i;
   };
   h.mode = r.u8();
@@ -1066,8 +1067,8 @@ BackendHandover Backend::freeze_for_handover() {
       h.protocol_negotiated = protocol_negotiated_;
       h.status = status_;
       for (const HeldRegion& r : held_regions_)
-        h.regions.push_back({r.guest_addr, r.size, r.user_addr, r.mmap_offset,
-                             h.add_fd(dup_fd(r.fd.get(), "a memory region's fd"))});
+        h.regions.push_back(
+            {r.guest_addr, r.size, r.user_addr, r.mmap_offset, h.add_fd(dup_fd(r.fd.get(), "a memory region's fd"))});
       for (unsigned q = 0; q < device_.num_queues(); ++q)
         h.queues.push_back({h.add_fd(dup_fd(kick_fds_[q].get(), "a kick fd")),
                             h.add_fd(dup_fd(call_fds_[q].get(), "a call fd")),
@@ -1113,8 +1114,7 @@ void Backend::handed_over() {
 
 void Backend::take_over(BackendHandover& h) {
   const std::string who = "vhost-user " + device_.name() + "'s handover";
-  if (h.mode != static_cast<uint8_t>(mode_))
-    throw std::invalid_argument(who + ": a back-end in the other socket mode");
+  if (h.mode != static_cast<uint8_t>(mode_)) throw std::invalid_argument(who + ": a back-end in the other socket mode");
   const virtio::DeviceState state = virtio::DeviceState::parse(h.device, who);
   if (mode_ == Mode::server) {
     std::optional<SocketFile> adopted;
@@ -1181,8 +1181,8 @@ void Backend::take_over(BackendHandover& h) {
   // spurious one costs a driver a look at its used ring).
   for (unsigned q = 0; q < device_.num_queues(); ++q)
     if (call_fds_[q]) calls_.engine.trigger(calls_.ids[q]);
-  spdlog::info("vhost-user: {}: front-end taken over from the previous sriovd ({} regions, device {})",
-               device_.name(), h.regions.size(), h.running ? "running" : "stopped");
+  spdlog::info("vhost-user: {}: front-end taken over from the previous sriovd ({} regions, device {})", device_.name(),
+               h.regions.size(), h.running ? "running" : "stopped");
 }
 
 }  // namespace sriovd::vhost_user

@@ -1388,7 +1388,6 @@ TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
   EXPECT_GE(export_of(request({{"cmd", "devices"}}), vf0)["vfio_user"]["protocol_errors"].get<int>(), 1);
 }
 
-
 // Issue 41: `sriovctl upgrade` execs the binary in place (the same PID)
 // and hands the vhost-user device over: the front-end keeps its connection
 // and its rings (frames sent after the upgrade go through), the tap is the
@@ -1448,7 +1447,6 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
   EXPECT_NE(log.find("vfb0: front-end taken over from the previous sriovd"), std::string::npos) << log;
   EXPECT_EQ(log.find("front-end disconnected"), std::string::npos) << log;
 }
-
 
 // Issue 41: a handover that fails loses nothing. A successor that cannot
 // read this handover's version is found out before the exec: refused, the

@@ -76,8 +76,7 @@ class HandoverTest : public ::testing::TestWithParam<bool> {
     for (unsigned q = 0; q < 2; ++q) {
       const auto r = g->addresses(q);
       test::start_vring([this](auto... args) { request(args...); }, q, kQueue,
-                        VringAddr{q, 0, kUser + r.desc, kUser + r.device, kUser + r.driver, 0}, 0, kicks[q],
-                        calls[q]);
+                        VringAddr{q, 0, kUser + r.desc, kUser + r.device, kUser + r.driver, 0}, 0, kicks[q], calls[q]);
     }
     ASSERT_TRUE(sriovd::test::wait_until([&] { return a->device.running(); }, 3s));
   }
@@ -134,8 +133,7 @@ class HandoverTest : public ::testing::TestWithParam<bool> {
     if (remove_socket_before_successor) ::unlink(path().c_str());
     BackendHandover got = BackendHandover::parse(bytes, fds.size(), "the test's handover");
     got.fds = std::move(fds);
-    b = std::make_unique<test::BackendRunner>(nc, std::make_unique<RecordingPort>(sent, "b0"), path(),
-                                              std::move(got));
+    b = std::make_unique<test::BackendRunner>(nc, std::make_unique<RecordingPort>(sent, "b0"), path(), std::move(got));
   }
 
   bool remove_socket_before_successor = false;
@@ -224,8 +222,8 @@ TEST_P(HandoverTest, AHandoverThatDoesNotHappenLeavesItServing) {
 
 TEST_P(HandoverTest, ALiveMigrationIsNotHandedOver) {
   // VHOST_F_LOG_ALL: the device logs its writes for a migration.
-  const uint64_t features = virtio::kVersion1 | kFeatureProtocolFeatures | kFeatureLogAll |
-                            (GetParam() ? virtio::kRingPacked : 0);
+  const uint64_t features =
+      virtio::kVersion1 | kFeatureProtocolFeatures | kFeatureLogAll | (GetParam() ? virtio::kRingPacked : 0);
   request(kSetFeatures, &features, 8);
   const std::string why = refusal();
   EXPECT_NE(why.find("migration"), std::string::npos) << why;
