@@ -914,8 +914,10 @@ TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
   };
   EXPECT_EQ(complete("''", 1),
             "status devices routes stats reload plan version release simulate-fault simulate-interrupt simulate-link "
-            "udev-event\n");
+            "upgrade udev-event\n");
   EXPECT_EQ(complete("de", 1), "devices\n");
+  EXPECT_EQ(complete("upgrade --f", 2), "--force\n");
+  EXPECT_EQ(complete("upgrade --b", 2), "--binary\n");
   EXPECT_EQ(complete("devices --js", 2), "--json\n");
   EXPECT_EQ(complete("simulate-fault --ti", 2), "--times --timeout\n");
   EXPECT_EQ(complete("udev-event re", 2), "remove\n");
