@@ -3,10 +3,12 @@
 // and a fixture that starts the daemon, talks to its control socket and ends
 // it by PID.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,25 @@ inline std::string config_text(const std::string& socket, int num_vfs, const std
          socket + ".vf0}\n";
 }
 
+// A network namespace of the test's own, deleted (by name) with this object.
+// `add()` makes it; false (and `why`) when it cannot be made - no root.
+struct TestNetns {
+  explicit TestNetns(std::string n) : name(std::move(n)) {}
+  ~TestNetns() { run({"/sbin/ip", "netns", "del", name}); }
+  TestNetns(const TestNetns&) = delete;
+  TestNetns& operator=(const TestNetns&) = delete;
+  bool add() {
+    const RunResult r = run({"/sbin/ip", "netns", "add", name});
+    why = r.output;
+    return r.exit_code == 0;
+  }
+  // What runs a command (the daemon) inside it; its PID stays the command's.
+  [[nodiscard]] std::vector<std::string> exec() const { return exec_in(name); }
+  static std::vector<std::string> exec_in(const std::string& ns) { return {"/sbin/ip", "netns", "exec", ns}; }
+  std::string name;
+  std::string why;
+};
+
 class Daemon : public ::testing::Test {
  protected:
   std::string socket() const { return dir_.file("run/control.sock"); }
@@ -64,6 +85,20 @@ class Daemon : public ::testing::Test {
               ", type: net, transport: vhost-user, socket: " + dir_.file("run/" + name + ".sock") +
               ", backend: {type: vf, pf: \"0000:3b:00.0\", vf: 1, via: " + via + "}}\n";
     dir_.write("sriovd.yaml", text);
+  }
+
+  // vfb0, a vhost-user device on tap `tap` in `netns` (added here), beside
+  // config_text's VF; the reason when this machine cannot (not root, no
+  // /dev/net/tun).
+  std::optional<std::string> write_tap_device_config(TestNetns& netns, const std::string& tap) {
+    if (!netns.add()) return "needs root for a network namespace (ip netns add): " + netns.why;
+    if (::access("/dev/net/tun", R_OK | W_OK) != 0)
+      return std::string("needs /dev/net/tun (and root) for a tap backend");
+    dir_.write("sriovd.yaml", config_text(socket(), 2) +
+                                  "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " +
+                                  dir_.file("run/vfb0.sock") + ", backend: {type: tap, name: " + tap +
+                                  ", netns: " + netns.name + "}}\n");
+    return std::nullopt;
   }
 
   // Starts sriovd and waits until its control socket answers.
@@ -106,25 +141,6 @@ class Daemon : public ::testing::Test {
 
   test::TempDir dir_;
   std::unique_ptr<test::Process> daemon_;
-};
-
-// A network namespace of the test's own, deleted (by name) with this object.
-// `add()` makes it; false (and `why`) when it cannot be made - no root.
-struct TestNetns {
-  explicit TestNetns(std::string n) : name(std::move(n)) {}
-  ~TestNetns() { run({"/sbin/ip", "netns", "del", name}); }
-  TestNetns(const TestNetns&) = delete;
-  TestNetns& operator=(const TestNetns&) = delete;
-  bool add() {
-    const RunResult r = run({"/sbin/ip", "netns", "add", name});
-    why = r.output;
-    return r.exit_code == 0;
-  }
-  // What runs a command (the daemon) inside it; its PID stays the command's.
-  [[nodiscard]] std::vector<std::string> exec() const { return exec_in(name); }
-  static std::vector<std::string> exec_in(const std::string& ns) { return {"/sbin/ip", "netns", "exec", ns}; }
-  std::string name;
-  std::string why;
 };
 
 }  // namespace sriovd::test

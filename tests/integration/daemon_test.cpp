@@ -1397,15 +1397,11 @@ TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
 // over. A successor that cannot read the handover is found out first: the
 // upgrade is refused and the running sriovd goes on.
 TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
-  const std::string ns = "sriovd-up" + std::to_string(::getpid());
-  test::TestNetns netns(ns);
-  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
-  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for a tap backend";
-  const std::string vfb = dir_.file("run/vfb0.sock");
+  test::TestNetns netns("sriovd-up" + std::to_string(::getpid()));
   const std::string tap = "up" + std::to_string(::getpid() % 100000);
-  dir_.write("sriovd.yaml", config_text(socket(), 2) +
-                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + vfb +
-                                ", backend: {type: tap, name: " + tap + ", netns: " + ns + "}}\n");
+  if (const auto why = write_tap_device_config(netns, tap)) GTEST_SKIP() << *why;
+  const std::string& ns = netns.name;
+  const std::string vfb = dir_.file("run/vfb0.sock");
   start();
   const int pid = request({{"cmd", "status"}})["result"].value("pid", 0);
   auto ifindex = [&] {
@@ -1458,15 +1454,10 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
 // again on its socket and a front-end that connects again gets traffic
 // through the tap.
 TEST_F(Daemon, AFailedHandoverLosesNothing) {
-  const std::string ns = "sriovd-uf" + std::to_string(::getpid());
-  test::TestNetns netns(ns);
-  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
-  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for a tap backend";
-  const std::string vfb = dir_.file("run/vfb0.sock");
+  test::TestNetns netns("sriovd-uf" + std::to_string(::getpid()));
   const std::string tap = "uf" + std::to_string(::getpid() % 100000);
-  dir_.write("sriovd.yaml", config_text(socket(), 2) +
-                                "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + vfb +
-                                ", backend: {type: tap, name: " + tap + ", netns: " + ns + "}}\n");
+  if (const auto why = write_tap_device_config(netns, tap)) GTEST_SKIP() << *why;
+  const std::string vfb = dir_.file("run/vfb0.sock");
   start({"--test-stop-before-takeover"});
   const int pid = request({{"cmd", "status"}})["result"].value("pid", 0);
   auto tx_packets = [&] {

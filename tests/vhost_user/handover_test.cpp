@@ -119,6 +119,15 @@ class HandoverTest : public ::testing::TestWithParam<bool> {
         },
         3s);
   }
+  // The successor's socket takes a new front-end once this one goes (one
+  // front-end at a time).
+  void expect_a_new_front_end_served() {
+    sock.reset();
+    ASSERT_TRUE(sriovd::test::wait_until([&] { return !b->on_io([&] { return b->backend.connected(); }); }, 3s));
+    UniqueFd again = test::connect_frontend(path(), 3);
+    const uint64_t proto = kProtoReplyAck;
+    EXPECT_EQ(test::acked_request(again.get(), kSetProtocolFeatures, &proto, 8, {}), 0);
+  }
   // Hands a's back-end over to a new one, through the bytes and fd list
   // an exec would carry, as the daemon does; a is gone after it.
   void hand_over() {
@@ -195,11 +204,7 @@ TEST_P(HandoverTest, TheFrontEndKeepsItsConnectionAndEveryPacketGoesOnce) {
   struct stat st {};
   ASSERT_EQ(::lstat(path().c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  sock.reset();
-  ASSERT_TRUE(sriovd::test::wait_until([&] { return !b->on_io([&] { return b->backend.connected(); }); }, 3s));
-  UniqueFd again = test::connect_frontend(path(), 3);
-  const uint64_t proto = kProtoReplyAck;
-  EXPECT_EQ(test::acked_request(again.get(), kSetProtocolFeatures, &proto, 8, {}), 0);
+  expect_a_new_front_end_served();
 }
 
 TEST_P(HandoverTest, AHandoverThatDoesNotHappenLeavesItServing) {
@@ -241,11 +246,7 @@ TEST_P(HandoverTest, ASocketFileGoneMeanwhileIsMadeAnewAndTheConnectionGoesOn) {
   struct stat st {};
   ASSERT_EQ(::lstat(path().c_str(), &st), 0) << "listening anew at the path";
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  sock.reset();
-  ASSERT_TRUE(sriovd::test::wait_until([&] { return !b->on_io([&] { return b->backend.connected(); }); }, 3s));
-  UniqueFd again = test::connect_frontend(path(), 3);
-  const uint64_t proto = kProtoReplyAck;
-  EXPECT_EQ(test::acked_request(again.get(), kSetProtocolFeatures, &proto, 8, {}), 0);
+  expect_a_new_front_end_served();
 }
 
 INSTANTIATE_TEST_SUITE_P(Rings, HandoverTest, ::testing::Values(false, true),
