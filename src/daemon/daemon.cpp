@@ -195,6 +195,7 @@ std::string trimmed(std::string s) {
 
 json Daemon::upgrade(const json& req) {
   if (upgrading_) return control::make_error(control::errc::kFailed, "an upgrade is already under way");
+  if (stopping_) return control::make_error(control::errc::kFailed, "sriovd is stopping");
   const std::string binary = req.value("binary", options_.binary);
   const bool force = req.value("force", false);
   const auto refuse = [&](const std::string& why) {
@@ -383,6 +384,12 @@ void Daemon::shutdown(const char* why) {
   if (stopping_) return;
   stopping_ = true;
   spdlog::info("{}: stopping", why);
+  if (upgrading_) {
+    // Stopped between an upgrade's reply and its exec: no exec; the
+    // devices' duplicates are closed with it.
+    upgrading_->handover.keep_from_exec();
+    upgrading_.reset();
+  }
   const bool handed = std::string_view(why) == "SIGTERM" && hand_over_to_fd_store();
   notifier_->stopping();
   if (handed) {

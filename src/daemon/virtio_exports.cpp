@@ -158,6 +158,7 @@ void VirtioExports::start(const config::Config& cfg) {
           } catch (const std::exception& ex) {
             spdlog::error("virtio {}: the handover did not fit ({}); served afresh", dev.name, ex.what());
             e.backend.reset();
+            e.thread->call([&] { e.device->reset(); });  // whatever of the state was restored
             serve(dev, e);
           }
         } else {
