@@ -79,7 +79,7 @@ ip -n "$nsa" neigh replace 10.78.0.2 lladdr "$(ip netns exec "$nsb" cat "/sys/cl
 ip -n "$nsb" neigh replace 10.78.0.1 lladdr "$(ip netns exec "$nsa" cat "/sys/class/net/vu$tag/address")" dev "ug$tag" nud permanent
 ip netns exec "$nsa" python3 scripts/lib/udp_probe.py recv 10.78.0.1 7777 "$dir/rx" &
 pids+=($!)
-sleep 0.5
+for _ in $(seq 100); do [[ -e $dir/rx.ready ]] && break; sleep 0.1; done
 ip netns exec "$nsb" python3 scripts/lib/udp_probe.py send 10.78.0.1 7777 1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s $dir/rx ]] && break; sleep 0.1; done

@@ -3,6 +3,7 @@
 
   udp_probe.py send HOST PORT INTERVAL_MS     numbered datagrams until killed
   udp_probe.py recv ADDR PORT FILE            "SEQ MONOTONIC_S" per arrival, to FILE
+                                              (FILE.ready once bound)
   udp_probe.py report FILE MARKS              JSON: datagrams, lost, and per window
                                               between marks ("NAME MONOTONIC_S"
                                               lines) the longest gap in arrivals (ms)
@@ -35,6 +36,7 @@ def recv(addr, port, path):
     except OSError:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
     s.bind((addr, port))
+    open(path + ".ready", "w").close()  # bound: what is sent from now on is counted
     with open(path, "w", buffering=1) as f:
         while True:
             d, _ = s.recvfrom(64)

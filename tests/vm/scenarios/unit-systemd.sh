@@ -108,12 +108,16 @@ import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)  # what a stall lets pile up
 s.bind(("10.77.0.1", 7777))
+open("/work/rx.ready", "w").close()  # bound: what is sent from now on is counted
 with open("/work/rx.txt", "w", buffering=1) as f:
     while True:
         d, _ = s.recvfrom(64)
         f.write("%d %.6f\n" % (int(d), time.monotonic()))
 ' &
 RX=$!
+# The sender starts once the receiver is bound (python starts slowly under
+# TCG: datagrams sent before would count as lost).
+wait_for 30 test -e /work/rx.ready
 ip netns exec vmB python3 -c '
 import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -177,6 +181,8 @@ for (name, t0), (_, t1) in zip(marks, marks[1:]):
     ts = [t for t in times if float(t0) <= t <= float(t1)]
     gap = max((b - a for a, b in zip(ts, ts[1:])), default=0)
     steps.append("%s %.0f ms" % (name, gap * 1000))
+missing = sorted(set(range(seqs[-1] + 1)) - set(seqs))[:8] if seqs else []
+steps.append("missing seqs %s" % (",".join(map(str, missing)) or "none"))
 print(len(seqs), lost, ", ".join(steps))
 ')
 read -r rx_n rx_lost rx_gaps <<<"$stall"
