@@ -165,6 +165,8 @@ check "dpkg-reinstall-upgrades-in-place" dpkg -i /work/sriovd.deb
 check "frontend-attached-after-reinstall" attached
 check "traffic-after-reinstall" flowing
 mark end
+# Before the front-end goes (its tap with it).
+tap_dropped=$(ip netns exec vmB cat /sys/class/net/gt0/statistics/tx_dropped)
 kill "$TX"
 sleep 1
 kill "$RX" "$FRONTEND"
@@ -188,7 +190,6 @@ print(len(seqs), lost, ", ".join(steps))
 read -r rx_n rx_lost rx_gaps <<<"$stall"
 # shellcheck disable=SC2016  # awk's fields
 rcvbuf_errors=$(ip netns exec vmA awk '/^Udp:/ { n++; if (n == 2) print $6 }' /proc/net/snmp)
-tap_dropped=$(ip netns exec vmB cat /sys/class/net/gt0/statistics/tx_dropped)
 say "VMTEST INFO vhost-user traffic: $rx_n datagrams, $rx_lost lost (receiver's buffer overflows $rcvbuf_errors, front-end tap drops $tap_dropped); longest gap in arrivals: $rx_gaps"
 check "nothing-lost" test "$rx_lost" = 0
 state() { systemctl show -p ActiveState --value sriovd; }
