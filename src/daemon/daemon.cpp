@@ -205,12 +205,12 @@ json Daemon::upgrade(const json& req) {
   if (binary.empty() || binary.front() != '/') return refuse("the binary must be an absolute path: '" + binary + "'");
   // The successor reads what this one writes, and takes the config on disk.
   std::string out;
-  if (run_captured({binary, "--handover-version"}, std::chrono::seconds(10), out) != 0)
-    return refuse(binary + " --handover-version: " + trimmed(out));
-  if (trimmed(out).empty())
-    return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
-  if (trimmed(out) != std::to_string(kHandoverVersion))
-    return refuse(binary + " reads handovers of version " + trimmed(out) + "; this sriovd writes version " +
+  const int version_rc = run_captured({binary, "--handover-version"}, std::chrono::seconds(10), out);
+  const std::string reads = trimmed(out);
+  if (version_rc != 0) return refuse(binary + " --handover-version: " + reads);
+  if (reads.empty()) return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
+  if (reads != std::to_string(kHandoverVersion))
+    return refuse(binary + " reads handovers of version " + reads + "; this sriovd writes version " +
                   std::to_string(kHandoverVersion));
   out.clear();
   if (run_captured({binary, "--check-config", options_.config_path}, std::chrono::seconds(30), out) != 0)
@@ -253,11 +253,7 @@ void Daemon::exec_successor() {
   // Nothing but what is handed over crosses the exec: every other fd is
   // closed by it (sockets Boost.Asio opened without close-on-exec too: a
   // listening port kept would make the successor's bind fail).
-  std::vector<int> keep;
-  for (const auto& v : p.handover.virtio) {
-    for (const auto& fd : v.backend.fds) keep.push_back(fd.get());
-    for (const auto& fd : v.tap_fds) keep.push_back(fd.get());
-  }
+  std::vector<int> keep = p.handover.fd_numbers();
   keep.push_back(p.manifest.get());
   std::vector<int> flagged;
   if (DIR* d = ::opendir("/proc/self/fd")) {

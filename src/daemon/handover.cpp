@@ -114,6 +114,12 @@ UniqueFd Handover::write() const {
   return fd;
 }
 
+std::vector<int> Handover::fd_numbers() const {
+  std::vector<int> out;
+  each_fd(*this, [&](int f) { out.push_back(f); });
+  return out;
+}
+
 void Handover::keep_from_exec() const {
   each_fd(*this, [](int f) { set_cloexec(f, true); });
 }

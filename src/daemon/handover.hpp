@@ -46,6 +46,8 @@ struct Handover {
   // caller exec's next, or calls keep_from_exec() if it does not).
   [[nodiscard]] UniqueFd write() const;
   void keep_from_exec() const;
+  // Every fd it holds.
+  [[nodiscard]] std::vector<int> fd_numbers() const;
   // The successor's: the manifest at `fd` and the fds it names, taken
   // (close-on-exec again). Throws std::runtime_error naming what is wrong;
   // the fds it took by then are closed.

@@ -97,20 +97,18 @@ void UnixListener::accept_next() {
 }
 
 void UnixListener::admit_or_refuse(UniqueFd fd) {
-  {
-    const std::optional<ucred> peer = peer_credentials(fd.get());
-    std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
-    if (why.empty() && busy_ && busy_())
-      why = "refused " + options_.busy_refusal + " (pid " + std::to_string(peer->pid) + ")";
-    if (why.empty()) {
-      ++accepted_;
-      admit_(std::move(fd), *peer);
-    } else {
-      ++refused_;
-      last_refusal_ = why;
-      spdlog::warn("{}: {}", options_.what, why);
-      if (refuse_) refuse_(std::move(fd), why);
-    }
+  const std::optional<ucred> peer = peer_credentials(fd.get());
+  std::string why = peer_refusal(peer, options_.allowed_uids, options_.list);
+  if (why.empty() && busy_ && busy_())
+    why = "refused " + options_.busy_refusal + " (pid " + std::to_string(peer->pid) + ")";
+  if (why.empty()) {
+    ++accepted_;
+    admit_(std::move(fd), *peer);
+  } else {
+    ++refused_;
+    last_refusal_ = why;
+    spdlog::warn("{}: {}", options_.what, why);
+    if (refuse_) refuse_(std::move(fd), why);
   }
 }
 

@@ -138,9 +138,8 @@ void Backend::make_listener(std::optional<SocketFile> adopted) {
     ++stats_.refused_peers;
     stats_.last_error = why;
   };
-  asio::io_context& io = io_;
-  listener_ = adopted ? std::make_unique<UnixListener>(io, std::move(*adopted), options, admit, busy, refuse)
-                      : std::make_unique<UnixListener>(io, path_, options, admit, busy, refuse);
+  listener_ = adopted ? std::make_unique<UnixListener>(io_, std::move(*adopted), options, admit, busy, refuse)
+                      : std::make_unique<UnixListener>(io_, path_, options, admit, busy, refuse);
   spdlog::info("vhost-user: {} {} {}", device_.name(), adopted ? "listening again (handed over) on" : "listening on",
                path_);
 }
@@ -449,8 +448,7 @@ bool Backend::set_mem_table(Message& m) {
   held_regions_.clear();
   for (uint32_t i = 0; i < t.nregions; ++i) {
     const MemRegion& reg = t.regions[i];
-    memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[i].get(), reg.mmap_offset);
-    held_regions_.push_back({reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[i])});
+    add_region(reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[i]));
   }
   device_.set_memory(&memory_);
   install_log();  // the log must cover the new table
@@ -515,13 +513,11 @@ bool Backend::set_vring_fd(Message& m) {
   if (m.hdr.request == kSetVringKick) {
     if (no_fd) throw ProtocolError("SET_VRING_KICK without an fd (polling mode is not supported)");
     device_.stop();
-    kick_fds_[q] = dup_fd(fd.get(), "a kick eventfd");
-    device_.set_queue_kick(q, std::move(fd));
+    use_kick(q, std::move(fd));
     // Without protocol features a ring starts when its kick fd arrives.
     if (!protocol_negotiated_) device_.set_queue_enabled(q, true);
   } else if (m.hdr.request == kSetVringCall) {
-    call_fds_[q] = dup_fd(fd.get(), "a call eventfd");
-    calls_.set(q, std::move(fd));
+    use_call(q, std::move(fd));
   } else {
     // Never signalled (the device reports no ring errors), but held: one
     // per queue, the last one given, so a peer cannot pile them up.
@@ -579,8 +575,7 @@ bool Backend::mem_reg(Message& m) {
   if (m.hdr.request == kAddMemReg) {
     if (memory_.regions().size() >= kMaxRegions)
       throw ProtocolError("ADD_MEM_REG beyond " + std::to_string(kMaxRegions) + " memory slots");
-    memory_.add_fd_region(reg.guest_addr, reg.size, reg.user_addr, m.fds[0].get(), reg.mmap_offset);
-    held_regions_.push_back({reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[0])});
+    add_region(reg.guest_addr, reg.size, reg.user_addr, reg.mmap_offset, std::move(m.fds[0]));
   } else if (!memory_.remove_region(reg.guest_addr, reg.size)) {
     throw ProtocolError("REM_MEM_REG of a region that was not added (0x" + std::to_string(reg.guest_addr) + ")");
   } else {
@@ -661,12 +656,7 @@ bool Backend::set_inflight(Message& m) {
   if (device_.wedged())
     throw ProtocolError(what + ": the device's worker did not stop and may still mark chains in the old buffer");
   // Sealed or not, a fault there fails this connection, not the daemon.
-  inflight_ = map_peer_buffer(m.fds[0].get(), d.mmap_offset, d.mmap_size, what);
-  device_.set_inflight(inflight_.data(), d.num_queues, d.queue_size);
-  inflight_fd_ = std::move(m.fds[0]);
-  inflight_offset_ = d.mmap_offset;
-  inflight_queues_ = d.num_queues;
-  inflight_queue_size_ = d.queue_size;
+  use_inflight(std::move(m.fds[0]), d.mmap_offset, d.mmap_size, d.num_queues, d.queue_size, what);
   log_limited(log_limits_.inflight, spdlog::level::info, "vhost-user: {}: inflight buffer for {} queues of {}",
               device_.name(), d.num_queues, d.queue_size);
   return false;
@@ -1108,6 +1098,31 @@ void Backend::thaw() {
   spdlog::info("vhost-user: {}: the handover did not happen; serving again", device_.name());
 }
 
+void Backend::add_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, uint64_t mmap_offset, UniqueFd fd) {
+  memory_.add_fd_region(guest_addr, size, user_addr, fd.get(), mmap_offset);
+  held_regions_.push_back({guest_addr, size, user_addr, mmap_offset, std::move(fd)});
+}
+
+void Backend::use_kick(unsigned q, UniqueFd fd) {
+  kick_fds_[q] = dup_fd(fd.get(), "a kick eventfd");
+  device_.set_queue_kick(q, std::move(fd));
+}
+
+void Backend::use_call(unsigned q, UniqueFd fd) {
+  call_fds_[q] = dup_fd(fd.get(), "a call eventfd");
+  calls_.set(q, std::move(fd));
+}
+
+void Backend::use_inflight(UniqueFd fd, uint64_t offset, uint64_t size, uint16_t queues, uint16_t queue_size,
+                           const std::string& what) {
+  inflight_ = map_peer_buffer(fd.get(), offset, size, what);
+  device_.set_inflight(inflight_.data(), queues, queue_size);
+  inflight_fd_ = std::move(fd);
+  inflight_offset_ = offset;
+  inflight_queues_ = queues;
+  inflight_queue_size_ = queue_size;
+}
+
 void Backend::handed_over() {
   if (listener_) listener_->forget_file();
 }
@@ -1140,34 +1155,19 @@ void Backend::take_over(BackendHandover& h) {
   protocol_features_ = h.protocol_features;
   protocol_negotiated_ = h.protocol_negotiated;
   status_ = h.status;
-  for (const auto& r : h.regions) {
-    UniqueFd fd = h.take_fd(r.fd);
-    memory_.add_fd_region(r.guest_addr, r.size, r.user_addr, fd.get(), r.mmap_offset);
-    held_regions_.push_back({r.guest_addr, r.size, r.user_addr, r.mmap_offset, std::move(fd)});
-  }
+  for (const auto& r : h.regions) add_region(r.guest_addr, r.size, r.user_addr, r.mmap_offset, h.take_fd(r.fd));
   if (!h.regions.empty()) device_.set_memory(&memory_);
-  if (UniqueFd fd = h.take_fd(h.inflight)) {
-    inflight_ = map_peer_buffer(fd.get(), h.inflight_offset, h.inflight_size, who + ": the inflight buffer");
-    device_.set_inflight(inflight_.data(), h.inflight_queues, h.inflight_queue_size);
-    inflight_fd_ = std::move(fd);
-    inflight_offset_ = h.inflight_offset;
-    inflight_queues_ = h.inflight_queues;
-    inflight_queue_size_ = h.inflight_queue_size;
-  }
+  if (UniqueFd fd = h.take_fd(h.inflight))
+    use_inflight(std::move(fd), h.inflight_offset, h.inflight_size, h.inflight_queues, h.inflight_queue_size,
+                 who + ": the inflight buffer");
   // The front-end may have changed its eventfds' flags since the
   // predecessor checked them: checked again.
   for (unsigned q = 0; q < device_.num_queues(); ++q) {
     const BackendHandover::Queue& hq = h.queues[q];
-    if (UniqueFd kick = h.take_fd(hq.kick)) {
-      kick = checked_peer_eventfd(std::move(kick), who + ": queue " + std::to_string(q) + "'s kick");
-      kick_fds_[q] = dup_fd(kick.get(), "a kick eventfd");
-      device_.set_queue_kick(q, std::move(kick));
-    }
-    if (UniqueFd call = h.take_fd(hq.call)) {
-      call = checked_peer_eventfd(std::move(call), who + ": queue " + std::to_string(q) + "'s call");
-      call_fds_[q] = dup_fd(call.get(), "a call eventfd");
-      calls_.set(q, std::move(call));
-    }
+    if (UniqueFd kick = h.take_fd(hq.kick))
+      use_kick(q, checked_peer_eventfd(std::move(kick), who + ": queue " + std::to_string(q) + "'s kick"));
+    if (UniqueFd call = h.take_fd(hq.call))
+      use_call(q, checked_peer_eventfd(std::move(call), who + ": queue " + std::to_string(q) + "'s call"));
     err_fds_[q] = h.take_fd(hq.err);
   }
   backend_req_ = h.take_fd(h.backend_req);

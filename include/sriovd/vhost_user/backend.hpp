@@ -212,6 +212,14 @@ class Backend {
   void install_log();
   void drop_log();
   void take_over(BackendHandover& h);
+  // What a session gives the back-end, kept for a handover too: a memory
+  // region with its fd, a queue's kick and call eventfds, the inflight
+  // buffer (mapped, given to the device).
+  void add_region(uint64_t guest_addr, uint64_t size, uint64_t user_addr, uint64_t mmap_offset, UniqueFd fd);
+  void use_kick(unsigned q, UniqueFd fd);
+  void use_call(unsigned q, UniqueFd fd);
+  void use_inflight(UniqueFd fd, uint64_t offset, uint64_t size, uint16_t queues, uint16_t queue_size,
+                    const std::string& what);
   void make_listener(std::optional<SocketFile> adopted);
   [[nodiscard]] uint64_t offered_protocol() const;
   void reply(const Message& m, const void* payload, uint32_t size, int fd = -1);
