@@ -209,7 +209,7 @@ json Daemon::upgrade(const json& req) {
   const std::string reads = trimmed(out);
   if (version_rc != 0) return refuse(binary + " --handover-version: " + reads);
   if (reads.empty()) return refuse(binary + " --handover-version printed nothing: not an sriovd that can take over");
-  if (reads != std::to_string(kHandoverVersion))
+  if (!reads_handover_version(reads, kHandoverVersion))
     return refuse(binary + " reads handovers of version " + reads + "; this sriovd writes version " +
                   std::to_string(kHandoverVersion));
   out.clear();
@@ -221,7 +221,7 @@ json Daemon::upgrade(const json& req) {
   auto pending = std::make_unique<PendingUpgrade>(PendingUpgrade{binary, {}, {}, asio::steady_timer(io_)});
   pending->handover.from_pid = ::getpid();
   try {
-    pending->handover.virtio = virtio_->freeze_for_handover(cut);
+    pending->handover.virtio = virtio_->freeze_for_handover();
   } catch (const std::exception& e) {
     return refuse(e.what());
   }
@@ -357,7 +357,7 @@ bool Daemon::hand_over_to_fd_store() {
   Handover h;
   h.from_pid = ::getpid();
   try {
-    h.virtio = virtio_->freeze_for_handover(cut);
+    h.virtio = virtio_->freeze_for_handover();
   } catch (const std::exception& e) {
     spdlog::warn("restart by systemd: no handover ({}): the devices' clients see their connections end", e.what());
     return false;

@@ -13,6 +13,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <map>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -89,21 +90,42 @@ template <typename F>
 void each_fd(const Handover& h, F f) {
   for (const HandedVirtio& v : h.virtio) {
     for (const UniqueFd& fd : v.backend.fds) f(fd.get());
+    for (const UniqueFd& fd : v.server.fds) f(fd.get());
     for (const UniqueFd& fd : v.tap_fds) f(fd.get());
   }
 }
 
 }  // namespace
 
+std::string handover_versions_read() {
+  std::string out;
+  for (uint32_t v = kOldestHandoverRead; v <= kHandoverVersion; ++v)
+    out += (out.empty() ? "" : " ") + std::to_string(v);
+  return out;
+}
+
+bool reads_handover_version(const std::string& reads, uint32_t version) {
+  std::istringstream words(reads);
+  std::string word;
+  while (words >> word)
+    if (word == std::to_string(version)) return true;
+  return false;
+}
+
 UniqueFd Handover::write() const {
   json j = {{"version", kHandoverVersion}, {"from_pid", from_pid}, {"virtio", json::array()}};
-  for (const HandedVirtio& v : virtio)
-    j["virtio"].push_back({{"name", v.name},
-                           {"socket", v.socket},
-                           {"backend", to_hex(v.backend.serialize())},
-                           {"backend_fds", numbers(v.backend.fds)},
-                           {"tap", v.tap},
-                           {"tap_fds", numbers(v.tap_fds)}});
+  for (const HandedVirtio& v : virtio) {
+    json d = {{"name", v.name}, {"socket", v.socket}, {"tap", v.tap}, {"tap_fds", numbers(v.tap_fds)}};
+    if (v.pci) {
+      d["transport"] = "vfio-user";
+      d["server"] = to_hex(v.server.serialize());
+      d["server_fds"] = numbers(v.server.fds);
+    } else {
+      d["backend"] = to_hex(v.backend.serialize());
+      d["backend_fds"] = numbers(v.backend.fds);
+    }
+    j["virtio"].push_back(std::move(d));
+  }
   const std::string text = j.dump();
   UniqueFd fd(::memfd_create("sriovd-handover", MFD_ALLOW_SEALING));  // inherited by the exec
   if (!fd) throw_errno("the handover's manifest");
@@ -140,9 +162,9 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
   try {
     const json j = json::parse(text);
     const uint32_t version = j.at("version").get<uint32_t>();
-    if (version != kHandoverVersion)
+    if (version < kOldestHandoverRead || version > kHandoverVersion)
       throw std::runtime_error("a handover of version " + std::to_string(version) + " (this sriovd reads " +
-                               std::to_string(kHandoverVersion) + ")");
+                               handover_versions_read() + ")");
     h.from_pid = j.at("from_pid").get<int>();
     // Device by device: one that cannot be taken (its fds closed) is
     // served afresh; the others are still taken over.
@@ -151,12 +173,24 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
       hv.name = v.at("name").get<std::string>();
       try {
         hv.socket = v.at("socket").get<std::string>();
-        std::vector<UniqueFd> fds = take(v.at("backend_fds"), hv.name, remap);
+        // Version 1 knew vhost-user only.
+        const std::string transport = v.value("transport", std::string("vhost-user"));
+        if (transport != "vhost-user" && transport != "vfio-user")
+          throw std::runtime_error("transport '" + transport + "'");
+        hv.pci = transport == "vfio-user";
+        const char* part = hv.pci ? "server" : "backend";
+        std::vector<UniqueFd> fds = take(v.at(std::string(part) + "_fds"), hv.name, remap);
         hv.tap = v.at("tap").get<std::string>();
         hv.tap_fds = take(v.at("tap_fds"), hv.name, remap);
-        hv.backend = vhost_user::BackendHandover::parse(from_hex(v.at("backend").get<std::string>(), hv.name),
-                                                        fds.size(), "the handover of virtio device " + hv.name);
-        hv.backend.fds = std::move(fds);
+        const std::vector<uint8_t> bytes = from_hex(v.at(part).get<std::string>(), hv.name);
+        const std::string what = "the handover of virtio device " + hv.name;
+        if (hv.pci) {
+          hv.server = vfio_user::ServerHandover::parse(bytes, fds.size(), what);
+          hv.server.fds = std::move(fds);
+        } else {
+          hv.backend = vhost_user::BackendHandover::parse(bytes, fds.size(), what);
+          hv.backend.fds = std::move(fds);
+        }
         h.virtio.push_back(std::move(hv));
       } catch (const std::exception& e) {
         spdlog::error("upgrade: virtio device {} cannot be taken over ({}): it starts afresh", hv.name, e.what());

@@ -8,13 +8,15 @@
 // (--handover-version), and the upgrade is refused while the running one
 // goes on.
 //
-// Handed over today: each vhost-user virtio device's back-end (its socket,
-// connection, memory, rings, eventfds and device state:
-// vhost_user::BackendHandover) and a tap port's queue fds. The rest is
-// made anew by the successor as at any start: the host is already as the
-// config says (the journal's converge finds nothing to do), VF exports and
-// virtio-pci devices over vfio-user are served afresh (their clients see
-// their connection end), other ports are opened again.
+// Handed over today: each virtio device's transport - a vhost-user
+// back-end (its socket, connection, memory, rings, eventfds and device
+// state: vhost_user::BackendHandover) or a virtio-pci device's vfio-user
+// server (socket, connection, DMA windows, doorbells, MSI-X eventfds and
+// the device's state: vfio_user::ServerHandover) - and a tap port's queue
+// fds. The rest is made anew by the successor as at any start: the host is
+// already as the config says (the journal's converge finds nothing to do),
+// VF exports are served afresh (their clients see their connection end),
+// other ports are opened again.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,17 +25,29 @@
 
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vhost_user/backend.hpp"
 
 namespace sriovd::daemon {
 
-inline constexpr uint32_t kHandoverVersion = 1;
+// What this sriovd writes; it reads this and every older one (1: vhost-user
+// devices only; 2: virtio-pci over vfio-user too).
+inline constexpr uint32_t kHandoverVersion = 2;
+inline constexpr uint32_t kOldestHandoverRead = 1;
+// `--handover-version`'s answer: the versions read, space-separated ("1 2").
+std::string handover_versions_read();
+// Whether a successor's answer `reads` names `version`.
+bool reads_handover_version(const std::string& reads, uint32_t version);
 
 // One virtio device's part.
 struct HandedVirtio {
   std::string name;
   std::string socket;
+  // Its transport's part: a vhost-user back-end's, or (pci) the vfio-user
+  // server's of a virtio-pci device.
+  bool pci = false;
   vhost_user::BackendHandover backend;
+  vfio_user::ServerHandover server;
   std::string tap;  // the tap's name when its queue fds are handed over
   std::vector<UniqueFd> tap_fds;
 };

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       ->group("");  // hidden
   bool handover_version = false;
   app.add_flag("--handover-version", handover_version,
-               "print the version of the handover this binary takes over from (an upgrade in place) and exit");
+               "print the versions of the handover this binary takes over from (an upgrade in place) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
   }
 
   if (handover_version) {
-    std::printf("%u\n", sriovd::daemon::kHandoverVersion);
+    std::printf("%s\n", sriovd::daemon::handover_versions_read().c_str());
     return 0;
   }
   if (version) {

@@ -153,10 +153,12 @@ void VirtioExports::start(const config::Config& cfg) {
                                    [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
         if (handed) {
           try {
-            serve(dev, e, std::move(handed->backend));
+            serve(dev, e, &*handed);
             spdlog::info("virtio {}: taken over from the previous sriovd", dev.name);
           } catch (const std::exception& ex) {
             spdlog::error("virtio {}: the handover did not fit ({}); served afresh", dev.name, ex.what());
+            e.pci_server.reset();
+            e.pci.reset();
             e.backend.reset();
             e.thread->call([&] { e.device->reset(); });  // whatever of the state was restored
             serve(dev, e);
@@ -189,7 +191,7 @@ std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevic
   if (it == handed_.end()) return std::nullopt;
   HandedVirtio h = std::move(*it);
   handed_.erase(it);
-  const bool fits = dev.transport == config::Transport::vhost_user && h.socket == dev.socket &&
+  const bool fits = (dev.transport == config::Transport::vfio_user) == h.pci && h.socket == dev.socket &&
                     (h.tap_fds.empty() || (dev.backend_kind == config::BackendKind::tap && h.tap == dev.tap.name));
   if (!fits) {
     spdlog::warn("virtio {}: the config changed how it is served since the handover: served afresh", dev.name);
@@ -198,20 +200,23 @@ std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevic
   return h;
 }
 
-std::vector<HandedVirtio> VirtioExports::freeze_for_handover(std::vector<std::string>& others) {
+std::vector<HandedVirtio> VirtioExports::freeze_for_handover() {
   std::vector<HandedVirtio> out;
   try {
     for (auto& e : exports_) {
-      if (e.pci_server) others.push_back(e.name);
-      if (!e.backend) continue;
+      if (!e.backend && !e.pci_server) continue;
       HandedVirtio h;
       h.name = e.name;
       h.socket = e.config.socket;
+      h.pci = e.pci_server != nullptr;
       e.thread->call([&] {
         try {
-          h.backend = e.backend->freeze_for_handover();
-        } catch (const vhost_user::HandoverRefused& ex) {
-          throw vhost_user::HandoverRefused("virtio device " + e.name + ": " + ex.what());
+          if (h.pci)
+            h.server = e.pci_server->freeze_for_handover();
+          else
+            h.backend = e.backend->freeze_for_handover();
+        } catch (const HandoverRefused& ex) {
+          throw HandoverRefused("virtio device " + e.name + ": " + ex.what());
         }
         // A tap (not a macvtap, which the successor makes anew) goes with
         // its device: its addresses and bridges stay.
@@ -231,13 +236,17 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(std::vector<std::st
 }
 
 void VirtioExports::thaw() {
-  for (auto& e : exports_)
+  for (auto& e : exports_) {
     if (e.backend) e.thread->call([&] { e.backend->thaw(); });
+    if (e.pci_server) e.thread->call([&] { e.pci_server->thaw(); });
+  }
 }
 
 void VirtioExports::handed_over() {
-  for (auto& e : exports_)
+  for (auto& e : exports_) {
     if (e.backend) e.thread->call([&] { e.backend->handed_over(); });
+    if (e.pci_server) e.thread->call([&] { e.pci_server->handed_over(); });
+  }
 }
 
 namespace {
@@ -299,22 +308,24 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
   return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
 }
 
-void VirtioExports::serve(const config::VirtioDevice& dev, Export& e, vhost_user::BackendHandover handover) {
+void VirtioExports::serve(const config::VirtioDevice& dev, Export& e, HandedVirtio* handed) {
   SessionThread& t = *e.thread;
   if (dev.transport == config::Transport::vfio_user) {
     e.pci = make_on_session(t, [&] { return std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name); });
     e.pci_server = make_on_session(t, [&] {
-      auto server = std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids);
+      auto server = handed ? std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids,
+                                                                 std::move(handed->server))
+                           : std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids);
       server->set_socket_access(access_of(dev.access));
       return server;
     });
   } else {
     e.backend = make_on_session(t, [&] {
-      auto backend = std::make_unique<vhost_user::Backend>(t.io(), dev.socket, *e.device, engine_,
-                                                           dev.socket_mode == config::SocketMode::client
-                                                               ? vhost_user::Backend::Mode::client
-                                                               : vhost_user::Backend::Mode::server,
-                                                           dev.access.allowed_uids, std::move(handover));
+      auto backend = std::make_unique<vhost_user::Backend>(
+          t.io(), dev.socket, *e.device, engine_,
+          dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
+                                                        : vhost_user::Backend::Mode::server,
+          dev.access.allowed_uids, handed ? std::move(handed->backend) : vhost_user::BackendHandover());
       backend->set_socket_access(access_of(dev.access));
       return backend;
     });

@@ -68,12 +68,11 @@ class VirtioExports {
   void poll_links();
 
   // An upgrade in place (handover.hpp). freeze_for_handover(): every
-  // vhost-user device is frozen and its part returned; a device that
-  // cannot be handed over now throws vhost_user::HandoverRefused naming it,
-  // with every device serving again. `others` gets the devices that would
-  // be served afresh by the successor (virtio-pci over vfio-user).
+  // served device (vhost-user or virtio-pci over vfio-user) is frozen and
+  // its part returned; a device that cannot be handed over now throws
+  // HandoverRefused naming it, with every device serving again.
   // thaw(): the handover did not happen. handed_over(): it did.
-  std::vector<HandedVirtio> freeze_for_handover(std::vector<std::string>& others);
+  std::vector<HandedVirtio> freeze_for_handover();
   void thaw();
   void handed_over();
   // The successor's: what start() takes over instead of making anew (a
@@ -115,7 +114,7 @@ class VirtioExports {
   std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, Export& e, virtio::NetConfig& nc,
                                                 const std::string& state_dir);
   // The transport factory: vhost-user back-end, or virtio-pci and its server.
-  void serve(const config::VirtioDevice& dev, Export& e, vhost_user::BackendHandover handover = {});
+  void serve(const config::VirtioDevice& dev, Export& e, HandedVirtio* handed = nullptr);
   void update_access(Export& e, const config::SocketAccess& access);
   // A served device's part of `devices` (on its session thread).
   static void pci_json(const Export& e, control::json& j);

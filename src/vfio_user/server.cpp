@@ -20,6 +20,7 @@
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/util/printable.hpp"
+#include "sriovd/virtio/device.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -52,6 +53,33 @@ void append(std::vector<uint8_t>& out, const T& v) {
 }  // namespace
 
 Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids)
+    : Server(io, std::move(socket_path), device, std::move(allowed_uids), std::optional<SocketFile>()) {}
+
+namespace {
+
+// The predecessor's socket, when it is still the file at `path`; else the
+// successor listens on a new one (its client's connection is not lost:
+// only a client that connects later sees the new socket).
+std::optional<SocketFile> adopt_socket(const std::string& path, const std::string& name, ServerHandover& h) {
+  if (h.listener == ServerHandover::kNoFd) return std::nullopt;
+  try {
+    return SocketFile::adopt(path, "vfio-user socket of " + name, h.take_fd(h.listener), h.take_fd(h.listener_handle));
+  } catch (const std::exception& e) {
+    spdlog::warn("vfio-user: {}: {}; listening on a new socket", name, e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
+               ServerHandover handover)
+    : Server(io, socket_path, device, std::move(allowed_uids), adopt_socket(socket_path, device.name(), handover)) {
+  take_over(handover);
+}
+
+Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
+               std::optional<SocketFile> adopted)
     : path_(std::move(socket_path)),
       device_(device),
       conn_(
@@ -68,25 +96,34 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
                        }),
           std::chrono::milliseconds(kMessageTimeoutMs), [this](FramedReader& r) { on_message(r); },
           [this](const std::string& why, bool framing) { on_end(why, framing); }),
-      listener_(
-          io, path_,
-          UnixListener::Options{"vfio-user: " + device.name(), "the export's allowed_uids", 0660,
-                                std::move(allowed_uids)},
-          [this](UniqueFd fd, const ucred& peer) {
-            spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
-            client_pid_ = peer.pid;
-            adopt(std::move(fd));
-          },
-          [this] { return conn_.connected() && !conn_.settle_if_closed(); },
-          [this](UniqueFd, const std::string& why) {
-            ++stats_.refused_peers;
-            stats_.last_error = why;
-          }) {
+      listener_(make_listener(io, std::move(adopted), std::move(allowed_uids))) {
   if (Migratable* m = device_.migratable()) migration_ = std::make_unique<Migration>(*m, device_.name());
   spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
 }
 
+UnixListener Server::make_listener(asio::io_context& io, std::optional<SocketFile> adopted,
+                                   std::vector<uid_t> allowed_uids) {
+  UnixListener::Options options{"vfio-user: " + device_.name(), "the export's allowed_uids", 0660,
+                                std::move(allowed_uids)};
+  auto admit = [this](UniqueFd fd, const ucred& peer) {
+    spdlog::info("vfio-user: {}: client connected (pid {}, uid {})", device_.name(), peer.pid, peer.uid);
+    client_pid_ = peer.pid;
+    adopt(std::move(fd));
+  };
+  auto busy = [this] { return conn_.connected() && !conn_.settle_if_closed(); };
+  auto refuse = [this](UniqueFd, const std::string& why) {
+    ++stats_.refused_peers;
+    stats_.last_error = why;
+  };
+  if (adopted) return UnixListener(io, std::move(*adopted), std::move(options), admit, busy, refuse);
+  return UnixListener(io, path_, std::move(options), admit, busy, refuse);
+}
+
 Server::~Server() {
+  // The successor serves the client and the device's port: nothing of
+  // theirs is reset or removed here (the stopped device's windows unmap,
+  // the fds close).
+  if (handed_over_) return;
   if (conn_.connected()) disconnect("the export is being removed");
   if (!held_.empty()) {
     spdlog::critical("vfio-user: {}: {} DMA window(s) a stuck device worker used are left mapped", device_.name(),
@@ -97,11 +134,16 @@ Server::~Server() {
 }
 
 void Server::adopt(UniqueFd fd) {
-  ++stats_.connections;
-  quota_.set_limits(default_peer_memory_limits());
   negotiated_ = false;
   peer_max_fds_ = 1;
   peer_max_xfer_ = kMaxDataXfer;
+  begin_session();
+  conn_.adopt(std::move(fd));
+}
+
+void Server::begin_session() {
+  ++stats_.connections;
+  quota_.set_limits(default_peer_memory_limits());
   // Each access is checked against its region's flags and size: taken
   // once per connection, so a REGION_READ/WRITE copies no description.
   bounds_.clear();
@@ -115,7 +157,6 @@ void Server::adopt(UniqueFd fd) {
       bounds_.push_back({0, 0});
     }
   }
-  conn_.adopt(std::move(fd));
 }
 
 // A whole message (the connection reads without blocking and gives each
@@ -155,7 +196,7 @@ void Server::send(const Header& h, std::span<const uint8_t> payload, std::span<c
 
 bool Server::memory_faulted() const {
   for (const auto& map : mappings_)
-    if (map && map->faulted()) return true;
+    if (map.memory && map.memory->faulted()) return true;
   return false;
 }
 
@@ -535,20 +576,22 @@ void Server::dma_map(Message& m, Reply& /*r*/) {
       !migration_->dma_log()->tracks(d.address, d.size))
     throw Error(EBUSY, what + ": DMA logging is on and does not cover it (a page written there would not be copied)");
   DmaWindow w{d.address, d.size, nullptr, (d.flags & kDmaFlagRead) != 0, (d.flags & kDmaFlagWrite) != 0};
-  std::unique_ptr<PeerMemory> map;
+  Mapping map;
   if (!m.fds.empty()) {
     // The fd's real size bounds the window, and the client may truncate its
     // file under it later: that fails its connection, not the daemon
     // (util/peer_mapping.hpp). Charged to this client's share.
     const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
     try {
-      map = std::make_unique<PeerMemory>(m.fds[0].get(), d.offset, d.size, prot, &quota_,
-                                         what + " at fd offset " + hex(d.offset));
+      map.memory = std::make_unique<PeerMemory>(m.fds[0].get(), d.offset, d.size, prot, &quota_,
+                                                what + " at fd offset " + hex(d.offset));
     } catch (const PeerMemoryError& e) {
       throw Error(e.error, e.what());
     }
-    w.host = map->data();
-    w.guard = &map->guard();
+    w.host = map.memory->data();
+    w.guard = &map.memory->guard();
+    map.fd = std::move(m.fds[0]);  // for a handover
+    map.offset = d.offset;
   }
   device_.dma_mapped(w);  // on a throw, map unmaps itself
   windows_.push_back(w);
@@ -568,7 +611,7 @@ void Server::dma_unmap(Message& m, Reply& r) {
   for (size_t i = 0; i < windows_.size(); ++i) {
     if (windows_[i].iova != d.address || windows_[i].size != d.size) continue;
     device_.dma_unmapped(windows_[i]);
-    mappings_[i].reset();
+    mappings_[i].memory.reset();
     windows_.erase(windows_.begin() + static_cast<ptrdiff_t>(i));
     mappings_.erase(mappings_.begin() + static_cast<ptrdiff_t>(i));
     return;
@@ -580,13 +623,13 @@ void Server::unmap_all() {
   for (size_t i = windows_.size(); i-- > 0;) {
     try {
       device_.dma_unmapped(windows_[i]);
-      mappings_[i].reset();
+      mappings_[i].memory.reset();
     } catch (const std::exception& e) {
       // The device still uses the window (a worker that did not stop): it
       // stays mapped, for as long as the server lives, rather than be
       // pulled from under that thread.
       spdlog::error("vfio-user: {}: DMA window {} stays mapped: {}", device_.name(), hex(windows_[i].iova), e.what());
-      held_.push_back(std::move(mappings_[i]));
+      held_.push_back(std::move(mappings_[i].memory));
     }
   }
   windows_.clear();
@@ -876,6 +919,198 @@ void Server::on_end(const std::string& why, bool framing) {
   in_.fds.clear();
   reply_.fds.clear();
   negotiated_ = false;
+}
+
+// --- handover (daemon/handover.hpp) ---
+
+std::vector<uint8_t> ServerHandover::serialize() const {
+  virtio::StateWriter w;
+  w.u32(kVersion);
+  w.u32(listener);
+  w.u32(listener_handle);
+  w.u32(connection);
+  w.blob(unframed);
+  w.u8(negotiated ? 1 : 0);
+  w.u32(peer_max_fds);
+  w.u32(peer_max_xfer);
+  w.u16(next_id);
+  w.u32(static_cast<uint32_t>(client_pid));
+  w.u32(static_cast<uint32_t>(fd_recipients.size()));
+  for (const int32_t pid : fd_recipients) w.u32(static_cast<uint32_t>(pid));
+  w.u32(static_cast<uint32_t>(windows.size()));
+  for (const Window& win : windows) {
+    w.u64(win.iova);
+    w.u64(win.size);
+    w.u64(win.fd_offset);
+    w.u8(static_cast<uint8_t>((win.readable ? 1U : 0U) | (win.writable ? 2U : 0U)));
+    w.u32(win.fd);
+  }
+  w.blob(device);
+  return w.take();
+}
+
+ServerHandover ServerHandover::parse(std::span<const uint8_t> bytes, size_t nfds, const std::string& what) {
+  virtio::StateReader r(bytes, what);
+  ServerHandover h;
+  if (const uint32_t version = r.u32(); version != kVersion)
+    r.fail("a vfio-user handover of version " + std::to_string(version) + " (this sriovd reads " +
+           std::to_string(kVersion) + ")");
+  h.listener = read_fd_index(r, nfds, "the listener");
+  h.listener_handle = read_fd_index(r, nfds, "the listener's handle");
+  h.connection = read_fd_index(r, nfds, "the connection");
+  h.unframed = r.blob(kMaxMessage);
+  h.negotiated = r.u8() != 0;
+  h.peer_max_fds = r.u32();
+  h.peer_max_xfer = r.u32();
+  if (h.peer_max_fds > kMaxMsgFds || h.peer_max_xfer == 0 || h.peer_max_xfer > kMaxDataXfer)
+    r.fail("negotiated " + std::to_string(h.peer_max_fds) + " fds and " + std::to_string(h.peer_max_xfer) +
+           " bytes a message");
+  h.next_id = r.u16();
+  h.client_pid = static_cast<int32_t>(r.u32());
+  const uint32_t nrecipients = r.u32();
+  if (nrecipients > 4096) r.fail(std::to_string(nrecipients) + " fd recipients");
+  for (uint32_t i = 0; i < nrecipients; ++i) h.fd_recipients.push_back(static_cast<int32_t>(r.u32()));
+  const uint32_t nwindows = r.u32();
+  if (nwindows > kMaxDmaMaps) r.fail(std::to_string(nwindows) + " DMA windows");
+  for (uint32_t i = 0; i < nwindows; ++i) {
+    Window win;
+    win.iova = r.u64();
+    win.size = r.u64();
+    win.fd_offset = r.u64();
+    const uint8_t access = r.u8();
+    if (access > 3) r.fail("DMA window access " + std::to_string(access));
+    win.readable = (access & 1U) != 0;
+    win.writable = (access & 2U) != 0;
+    win.fd = read_fd_index(r, nfds, "a DMA window");
+    if (win.size == 0 || win.iova + win.size < win.iova || (win.iova | win.size) % kPageSizes)
+      r.fail("DMA window [" + hex(win.iova) + ", +" + hex(win.size) + ")");
+    for (const Window& other : h.windows)
+      if (win.iova < other.iova + other.size && other.iova < win.iova + win.size)
+        r.fail("overlapping DMA windows at " + hex(win.iova));
+    h.windows.push_back(win);
+  }
+  h.device = r.blob(16U << 20U);
+  r.end();
+  return h;
+}
+
+ServerHandover Server::freeze_for_handover() {
+  if (frozen_) throw HandoverRefused("it is being handed over already");
+  if (migration_ && (migration_->state() != MigState::running || migration_->dma_log()))
+    throw HandoverRefused("a live migration is under way");
+  if (!held_.empty()) throw HandoverRefused("a stuck device worker still holds DMA windows");
+  ServerHandover h;
+  if (conn_.connected()) {
+    try {
+      PeerConnection::Frozen f = conn_.freeze();
+      h.connection = h.add_fd(std::move(f.fd));
+      h.unframed = std::move(f.unframed);
+    } catch (const std::exception& e) {
+      throw HandoverRefused(std::string("its connection: ") + e.what());
+    }
+  }
+  frozen_ = true;
+  try {
+    UnixListener::Handed l = listener_.pause_for_handover();
+    h.listener = h.add_fd(std::move(l.listener));
+    h.listener_handle = h.add_fd(std::move(l.handle));
+    if (h.connection != ServerHandover::kNoFd) {
+      h.negotiated = negotiated_;
+      h.peer_max_fds = peer_max_fds_;
+      h.peer_max_xfer = peer_max_xfer_;
+      h.next_id = next_id_;
+      h.client_pid = client_pid_;
+      h.fd_recipients.assign(fd_recipients_.begin(), fd_recipients_.end());
+      for (size_t i = 0; i < windows_.size(); ++i) {
+        const DmaWindow& w = windows_[i];
+        const Mapping& m = mappings_[i];
+        h.windows.push_back({w.iova, w.size, m.offset, w.readable, w.writable,
+                             m.fd ? h.add_fd(dup_fd(m.fd.get(), "a DMA window's fd")) : ServerHandover::kNoFd});
+      }
+      h.device = device_.freeze_for_handover(h);
+    }
+  } catch (const std::exception& e) {
+    thaw();
+    if (dynamic_cast<const HandoverRefused*>(&e)) throw;
+    throw HandoverRefused(e.what());
+  }
+  return h;
+}
+
+void Server::thaw() {
+  if (!std::exchange(frozen_, false)) return;
+  listener_.resume();
+  conn_.thaw();
+  device_.thaw();
+  spdlog::info("vfio-user: {}: the handover did not happen; serving again", device_.name());
+}
+
+void Server::handed_over() {
+  handed_over_ = true;
+  listener_.forget_file();
+}
+
+// A takeover that cannot finish: the device forgets the client and its
+// windows go, as when a client leaves.
+void Server::abandon_takeover() {
+  try {
+    device_.client_gone();
+  } catch (const std::exception& e) {
+    spdlog::error("vfio-user: {}: releasing the handed client's state: {}", device_.name(), e.what());
+  }
+  unmap_all();
+}
+
+void Server::take_over(ServerHandover& h) {
+  const std::string who = "vfio-user " + device_.name() + "'s handover";
+  UniqueFd conn = h.take_fd(h.connection);
+  if (!conn) return;  // nobody was connected: listening is all
+  negotiated_ = h.negotiated;
+  peer_max_fds_ = h.peer_max_fds;
+  peer_max_xfer_ = h.peer_max_xfer;
+  next_id_ = h.next_id;
+  client_pid_ = h.client_pid;
+  fd_recipients_.assign(h.fd_recipients.begin(), h.fd_recipients.end());
+  begin_session();
+  // The windows as the client mapped them, then the device on them; a
+  // window that cannot be mapped now (the client truncated its file) or a
+  // device part that does not fit ends the connection as after a crash.
+  for (const ServerHandover::Window& hw : h.windows) {
+    const std::string what = who + ": DMA window [" + hex(hw.iova) + ", +" + hex(hw.size) + ")";
+    DmaWindow w{hw.iova, hw.size, nullptr, hw.readable, hw.writable};
+    Mapping map;
+    if (UniqueFd fd = h.take_fd(hw.fd)) {
+      const int prot = (w.readable ? PROT_READ : 0) | (w.writable ? PROT_WRITE : 0);
+      try {
+        map.memory = std::make_unique<PeerMemory>(fd.get(), hw.fd_offset, hw.size, prot, &quota_, what);
+      } catch (const PeerMemoryError& e) {
+        throw std::invalid_argument(e.what());
+      }
+      w.host = map.memory->data();
+      w.guard = &map.memory->guard();
+      map.fd = std::move(fd);
+      map.offset = hw.fd_offset;
+    }
+    windows_.push_back(w);
+    mappings_.push_back(std::move(map));
+    try {
+      device_.dma_mapped(w);
+    } catch (...) {
+      windows_.pop_back();
+      mappings_.pop_back();
+      abandon_takeover();
+      throw;
+    }
+  }
+  try {
+    device_.take_over(h.device, h);
+  } catch (...) {
+    abandon_takeover();
+    throw;
+  }
+  conn_.adopt(std::move(conn), h.unframed);
+  spdlog::info("vfio-user: {}: client (pid {}) taken over from the previous sriovd ({} DMA windows)", device_.name(),
+               client_pid_, windows_.size());
 }
 
 }  // namespace sriovd::vfio_user

@@ -11,6 +11,7 @@
 
 #include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/pci/config_space.hpp"
 
@@ -68,6 +69,7 @@ VirtioPci::VirtioPci(virtio::Device& device, irq::Engine& engine, std::string na
         return r;
       }()),
       vectors_(engine, routes_),
+      sinks_(routes_.size()),
       queues_(num_queues_) {
   if (device.config_size() > kDeviceSize)
     throw std::invalid_argument(name_ + ": the device's configuration (" + std::to_string(device.config_size()) +
@@ -418,7 +420,7 @@ void VirtioPci::resume_device() {
   device_.start();
   spdlog::info("virtio-pci {}: resumed from a saved state, features 0x{:x}", name_, device_.features());
   // The guest is somewhere else now: the network is told (its driver, or a RARP).
-  if (device_.announce_restored()) config_changed();
+  if (announce_on_resume_ && device_.announce_restored()) config_changed();
 }
 
 virtio::DeviceState VirtioPci::save_state() {
@@ -672,12 +674,16 @@ vfio::IrqInfo VirtioPci::irq(uint32_t index) {
 
 void VirtioPci::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<UniqueFd> fds) {
   if (index != vfio::kMsixIrq) throw Error(EINVAL, "IRQ index " + std::to_string(index) + " has no vectors");
-  for (uint32_t i = 0; i < fds.size(); ++i) engine_.set_sink(routes_[start + i], std::move(fds[i]));
+  for (uint32_t i = 0; i < fds.size(); ++i) {
+    sinks_[start + i] = fds[i] ? dup_fd(fds[i].get(), name_ + ": an MSI-X eventfd") : UniqueFd();
+    engine_.set_sink(routes_[start + i], std::move(fds[i]));
+  }
 }
 
 void VirtioPci::disable_irqs(uint32_t index) {
   if (index != vfio::kMsixIrq) return;
   for (auto r : routes_) engine_.set_sink(r, UniqueFd());
+  for (auto& fd : sinks_) fd.reset();
 }
 
 void VirtioPci::mask_irq(uint32_t index, uint32_t vector, bool masked) {
@@ -770,6 +776,98 @@ void VirtioPci::client_gone() {
   config_ = make_config();  // BARs unplaced again, as a new client expects
   cfg_bar_ = 0;
   cfg_offset_ = cfg_length_ = 0;
+}
+
+// --- handover (daemon/handover.hpp) ---
+
+namespace {
+constexpr uint32_t kHandoverPartVersion = 1;
+}  // namespace
+
+std::vector<uint8_t> VirtioPci::freeze_for_handover(HandedFds& fds) {
+  if (quiesced_ || dma_log_) throw HandoverRefused(name_ + ": a live migration has stopped the device or logs it");
+  if (device_.wedged()) throw HandoverRefused(name_ + ": the device's worker has not stopped since it was asked to");
+  ran_at_freeze_ = device_.running();
+  frozen_ = true;
+  try {
+    device_.stop();
+    if (device_.wedged()) throw HandoverRefused(name_ + ": the device's worker did not stop");
+    virtio::StateWriter w;
+    w.u32(kHandoverPartVersion);
+    w.blob(save_state().serialize());
+    w.u8(ran_at_freeze_ ? 1 : 0);
+    w.u32(num_queues_);
+    for (const UniqueFd& kick : kicks_) w.u32(fds.add_fd(dup_fd(kick.get(), name_ + ": a doorbell")));
+    w.u32(static_cast<uint32_t>(sinks_.size()));
+    for (const UniqueFd& sink : sinks_)
+      w.u32(sink ? fds.add_fd(dup_fd(sink.get(), name_ + ": an MSI-X eventfd")) : HandedFds::kNoFd);
+    return w.take();
+  } catch (...) {
+    thaw();
+    throw;
+  }
+}
+
+void VirtioPci::thaw() {
+  if (!std::exchange(frozen_, false) || !ran_at_freeze_) return;
+  try {
+    device_.start();
+    device_.kick_all();
+  } catch (const std::exception& e) {
+    spdlog::error("virtio-pci {}: cannot run again after a refused handover: {}", name_, e.what());
+    device_.reset();
+    status_ |= kNeedsReset;
+  }
+}
+
+void VirtioPci::take_over(std::span<const uint8_t> part, HandedFds& fds) {
+  const std::string who = name_ + ": the handover";
+  virtio::StateReader r(part, who);
+  if (const uint32_t version = r.u32(); version != kHandoverPartVersion)
+    r.fail("a virtio-pci handover of version " + std::to_string(version));
+  const std::vector<uint8_t> state_bytes = r.blob(16U << 20U);
+  const bool ran = r.u8() != 0;
+  if (const uint32_t n = r.u32(); n != num_queues_)
+    r.fail(std::to_string(n) + " doorbells for " + std::to_string(num_queues_) + " queues");
+  std::vector<uint32_t> kick_at(num_queues_), sink_at(routes_.size());
+  for (uint32_t& at : kick_at)
+    if ((at = read_fd_index(r, fds.fds.size(), "a doorbell")) == HandedFds::kNoFd)
+      r.fail("a queue without its doorbell");
+  if (const uint32_t n = r.u32(); n != routes_.size())
+    r.fail(std::to_string(n) + " MSI-X vectors for " + std::to_string(routes_.size()));
+  for (uint32_t& at : sink_at) at = read_fd_index(r, fds.fds.size(), "an MSI-X eventfd");
+  r.end();
+  const virtio::DeviceState state = virtio::DeviceState::parse(state_bytes, who + "'s device state");
+  // The client shares these files and may have changed their flags since
+  // the predecessor looked: checked again before anything changes.
+  std::vector<UniqueFd> kicks, sinks;
+  for (unsigned q = 0; q < num_queues_; ++q)
+    kicks.push_back(
+        checked_peer_eventfd(fds.take_fd(kick_at[q]), who + ": queue " + std::to_string(q) + "'s doorbell"));
+  for (size_t v = 0; v < routes_.size(); ++v)
+    sinks.push_back(
+        checked_peer_eventfd(fds.take_fd(sink_at[v]), who + ": vector " + std::to_string(v) + "'s eventfd"));
+  kicks_ = std::move(kicks);
+  for (size_t v = 0; v < routes_.size(); ++v) {
+    if (!sinks[v]) continue;
+    sinks_[v] = dup_fd(sinks[v].get(), name_ + ": an MSI-X eventfd");
+    engine_.set_sink(routes_[v], std::move(sinks[v]));
+  }
+  announce_on_resume_ = false;  // the guest has not moved
+  try {
+    restore_state(state);  // runs the device on the mapped windows when its driver had
+  } catch (...) {
+    announce_on_resume_ = true;
+    throw;
+  }
+  announce_on_resume_ = true;
+  // An interrupt the predecessor owed when it stopped is raised now (a
+  // spurious one costs a driver a look at its used ring).
+  if (status_ & kDriverOk)
+    for (const QueueRegs& q : queues_)
+      if (q.enabled && q.msix_vector != kNoVector) engine_.trigger(routes_[q.msix_vector]);
+  spdlog::info("virtio-pci {}: taken over from the previous sriovd (device {})", name_,
+               device_.running() ? "running" : (ran ? "stopped, it ran before" : "stopped"));
 }
 
 }  // namespace sriovd::vfio_user

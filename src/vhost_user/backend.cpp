@@ -919,17 +919,6 @@ namespace sriovd::vhost_user {
 
 // ---- handover ----------------------------------------------------------------
 
-uint32_t BackendHandover::add_fd(UniqueFd fd) {
-  if (!fd) return kNoFd;
-  fds.push_back(std::move(fd));
-  return static_cast<uint32_t>(fds.size() - 1);
-}
-
-UniqueFd BackendHandover::take_fd(uint32_t index) {
-  if (index == kNoFd || index >= fds.size()) return {};
-  return std::move(fds[index]);
-}
-
 std::vector<uint8_t> BackendHandover::serialize() const {
   virtio::StateWriter w;
   w.u32(kVersion);
@@ -973,12 +962,7 @@ BackendHandover BackendHandover::parse(std::span<const uint8_t> bytes, size_t nf
   if (version != kVersion)
     r.fail("a vhost-user handover of version " + std::to_string(version) + " (this sriovd reads " +
            std::to_string(kVersion) + ")");
-  const auto fd_index = [&](const char* field) {
-    const uint32_t i = r.u32();
-    if (i != kNoFd && i >= nfds)
-      r.fail(std::string(field) + " names fd " + std::to_string(i) + " of " + std::to_string(nfds));
-    return i;
-  };
+  const auto fd_index = [&](const char* field) { return read_fd_index(r, nfds, field); };
   h.mode = r.u8();
   if (h.mode > 1) r.fail("mode " + std::to_string(h.mode));
   h.listener = fd_index("the listener");

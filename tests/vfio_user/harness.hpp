@@ -22,6 +22,14 @@ struct Exported {
         pci(net, engine, nc.name),
         server(io, socket, pci),
         thread([this] { io.run(); }) {}
+  // A successor's: the client of `handover` served where its predecessor
+  // stopped.
+  Exported(const std::string& socket, const virtio::NetConfig& nc, std::unique_ptr<virtio::PacketPort> port,
+           vfio_user::ServerHandover handover)
+      : net(nc, engine, std::move(port)),
+        pci(net, engine, nc.name),
+        server(io, socket, pci, {}, std::move(handover)),
+        thread([this] { io.run(); }) {}
   ~Exported() {
     io.stop();
     thread.join();

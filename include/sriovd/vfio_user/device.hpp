@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/handed_fds.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/vfio/device.hpp"
 #include "sriovd/vfio_user/protocol.hpp"
@@ -82,6 +83,22 @@ class ExportedDevice {
   // Live migration (DEVICE_FEATURE MIGRATION and the rest); null: the
   // device cannot be migrated and the features are refused (ENOTTY).
   virtual Migratable* migratable() { return nullptr; }
+
+  // An upgrade in place (Server::freeze_for_handover): the device stops
+  // and returns what its successor needs beyond the server's part, its fds
+  // added to `fds` (named in the bytes by index). Throws HandoverRefused
+  // when it cannot be handed over now (the default: never), running on as
+  // it was. thaw(): the handover did not happen. take_over(): the
+  // successor's, on a device whose client's DMA windows are mapped
+  // (dma_mapped) and nothing else happened; throws std::invalid_argument
+  // when the part does not fit, changing nothing.
+  virtual std::vector<uint8_t> freeze_for_handover(HandedFds& /*fds*/) {
+    throw HandoverRefused(name() + " cannot be handed over");
+  }
+  virtual void thaw() {}
+  virtual void take_over(std::span<const uint8_t> /*part*/, HandedFds& /*fds*/) {
+    throw std::invalid_argument(name() + " cannot be taken over");
+  }
 
   virtual void reset() = 0;
   // The client went away: drop every fd it gave and reset the device. Its

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "sriovd/util/counters.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/handed_fds.hpp"
+#include "sriovd/util/unix_socket.hpp"
 #include "sriovd/util/peer_session.hpp"
 #include "sriovd/vfio_user/device.hpp"
 #include "sriovd/vfio_user/migration.hpp"
@@ -50,6 +53,36 @@ inline constexpr Counter<ServerStats> kServerCounters[] = {
     {"refused_peers", "connections refused (peer credentials, one client at a time)", &ServerStats::refused_peers},
 };
 
+// What a successor needs to go on serving a server's client where it
+// stopped (an upgrade in place, daemon/handover.hpp): the listening socket
+// and its file, the connection and the bytes read from it and not handled
+// yet, what VERSION negotiated, each DMA window with its fd, and the
+// exported device's own part (ExportedDevice::freeze_for_handover), whose
+// fds are in the same list.
+struct ServerHandover : HandedFds {
+  static constexpr uint32_t kVersion = 1;
+  struct Window {
+    uint64_t iova = 0, size = 0, fd_offset = 0;
+    bool readable = false, writable = false;
+    uint32_t fd = kNoFd;  // none: a window shared without an fd
+  };
+  uint32_t listener = kNoFd, listener_handle = kNoFd;
+  uint32_t connection = kNoFd;
+  std::vector<uint8_t> unframed;
+  bool negotiated = false;
+  uint32_t peer_max_fds = 1, peer_max_xfer = kMaxDataXfer;
+  uint16_t next_id = 0;
+  int32_t client_pid = 0;
+  std::vector<int32_t> fd_recipients;
+  std::vector<Window> windows;
+  std::vector<uint8_t> device;
+
+  // serialize() writes all but the fds; parse() throws
+  // std::invalid_argument naming `what` on bytes that do not fit.
+  [[nodiscard]] std::vector<uint8_t> serialize() const;
+  static ServerHandover parse(std::span<const uint8_t> bytes, size_t nfds, const std::string& what);
+};
+
 class Server {
  public:
   // A reply (up to the largest transfer, 1 MiB, plus its header) is sent
@@ -57,6 +90,13 @@ class Server {
   // allowed_uids: see peer_admitted (util/unix_socket.hpp); empty admits
   // any peer whose credentials are known and the socket's mode lets in.
   Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids = {});
+  // A successor's server: serves the client of `handover` where its
+  // predecessor stopped (socket, connection, DMA windows and the device as
+  // they were). Throws std::invalid_argument when the handover does not
+  // fit this device (its fds are closed then: the client sees its
+  // connection end).
+  Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
+         ServerHandover handover);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -86,6 +126,18 @@ class Server {
   void dma_read(uint64_t iova, std::span<uint8_t> out);
   void dma_write(uint64_t iova, std::span<const uint8_t> in);
 
+  // Handover: the client's next messages and connections wait in their
+  // sockets, the device stops, and what a successor needs is returned,
+  // fds duplicated: nothing is given up yet. Throws HandoverRefused, and
+  // goes on as it was, while it cannot be handed over (a live migration
+  // under way, a device that cannot be, replies the client has not read).
+  // thaw(): the handover did not happen; serving goes on. handed_over():
+  // the successor serves it now; this server's end touches nothing the
+  // client or the device's port sees (the socket file, the device).
+  ServerHandover freeze_for_handover();
+  void thaw();
+  void handed_over();
+
  private:
   struct Message {
     Header hdr;
@@ -97,7 +149,14 @@ class Server {
     std::vector<int> fds;  // borrowed, sent with the reply
   };
 
+  Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
+         std::optional<SocketFile> adopted);
   void adopt(UniqueFd fd);
+  // A connection's start: the quota and each region's bounds.
+  void begin_session();
+  UnixListener make_listener(asio::io_context& io, std::optional<SocketFile> adopted, std::vector<uid_t> allowed_uids);
+  void take_over(ServerHandover& h);
+  void abandon_takeover();
   void on_message(FramedReader& reader);
   void on_end(const std::string& why, bool framing);
   void take(FramedReader& reader, Message& m);
@@ -151,9 +210,17 @@ class Server {
   Reply reply_;                       // its reply (buffers kept)
   std::vector<DmaWindow> windows_;
   // Parallel to windows_: the window's mapping (null without an fd), on
-  // the heap so that its guard's address (DmaWindow::guard) stays put.
-  std::vector<std::unique_ptr<PeerMemory>> mappings_;
-  PeerMemoryQuota quota_;  // what this export's clients may make it map
+  // the heap so that its guard's address (DmaWindow::guard) stays put,
+  // and its fd and offset (kept for a handover).
+  struct Mapping {
+    std::unique_ptr<PeerMemory> memory;
+    UniqueFd fd;
+    uint64_t offset = 0;
+  };
+  std::vector<Mapping> mappings_;
+  bool frozen_ = false;       // being handed over
+  bool handed_over_ = false;  // the successor serves the client
+  PeerMemoryQuota quota_;     // what this export's clients may make it map
   std::vector<pid_t> fd_recipients_;
   pid_t client_pid_ = 0;
   std::vector<std::unique_ptr<PeerMemory>> held_;  // windows a device could not let go (never unmapped)

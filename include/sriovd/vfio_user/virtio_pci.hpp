@@ -64,6 +64,14 @@ class VirtioPci : public ExportedDevice, public Migratable {
   void dma_unmapped(const DmaWindow& window) override;
   void reset() override;
   void client_gone() override;
+  // An upgrade in place: the device's state (save_state), whether it ran,
+  // each queue's doorbell and each vector's eventfd. The successor checks
+  // the eventfds again, restores the state on the mapped windows, runs the
+  // device and raises each queue's vector once (an interrupt owed).
+  // Refused during a live migration.
+  std::vector<uint8_t> freeze_for_handover(HandedFds& fds) override;
+  void thaw() override;
+  void take_over(std::span<const uint8_t> part, HandedFds& fds) override;
 
   // Live migration over vfio-user (vfio_user/migration.hpp): the state is
   // save_state()'s, serialised; stopped, nothing runs until RUNNING (a
@@ -139,6 +147,9 @@ class VirtioPci : public ExportedDevice, public Migratable {
   std::unique_ptr<pci::VirtualConfig> config_;
   std::vector<uint8_t> config_bytes_;
   std::vector<UniqueFd> kicks_;  // one doorbell eventfd per queue, new for each client
+  std::vector<UniqueFd> sinks_;  // each vector's eventfd (the engine's copy in use), for a handover
+  bool frozen_ = false, ran_at_freeze_ = false;
+  bool announce_on_resume_ = true;  // not after a handover: the guest has not moved
   // Common configuration (§4.1.4.3).
   uint32_t device_feature_select_ = 0;
   uint32_t driver_feature_select_ = 0;

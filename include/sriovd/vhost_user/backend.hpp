@@ -23,6 +23,7 @@
 #include "sriovd/util/counters.hpp"
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/handed_fds.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/peer_session.hpp"
@@ -63,9 +64,8 @@ inline constexpr Counter<BackendStats> kMigrationCounters[] = {
 // and the bytes read from it and not handled yet, the shared memory, the
 // queues' eventfds, the inflight buffer, the negotiated protocol state and
 // the device's own state. Fds are indexes into `fds` (none: kNoFd).
-struct BackendHandover {
+struct BackendHandover : HandedFds {
   static constexpr uint32_t kVersion = 1;
-  static constexpr uint32_t kNoFd = 0xffffffff;
   struct Region {
     uint64_t guest_addr = 0, size = 0, user_addr = 0, mmap_offset = 0;
     uint32_t fd = kNoFd;
@@ -88,7 +88,6 @@ struct BackendHandover {
   uint64_t inflight_offset = 0, inflight_size = 0;
   uint16_t inflight_queues = 0, inflight_queue_size = 0;
   std::vector<uint8_t> device;  // virtio::DeviceState, serialized
-  std::vector<UniqueFd> fds;
 
   // The fds travel apart (inherited across exec, or systemd's fd store):
   // serialize() writes the rest; parse() throws std::invalid_argument
@@ -96,14 +95,6 @@ struct BackendHandover {
   // past `nfds`).
   [[nodiscard]] std::vector<uint8_t> serialize() const;
   static BackendHandover parse(std::span<const uint8_t> bytes, size_t nfds, const std::string& what);
-  uint32_t add_fd(UniqueFd fd);
-  UniqueFd take_fd(uint32_t index);
-};
-
-// Why a back-end cannot be handed over now; it goes on as it was.
-class HandoverRefused : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
 };
 
 class Backend {
