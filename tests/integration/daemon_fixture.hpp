@@ -88,16 +88,22 @@ class Daemon : public ::testing::Test {
   }
 
   // vfb0, a vhost-user device on tap `tap` in `netns` (added here), beside
-  // config_text's VF; the reason when this machine cannot (not root, no
-  // /dev/net/tun).
-  std::optional<std::string> write_tap_device_config(TestNetns& netns, const std::string& tap) {
+  // config_text's VF, and with `pci_tap` vp0 too, virtio-net-pci over
+  // vfio-user on that tap; the reason when this machine cannot (not root,
+  // no /dev/net/tun).
+  std::optional<std::string> write_tap_device_config(TestNetns& netns, const std::string& tap,
+                                                     const std::string& pci_tap = "") {
     if (!netns.add()) return "needs root for a network namespace (ip netns add): " + netns.why;
     if (::access("/dev/net/tun", R_OK | W_OK) != 0)
       return std::string("needs /dev/net/tun (and root) for a tap backend");
-    dir_.write("sriovd.yaml", config_text(socket(), 2) +
-                                  "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " +
-                                  dir_.file("run/vfb0.sock") + ", backend: {type: tap, name: " + tap +
-                                  ", netns: " + netns.name + "}}\n");
+    std::string text =
+        config_text(socket(), 2) +
+        "virtio_devices:\n  - {name: vfb0, type: net, transport: vhost-user, socket: " + dir_.file("run/vfb0.sock") +
+        ", backend: {type: tap, name: " + tap + ", netns: " + netns.name + "}}\n";
+    if (!pci_tap.empty())
+      text += "  - {name: vp0, type: net, transport: vfio-user, socket: " + dir_.file("run/vp0.sock") +
+              ", backend: {type: tap, name: " + pci_tap + ", netns: " + netns.name + "}}\n";
+    dir_.write("sriovd.yaml", text);
     return std::nullopt;
   }
 

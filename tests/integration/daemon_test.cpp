@@ -1396,54 +1396,74 @@ TEST_F(Daemon, MalformedVfioUserMessageFailsOnlyThatConnection) {
 // same interface (its ifindex), and the new instance says what it took
 // over. A successor that cannot read the handover is found out first: the
 // upgrade is refused and the running sriovd goes on.
-TEST_F(Daemon, AnUpgradeInPlaceKeepsAVhostUserFrontEndAndItsTap) {
+TEST_F(Daemon, AnUpgradeInPlaceKeepsEveryFrontEndAndItsTap) {
   test::TestNetns netns("sriovd-up" + std::to_string(::getpid()));
-  const std::string tap = "up" + std::to_string(::getpid() % 100000);
-  if (const auto why = write_tap_device_config(netns, tap)) GTEST_SKIP() << *why;
+  const std::string id = std::to_string(::getpid() % 100000);
+  const std::string tap = "up" + id, pci_tap = "upp" + id;
+  if (const auto why = write_tap_device_config(netns, tap, pci_tap)) GTEST_SKIP() << *why;
   const std::string& ns = netns.name;
   const std::string vfb = dir_.file("run/vfb0.sock");
   start();
   const int pid = request({{"cmd", "status"}})["result"].value("pid", 0);
-  auto ifindex = [&] {
-    const auto r = test::run({"/sbin/ip", "-n", ns, "-o", "link", "show", "dev", tap});
+  auto ifindex = [&](const std::string& name) {
+    const auto r = test::run({"/sbin/ip", "-n", ns, "-o", "link", "show", "dev", name});
     return r.exit_code == 0 ? r.output.substr(0, r.output.find(':')) : std::string("none");
   };
-  const std::string index_before = ifindex();
+  const std::string index_before = ifindex(tap), pci_index_before = ifindex(pci_tap);
   ASSERT_NE(index_before, "none");
+  ASSERT_NE(pci_index_before, "none");
   guest::VirtioNetDriver d(vfb, {.queue_size = 64, .packed = false, .offloads = false});
   d.bring_up();
+  // The VMM of vp0: sriovd's own vfio-user client and guest driver.
+  guest::VfioUserClient client(dir_.file("run/vp0.sock"));
+  guest::VirtioNetDriver dp(client, {.queue_size = 64, .packed = true, .offloads = false});
+  dp.bring_up();
   std::vector<uint8_t> f(12 + 60, 0xff);
   std::memset(f.data(), 0, 12);
-  auto tx_packets = [&] {
-    return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]["queues"][1].value("packets", 0);
+  auto tx_packets = [&](int device) {
+    return request({{"cmd", "devices"}})["result"]["virtio_devices"][device]["queues"][1].value("packets", 0);
   };
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
-  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 5; }, 5s));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(dp.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets(0) == 5 && tx_packets(1) == 4; }, 5s));
 
   // Refused: a binary that does not read this handover; nothing changes.
   const auto refused = ctl({"upgrade", "--binary", "/bin/true"});
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   EXPECT_NE(refused.output.find("upgrade refused"), std::string::npos) << refused.output;
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
-  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 7; }, 5s)) << "serving on after a refused upgrade";
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(dp.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets(0) == 7 && tx_packets(1) == 6; }, 5s))
+      << "serving on after a refused upgrade";
 
   const auto up = ctl({"upgrade"});
   ASSERT_EQ(up.exit_code, 0) << up.output << daemon_->log();
-  EXPECT_NE(up.output.find("took over 1 virtio device(s)"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("took over 2 virtio device(s)"), std::string::npos) << up.output;
   const json status = request({{"cmd", "status"}})["result"];
   EXPECT_EQ(status.value("pid", 0), pid) << "the same process";
-  EXPECT_EQ(status["handover"]["virtio_devices"], json::array({"vfb0"})) << status.dump();
-  EXPECT_EQ(ifindex(), index_before) << "the same tap";
-  // The front-end noticed nothing: the same connection, rings and memory.
+  EXPECT_EQ(status["handover"]["virtio_devices"], json::array({"vfb0", "vp0"})) << status.dump();
+  EXPECT_EQ(ifindex(tap), index_before) << "the same tap";
+  EXPECT_EQ(ifindex(pci_tap), pci_index_before) << "the same tap";
+  // The front-ends noticed nothing: the same connections, rings and memory.
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
-  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 5; }, 5s))
-      << request({{"cmd", "devices"}})["result"]["virtio_devices"][0].dump() << daemon_->log();
-  const json dev = request({{"cmd", "devices"}})["result"]["virtio_devices"][0];
-  EXPECT_EQ(dev["vhost_user"].value("connections", 0), 1) << dev.dump();
-  EXPECT_EQ(dev["vhost_user"].value("protocol_errors", 0), 0) << dev.dump();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(dp.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets(0) == 5 && tx_packets(1) == 3; }, 5s))
+      << request({{"cmd", "devices"}})["result"]["virtio_devices"].dump() << daemon_->log();
+  const json devices = request({{"cmd", "devices"}})["result"]["virtio_devices"];
+  EXPECT_EQ(devices[0]["vhost_user"].value("connections", 0), 1) << devices.dump();
+  EXPECT_EQ(devices[0]["vhost_user"].value("protocol_errors", 0), 0) << devices.dump();
+  EXPECT_EQ(devices[1].value("state", ""), "running") << devices.dump();
+  EXPECT_EQ(devices[1]["vfio_user"].value("connections", 0), 1) << devices.dump();
+  EXPECT_EQ(devices[1]["vfio_user"].value("protocol_errors", 0), 0) << devices.dump();
+  // The device still answers the client's register reads (BAR0's MAC).
+  EXPECT_EQ(dp.mac().size(), 17U);
   const std::string log = daemon_->log();
   EXPECT_NE(log.find("vfb0: front-end taken over from the previous sriovd"), std::string::npos) << log;
+  EXPECT_NE(log.find("vp0: client (pid " + std::to_string(::getpid()) + ") taken over from the previous sriovd"),
+            std::string::npos)
+      << log;
   EXPECT_EQ(log.find("front-end disconnected"), std::string::npos) << log;
+  EXPECT_EQ(log.find("client disconnected"), std::string::npos) << log;
 }
 
 // Issue 41: a handover that fails loses nothing. A successor that cannot
@@ -1471,12 +1491,12 @@ TEST_F(Daemon, AFailedHandoverLosesNothing) {
     ASSERT_TRUE(d.send(f.data(), f.size()));
     ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 1; }, 5s));
 
-    // A successor from the future: it reads version 2 only.
-    dir_.write("future-sriovd", "#!/bin/sh\n[ \"$1\" = --handover-version ] && echo 2 && exit 0\nexit 1\n");
+    // A successor from the future: it reads version 3 only.
+    dir_.write("future-sriovd", "#!/bin/sh\n[ \"$1\" = --handover-version ] && echo 3 && exit 0\nexit 1\n");
     ASSERT_EQ(::chmod(dir_.file("future-sriovd").c_str(), 0755), 0);
     const auto refused = ctl({"upgrade", "--binary", dir_.file("future-sriovd")});
     EXPECT_EQ(refused.exit_code, 1) << refused.output;
-    EXPECT_NE(refused.output.find("reads handovers of version 2; this sriovd writes version 1"), std::string::npos)
+    EXPECT_NE(refused.output.find("reads handovers of version 3; this sriovd writes version 2"), std::string::npos)
         << refused.output;
     ASSERT_TRUE(d.send(f.data(), f.size()));
     ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 2; }, 5s)) << "serving on after the refusal";

@@ -13,6 +13,9 @@
 #  4. three VF exports attached too, one per MSI-X policy (adaptive,
 #     direct, relay): the guest enables MSI-X on each and receives the
 #     interrupt each VF raises (sriovctl simulate-interrupt), once.
+#  5. (issue 41) sriovd upgraded in place twice (sriovctl upgrade) while
+#     a guest with the virtio-net-pci device sends TCP: QEMU keeps its
+#     connection, iperf3 goes on, the link never drops.
 #   tests/interop/qemu_vfio_user.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib/interop.sh"
@@ -73,19 +76,23 @@ kernel=$(q11_kernel)
 cp "$kernel/vmlinuz" "$work/vmlinuz"
 q11_initramfs "$work/initrd.gz" "$here/vm/scenarios/vfio-user-net.sh" /usr/bin/iperf3
 
-# start_qemu LOG: QEMU in the Debian 13 root, virtio-net-pci and the VF
-# export over vfio-user; its monitor on $work/mon.sock. Sets $qemu_pid.
+# start_qemu LOG [INITRD PARAMS SOCKET...]: QEMU in the Debian 13 root
+# with a vfio-user-pci device on each socket (by default virtio-net-pci and
+# the three VF exports, and the vfio-user-net scenario); its monitor on
+# $work/mon.sock. Sets $qemu_pid.
 start_qemu() {
-  local log=$1
+  local log=$1 initrd=${2:-$work/initrd.gz} params=${3:-GUEST_IPERF_SECONDS=3} devices=() sock
+  shift $(($# < 3 ? $# : 3))
+  (($# > 0)) || set -- vnet vf0 vf2 vf3
+  for sock in "$@"; do
+    devices+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/$sock.sock\"}}")
+  done
   rm -f "$work/mon.sock"
   q11_qemu "$work" -accel tcg -machine q35,memory-backend=mem -cpu max -m 512 -smp 2 \
     -object memory-backend-memfd,id=mem,size=512M,share=on \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/vnet.sock\"}}" \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/vf0.sock\"}}" \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/vf2.sock\"}}" \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$work/vf3.sock\"}}" \
-    -kernel "$work/vmlinuz" -initrd "$work/initrd.gz" \
-    -append "console=ttyS0 quiet loglevel=4 panic=-1 GUEST_IPERF_SECONDS=3" \
+    "${devices[@]}" \
+    -kernel "$work/vmlinuz" -initrd "$initrd" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 $params" \
     -display none -nodefaults -serial "file:$log" -monitor "unix:$work/mon.sock,server=on,wait=off" \
     </dev/null >"$log.qemu" 2>&1 &
   qemu_pid=$!
@@ -242,6 +249,31 @@ monitor quit || true
 wait "$qemu_pid" 2>/dev/null || true
 for _ in $(seq 100); do [[ $(memfd_mappings) -eq 0 ]] && break; sleep 0.1; done
 [[ $(memfd_mappings) -eq 0 ]] || fail "sriovd still maps memory of the QEMU that quit"
+
+# --- 5. sriovd upgraded in place twice while the guest sends TCP (issue 41) ---
+# The guest has virtio-net-pci only (VF exports are not handed over yet:
+# with their clients connected an upgrade is refused). QEMU keeps its
+# connection (the upgraded sriovd counts the one it took over), iperf3
+# ends without an error, the link never drops, the driver says nothing.
+q11_initramfs "$work/initrd-upgrade.gz" "$here/vm/scenarios/virtio-net-upgrade.sh" /usr/bin/iperf3
+log=$work/console-upgrade.log
+start_qemu "$log" "$work/initrd-upgrade.gz" "GUEST_NET=10.77.0 GUEST_IPERF_SECONDS=12" vnet
+if wait_line "$log" 0 "phase-upgrade-ready" 240; then
+  for _ in 1 2; do
+    ctl --timeout 60 upgrade | sed 's/^/  upgrade: /' || fail "sriovctl upgrade under QEMU's vfio-user client failed"
+    sleep 2
+  done
+  conn=$(ctl --json devices | json_get "[(v['state'], v['vfio_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-q11'][0]")
+  [[ $conn == "('running', 1)" ]] || fail "QEMU's connection after the upgrades: $conn (want: running, 1)"
+else
+  fail "the upgrade guest did not start its transfer"
+fi
+wait "$qemu_pid" 2>/dev/null || true
+grep -E '^VMTEST (BENCH|PASS|FAIL)' "$log" | sed 's/^/  upgrade: /' || true
+! grep -q "VMTEST FAIL" "$log" || fail "a guest check failed through the upgrades"
+grep -q 'VMTEST PASS guest-iperf3-through-upgrades' "$log" || fail "iperf3 did not get through the upgrades"
+taken=$(grep -c "vnet-q11: client (pid [0-9]*) taken over from the previous sriovd" "$work/sriovd.log" || true)
+[[ $taken -eq 2 ]] || fail "QEMU's vfio-user connection was taken over $taken times, 2 expected"
 
 kill -0 "$sriovd_pid" || fail "sriovd died"
 grep -E "refused|error" "$work/sriovd.log" | head -n 20 | sed 's/^/  sriovd: /' || true

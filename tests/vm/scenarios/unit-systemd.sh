@@ -61,6 +61,8 @@ virtio_devices:
      backend: {type: vf, pf: "0000:3b:00.0", vf: 2, via: macvtap}}
   - {name: vt0, type: net, transport: vhost-user, socket: /run/sriovd/vt0.sock,
      backend: {type: tap, name: vt0tap, netns: vmA}}
+  - {name: vp0, type: net, transport: vfio-user, socket: /run/sriovd/vp0.sock,
+     backend: {type: tap, name: vp0tap, netns: vmA}}
 kubernetes:
   pools:
     - name: sriovd.test/vfio
@@ -81,99 +83,123 @@ check "reloaded" wait_for 10 sh -c "$(declare -f metrics); metrics | grep -q 'sr
 check "still-active-after-reload" systemctl is-active sriovd
 check "nothing-refused-by-the-sandbox" sh -c "! journalctl -u sriovd --no-pager | grep -iE 'not permitted|permission denied|read-only file system'"
 
-# Issue 41: a VM's vhost-user NIC through an upgrade in place, a
-# `systemctl restart` (systemd's fd store) and a reinstall of the package
-# (its postinst upgrades in place). The project's own front-end bridges
-# the device to a tap in vmB; UDP flows from vmB to sriovd's tap in vmA
-# every 10 ms, numbered. Through each step the front-end stays attached
-# (its process lives, no reconnect), the traffic goes on, and nothing is
-# lost; the longest gap in arrivals is the data path's stall.
-sriovd-guest virtio-net --vhost-user /run/sriovd/vt0.sock --tap gt0 --netns vmB >/work/frontend.log 2>&1 &
-FRONTEND=$!
-wait_for 20 ip -n vmB link show gt0 >/dev/null 2>&1
-ip -n vmA addr add 10.77.0.1/24 dev vt0tap
-ip -n vmA link set vt0tap up
-ip -n vmB addr add 10.77.0.2/24 dev gt0
-ip -n vmB link set gt0 up
-# A plain FIFO in front of the front-end's tap: fq_codel would drop what
-# waits through a stall (the qdisc's choice, not the data path's loss).
-ip netns exec vmB tc qdisc replace dev gt0 root pfifo limit 100000
-# Fixed neighbours: a stall longer than ARP's probes would otherwise drop
-# what waits for an address (the kernel's, not the data path's, loss).
-ip -n vmA neigh replace 10.77.0.2 lladdr "$(ip netns exec vmB cat /sys/class/net/gt0/address)" dev vt0tap nud permanent
-ip -n vmB neigh replace 10.77.0.1 lladdr "$(ip netns exec vmA cat /sys/class/net/vt0tap/address)" dev gt0 nud permanent
+# Issue 41: a VM's NICs through an upgrade in place, a `systemctl
+# restart` (systemd's fd store) and a reinstall of the package (its
+# postinst upgrades in place): vt0 over vhost-user and vp0, virtio-net-pci
+# over vfio-user. The project's own front-ends (a vhost-user front-end, a
+# vfio-user client with its guest driver) bridge each device to a tap in
+# vmB; UDP flows from vmB to each of sriovd's taps in vmA every 10 ms,
+# numbered. Through each step the front-ends stay attached (their
+# processes live, no reconnect), the traffic goes on, and nothing is lost;
+# the longest gap in arrivals is the data path's stall.
+sriovd-guest virtio-net --vhost-user /run/sriovd/vt0.sock --tap gt0 --netns vmB >/work/frontend-vt0.log 2>&1 &
+FRONTEND_VT0=$!
+sriovd-guest virtio-net --socket /run/sriovd/vp0.sock --tap gt1 --netns vmB >/work/frontend-vp0.log 2>&1 &
+FRONTEND_VP0=$!
 mark() { python3 -c 'import sys, time; print(sys.argv[1], "%.6f" % time.monotonic())' "$1" >>/work/marks.txt; }
-ip netns exec vmA python3 -c '
-import socket, time
+# flow NAME SRIOVD_TAP GUEST_TAP SUBNET: addresses, neighbours and a
+# numbered UDP stream from the guest's tap to sriovd's, received into
+# /work/rx-NAME.txt; the sender's and receiver's PIDs in PIDS.
+PIDS=()
+flow() {
+  local name=$1 host_tap=$2 guest_tap=$3 net=$4
+  wait_for 20 ip -n vmB link show "$guest_tap" >/dev/null 2>&1
+  ip -n vmA addr add "$net.1/24" dev "$host_tap"
+  ip -n vmA link set "$host_tap" up
+  ip -n vmB addr add "$net.2/24" dev "$guest_tap"
+  ip -n vmB link set "$guest_tap" up
+  # A plain FIFO in front of the front-end's tap: fq_codel would drop what
+  # waits through a stall (the qdisc's choice, not the data path's loss).
+  ip netns exec vmB tc qdisc replace dev "$guest_tap" root pfifo limit 100000
+  # Fixed neighbours: a stall longer than ARP's probes would otherwise drop
+  # what waits for an address (the kernel's, not the data path's, loss).
+  ip -n vmA neigh replace "$net.2" lladdr "$(ip netns exec vmB cat "/sys/class/net/$guest_tap/address")" \
+    dev "$host_tap" nud permanent
+  ip -n vmB neigh replace "$net.1" lladdr "$(ip netns exec vmA cat "/sys/class/net/$host_tap/address")" \
+    dev "$guest_tap" nud permanent
+  ip netns exec vmA python3 -c '
+import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)  # what a stall lets pile up
-s.bind(("10.77.0.1", 7777))
-open("/work/rx.ready", "w").close()  # bound: what is sent from now on is counted
-with open("/work/rx.txt", "w", buffering=1) as f:
+s.bind((sys.argv[1], 7777))
+open(sys.argv[2] + ".ready", "w").close()  # bound: what is sent from now on is counted
+with open(sys.argv[2], "w", buffering=1) as f:
     while True:
         d, _ = s.recvfrom(64)
         f.write("%d %.6f\n" % (int(d), time.monotonic()))
-' &
-RX=$!
-# The sender starts once the receiver is bound (python starts slowly under
-# TCG: datagrams sent before would count as lost).
-wait_for 30 test -e /work/rx.ready
-ip netns exec vmB python3 -c '
-import socket, time
+' "$net.1" "/work/rx-$name.txt" &
+  PIDS+=($!)
+  # The sender starts once the receiver is bound (python starts slowly
+  # under TCG: datagrams sent before would count as lost).
+  wait_for 30 test -e "/work/rx-$name.txt.ready"
+  ip netns exec vmB python3 -c '
+import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 n = 0
 while True:
     try:
-        s.sendto(str(n).encode(), ("10.77.0.1", 7777))
+        s.sendto(str(n).encode(), (sys.argv[1], 7777))
         n += 1
     except OSError:
         pass
     time.sleep(0.01)
-' &
-TX=$!
+' "$net.1" &
+  PIDS+=($!)
+}
+flow vt0 vt0tap gt0 10.77.0
+flow vp0 vp0tap gt1 10.78.0
 # shellcheck disable=SC2317  # called through check
-received() { wc -l </work/rx.txt 2>/dev/null || echo 0; }
+received() { wc -l <"/work/rx-$1.txt" 2>/dev/null || echo 0; }
 # shellcheck disable=SC2317  # called through check
-attached() {  # the front-end's process lives and sriovd serves its connection, the same one
-  kill -0 "$FRONTEND" &&
+attached() {  # both front-ends' processes live and sriovd serves their connections, the same ones
+  kill -0 "$FRONTEND_VT0" && kill -0 "$FRONTEND_VP0" &&
     test "$(field "[v['state'] for v in d['virtio_devices'] if v['name'] == 'vt0'][0]")" = running &&
-    test "$(field "[v['vhost_user']['connections'] for v in d['virtio_devices'] if v['name'] == 'vt0'][0]")" = 1
+    test "$(field "[v['vhost_user']['connections'] for v in d['virtio_devices'] if v['name'] == 'vt0'][0]")" = 1 &&
+    test "$(field "[v['state'] for v in d['virtio_devices'] if v['name'] == 'vp0'][0]")" = running &&
+    test "$(field "[v['vfio_user']['connections'] for v in d['virtio_devices'] if v['name'] == 'vp0'][0]")" = 1
 }
 # shellcheck disable=SC2317  # called through check
-flowing() {  # the count grows by 20 within 20 s
-  local from
-  from=$(received)
-  wait_for 20 sh -c "test \$(wc -l </work/rx.txt) -ge $((from + 20))"
+flowing() {  # each count grows by 20 within 20 s
+  local name from
+  for name in vt0 vp0; do
+    from=$(received "$name")
+    wait_for 20 sh -c "test \$(wc -l </work/rx-$name.txt) -ge $((from + 20))" || return 1
+  done
 }
-check "vhost-user-traffic-flows" flowing
+check "traffic-flows" flowing
 mainpid=$(systemctl show -p MainPID --value sriovd)
 mark upgrade
 check "sriovctl-upgrade" sriovctl --timeout 60 upgrade
 check "upgrade-kept-the-pid" test "$(systemctl show -p MainPID --value sriovd)" = "$mainpid"
 check "unit-active-after-upgrade" systemctl is-active sriovd
-check "frontend-attached-after-upgrade" attached
+check "frontends-attached-after-upgrade" attached
 check "traffic-after-upgrade" flowing
 mark restart
 check "systemctl-restart" systemctl restart sriovd
 check "unit-active-after-restart" systemctl is-active sriovd
-check "frontend-attached-after-restart" attached
+check "frontends-attached-after-restart" attached
 check "traffic-after-restart" flowing
-check "taken-over-from-the-fd-store" sh -c "journalctl -u sriovd --no-pager | grep -q 'vt0: front-end taken over from the previous sriovd'"
+check "vhost-user-taken-over-from-the-fd-store" sh -c "journalctl -u sriovd --no-pager | grep -q 'vt0: front-end taken over from the previous sriovd'"
+check "vfio-user-taken-over-from-the-fd-store" sh -c "journalctl -u sriovd --no-pager | grep -q 'vp0: client (pid [0-9]*) taken over from the previous sriovd'"
 check "fd-store-emptied" test "$(systemctl show -p NFileDescriptorStore --value sriovd)" = 0
 mark reinstall
 check "dpkg-reinstall-upgrades-in-place" dpkg -i /work/sriovd.deb
-check "frontend-attached-after-reinstall" attached
+check "frontends-attached-after-reinstall" attached
 check "traffic-after-reinstall" flowing
 mark end
-# Before the front-end goes (its tap with it).
-tap_dropped=$(ip netns exec vmB cat /sys/class/net/gt0/statistics/tx_dropped)
-kill "$TX"
+# Before the front-ends go (their taps with them).
+tap_dropped=$(ip netns exec vmB cat /sys/class/net/gt0/statistics/tx_dropped /sys/class/net/gt1/statistics/tx_dropped | paste -sd/)
+kill "${PIDS[@]}"
 sleep 1
-kill "$RX" "$FRONTEND"
-wait "$FRONTEND" "$RX" "$TX" 2>/dev/null
-check "no-reconnect" sh -c "! grep -qiE 'reconnect|disconnected|closed' /work/frontend.log"
-stall=$(python3 -c '
-rows = [l.split() for l in open("/work/rx.txt")]
+kill "$FRONTEND_VT0" "$FRONTEND_VP0"
+wait "$FRONTEND_VT0" "$FRONTEND_VP0" "${PIDS[@]}" 2>/dev/null
+check "no-reconnect" sh -c "! grep -qiE 'reconnect|disconnected|closed|error' /work/frontend-vt0.log /work/frontend-vp0.log"
+# shellcheck disable=SC2016  # awk's fields
+rcvbuf_errors=$(ip netns exec vmA awk '/^Udp:/ { n++; if (n == 2) print $6 }' /proc/net/snmp)
+for name in vt0 vp0; do
+  stall=$(python3 -c '
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
 seqs = sorted(int(r[0]) for r in rows)
 times = [float(r[1]) for r in rows]
 marks = [l.split() for l in open("/work/marks.txt")]
@@ -186,12 +212,11 @@ for (name, t0), (_, t1) in zip(marks, marks[1:]):
 missing = sorted(set(range(seqs[-1] + 1)) - set(seqs))[:8] if seqs else []
 steps.append("missing seqs %s" % (",".join(map(str, missing)) or "none"))
 print(len(seqs), lost, ", ".join(steps))
-')
-read -r rx_n rx_lost rx_gaps <<<"$stall"
-# shellcheck disable=SC2016  # awk's fields
-rcvbuf_errors=$(ip netns exec vmA awk '/^Udp:/ { n++; if (n == 2) print $6 }' /proc/net/snmp)
-say "VMTEST INFO vhost-user traffic: $rx_n datagrams, $rx_lost lost (receiver's buffer overflows $rcvbuf_errors, front-end tap drops $tap_dropped); longest gap in arrivals: $rx_gaps"
-check "nothing-lost" test "$rx_lost" = 0
+' "/work/rx-$name.txt")
+  read -r rx_n rx_lost rx_gaps <<<"$stall"
+  say "VMTEST INFO $name traffic: $rx_n datagrams, $rx_lost lost (receivers' buffer overflows $rcvbuf_errors, front-end tap drops $tap_dropped); longest gap in arrivals: $rx_gaps"
+  check "nothing-lost-$name" test "$rx_lost" = 0
+done
 state() { systemctl show -p ActiveState --value sriovd; }
 systemctl stop --no-block sriovd
 # "deactivating" is not "inactive": the stop is done when the unit says so.
