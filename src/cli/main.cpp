@@ -211,9 +211,12 @@ int run_upgrade(const json& request, const Args& a) {
     if (a.as_json) {
       std::printf("%s\n", status.dump(2).c_str());
     } else {
-      std::printf("upgraded in place: sriovd %s, pid %d; took over %zu virtio device(s)\n",
-                  field(status, "version").c_str(), pid, h["virtio_devices"].size());
+      const json none = json::array();
+      const json& vfs = h.contains("vf_exports") ? h["vf_exports"] : none;
+      std::printf("upgraded in place: sriovd %s, pid %d; took over %zu virtio device(s) and %zu VF export(s)\n",
+                  field(status, "version").c_str(), pid, h["virtio_devices"].size(), vfs.size());
       for (const auto& n : h["virtio_devices"]) std::printf("  %s\n", n.get<std::string>().c_str());
+      for (const auto& n : vfs) std::printf("  VF %s\n", n.get<std::string>().c_str());
       if (reply.contains("result"))
         for (const auto& n : reply["result"]["served_afresh"])
           std::printf("  served afresh: %s\n", n.get<std::string>().c_str());
@@ -260,7 +263,9 @@ void add_commands(CLI::App& app, Args& a) {
                          "restart sriovd in place (the same PID) from its binary on disk, handing the VMs' vhost-user "
                          "devices to it without them noticing; refused, with the running one going on, when it cannot");
   upgrade->add_option("--binary", a.upgrade_binary, "the binary to exec (default: the daemon's own path)");
-  upgrade->add_flag("--force", a.upgrade_force, "upgrade even if exports that are not handed over have clients");
+  upgrade->add_flag("--force", a.upgrade_force,
+                    "upgrade even if a device cannot be handed over now (a live migration): it is served afresh, "
+                    "its client's connection ends");
   auto* udev = app.add_subcommand("udev-event", "tell the daemon a VF appeared or went (used by udev rules)");
   udev->add_option("action", a.udev_action, "add, remove, change, bind or unbind")->required();
   udev->add_option("device", a.udev_device, "PCI address of the VF (udev's %k)")->required();

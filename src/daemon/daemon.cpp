@@ -93,7 +93,6 @@ Daemon::Daemon(Options options, config::Config config)
   vf_exports_ = std::make_unique<VfExports>(*sessions_, *irq_, *host_, options_.sysfs_root);
   host_->set_release_check([this](const PciAddress& vf) { return vf_exports_->release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
-  vf_exports_->sync(config_);
   VirtioExports::remove_left_over(config_.state_dir);
   {
     // An upgrade in place (exec) or a restart by systemd with its fd store:
@@ -114,6 +113,7 @@ Daemon::Daemon(Options options, config::Config config)
       handover_status_ = h.summary();
       spdlog::info("upgrade: taking over from sriovd pid {}: {}", h.from_pid, handover_status_.dump());
       virtio_->take_handover(std::move(h.virtio));
+      vf_exports_->take_handover(std::move(h.vf_exports));
     } catch (const std::out_of_range&) {
       // nothing handed over: a plain start
     } catch (const std::exception& e) {
@@ -121,6 +121,7 @@ Daemon::Daemon(Options options, config::Config config)
       spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
     }
   }
+  vf_exports_->sync(config_);
   virtio_->start(config_);
   update_k8s();
 }
@@ -215,27 +216,22 @@ json Daemon::upgrade(const json& req) {
   out.clear();
   if (run_captured({binary, "--check-config", options_.config_path}, std::chrono::seconds(30), out) != 0)
     return refuse(binary + " does not take " + options_.config_path + ": " + trimmed(out));
-  // What the successor would serve afresh: their clients see their
-  // connection end. Refused unless asked for.
-  std::vector<std::string> cut = vf_exports_->connected();
+  // A device that cannot be handed over now refuses the upgrade, or with
+  // --force is served afresh by the successor (its client's connection
+  // ends): `cut` names them.
+  std::vector<std::string> cut;
   auto pending = std::make_unique<PendingUpgrade>(PendingUpgrade{binary, {}, {}, asio::steady_timer(io_)});
   pending->handover.from_pid = ::getpid();
   try {
-    pending->handover.virtio = virtio_->freeze_for_handover();
+    freeze_for_handover(pending->handover, force, cut);
   } catch (const std::exception& e) {
-    return refuse(e.what());
-  }
-  if (!cut.empty() && !force) {
-    virtio_->thaw();
-    std::string list;
-    for (const auto& c : cut) list += (list.empty() ? "" : ", ") + c;
-    return refuse("not handed over yet, their clients would be cut: " + list + " (--force upgrades anyway)");
+    return refuse(e.what() + std::string(" (--force upgrades anyway, serving it afresh)"));
   }
   try {
     pending->manifest = pending->handover.write();
   } catch (const std::exception& e) {
     pending->handover.keep_from_exec();
-    virtio_->thaw();
+    thaw_handover();
     return refuse(e.what());
   }
   json result = {{"binary", binary}, {"handover", pending->handover.summary()}, {"served_afresh", cut}};
@@ -284,7 +280,7 @@ void Daemon::exec_successor() {
   const int err = errno;
   for (int fd : flagged) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) & ~FD_CLOEXEC);
   p.handover.keep_from_exec();
-  virtio_->thaw();
+  thaw_handover();
   spdlog::error("upgrade: exec {} failed: {}; this sriovd goes on", p.binary, std::strerror(err));
   notifier_->ready(summary(config_));
   upgrading_.reset();
@@ -353,27 +349,42 @@ bool Daemon::hand_over_to_fd_store() {
     if (!job.empty()) spdlog::info("systemd job {}: a stop, not a handover", job);
     return false;
   }
-  std::vector<std::string> cut = vf_exports_->connected();
+  // What cannot be handed over now is served afresh by the next sriovd (a
+  // restart is a restart): the rest is handed over.
+  std::vector<std::string> cut;
   Handover h;
   h.from_pid = ::getpid();
-  try {
-    h.virtio = virtio_->freeze_for_handover();
-  } catch (const std::exception& e) {
-    spdlog::warn("restart by systemd: no handover ({}): the devices' clients see their connections end", e.what());
-    return false;
-  }
+  freeze_for_handover(h, true, cut);
   try {
     h.store();
   } catch (const std::exception& e) {
-    virtio_->thaw();
+    thaw_handover();
     spdlog::warn("restart by systemd: no handover ({}; FileDescriptorStoreMax= in the unit?)", e.what());
     return false;
   }
   virtio_->handed_over();
-  for (const auto& c : cut) spdlog::warn("restart by systemd: {} is not handed over: its client is cut", c);
-  spdlog::info("restart by systemd: {} virtio device(s) in the fd store for the next sriovd; the host stays as it is",
-               h.virtio.size());
+  vf_exports_->handed_over();
+  for (const auto& c : cut) spdlog::warn("restart by systemd: not handed over ({}): its client is cut", c);
+  spdlog::info(
+      "restart by systemd: {} virtio device(s) and {} VF export(s) in the fd store for the next sriovd; the host stays "
+      "as it is",
+      h.virtio.size(), h.vf_exports.size());
   return true;
+}
+
+void Daemon::freeze_for_handover(Handover& h, bool force, std::vector<std::string>& cut) {
+  h.virtio = virtio_->freeze_for_handover(force, cut);
+  try {
+    h.vf_exports = vf_exports_->freeze_for_handover(force, cut);
+  } catch (...) {
+    virtio_->thaw();
+    throw;
+  }
+}
+
+void Daemon::thaw_handover() {
+  virtio_->thaw();
+  vf_exports_->thaw();
 }
 
 void Daemon::shutdown(const char* why) {
@@ -385,6 +396,7 @@ void Daemon::shutdown(const char* why) {
     // devices' duplicates are closed with it.
     upgrading_->handover.keep_from_exec();
     upgrading_.reset();
+    thaw_handover();  // the exports end as at any stop
   }
   const bool handed = std::string_view(why) == "SIGTERM" && hand_over_to_fd_store();
   notifier_->stopping();

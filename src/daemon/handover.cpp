@@ -93,6 +93,8 @@ void each_fd(const Handover& h, F f) {
     for (const UniqueFd& fd : v.server.fds) f(fd.get());
     for (const UniqueFd& fd : v.tap_fds) f(fd.get());
   }
+  for (const HandedVf& v : h.vf_exports)
+    for (const UniqueFd& fd : v.server.fds) f(fd.get());
 }
 
 }  // namespace
@@ -126,6 +128,12 @@ UniqueFd Handover::write() const {
     }
     j["virtio"].push_back(std::move(d));
   }
+  j["vf_exports"] = json::array();
+  for (const HandedVf& v : vf_exports)
+    j["vf_exports"].push_back({{"vf", v.vf},
+                               {"socket", v.socket},
+                               {"server", to_hex(v.server.serialize())},
+                               {"server_fds", numbers(v.server.fds)}});
   const std::string text = j.dump();
   UniqueFd fd(::memfd_create("sriovd-handover", MFD_ALLOW_SEALING));  // inherited by the exec
   if (!fd) throw_errno("the handover's manifest");
@@ -194,6 +202,21 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
         h.virtio.push_back(std::move(hv));
       } catch (const std::exception& e) {
         spdlog::error("upgrade: virtio device {} cannot be taken over ({}): it starts afresh", hv.name, e.what());
+      }
+    }
+    // Version 1 had none.
+    for (const json& v : j.value("vf_exports", json::array())) {
+      HandedVf hv;
+      hv.vf = v.at("vf").get<std::string>();
+      try {
+        hv.socket = v.at("socket").get<std::string>();
+        std::vector<UniqueFd> fds = take(v.at("server_fds"), hv.vf, remap);
+        hv.server = vfio_user::ServerHandover::parse(from_hex(v.at("server").get<std::string>(), hv.vf), fds.size(),
+                                                     "the handover of VF export " + hv.vf);
+        hv.server.fds = std::move(fds);
+        h.vf_exports.push_back(std::move(hv));
+      } catch (const std::exception& e) {
+        spdlog::error("upgrade: VF export {} cannot be taken over ({}): it starts afresh", hv.vf, e.what());
       }
     }
   } catch (const json::exception& e) {
@@ -265,7 +288,9 @@ std::optional<Handover> Handover::from_fd_store() {
 json Handover::summary() const {
   json names = json::array();
   for (const HandedVirtio& v : virtio) names.push_back(v.name);
-  return {{"from_pid", from_pid}, {"virtio_devices", names}};
+  json vfs = json::array();
+  for (const HandedVf& v : vf_exports) vfs.push_back(v.vf);
+  return {{"from_pid", from_pid}, {"virtio_devices", names}, {"vf_exports", vfs}};
 }
 
 }  // namespace sriovd::daemon

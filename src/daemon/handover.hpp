@@ -13,10 +13,11 @@
 // state: vhost_user::BackendHandover) or a virtio-pci device's vfio-user
 // server (socket, connection, DMA windows, doorbells, MSI-X eventfds and
 // the device's state: vfio_user::ServerHandover) - and a tap port's queue
-// fds. The rest is made anew by the successor as at any start: the host is
-// already as the config says (the journal's converge finds nothing to do),
-// VF exports are served afresh (their clients see their connection end),
-// other ports are opened again.
+// fds, and each VF export (its server's part and the VFIO device as the
+// kernel holds it: container, group and device fds, MSI-X left on, the
+// IOMMU's mappings kept). The rest is made anew by the successor as at any
+// start (the host is already as the config says: the journal's converge
+// finds nothing to do); other ports are opened again.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -52,9 +53,18 @@ struct HandedVirtio {
   std::vector<UniqueFd> tap_fds;
 };
 
+// One VF export's part: its server's, whose device part carries the VFIO
+// device (vfio_user::VfProxy::freeze_for_handover).
+struct HandedVf {
+  std::string vf;  // the VF's PCI address
+  std::string socket;
+  vfio_user::ServerHandover server;
+};
+
 struct Handover {
   int from_pid = 0;
   std::vector<HandedVirtio> virtio;
+  std::vector<HandedVf> vf_exports;
 
   // Into a sealed memfd; every fd it names is made inheritable (the
   // caller exec's next, or calls keep_from_exec() if it does not).

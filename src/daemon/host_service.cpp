@@ -124,6 +124,23 @@ std::unique_ptr<vfio::Device> HostService::open_vf(const config::Config& cfg, co
   return vfio::KernelDevice::open(*vf, sysfs_root_);
 }
 
+std::unique_ptr<vfio::Device> HostService::adopt_vf(const config::Config& cfg, const config::PfRef& pf_ref,
+                                                    unsigned index, std::unique_ptr<vfio::Device> adopted) {
+  const auto vf = vf_address(pf_ref, index);
+  if (!vf || adopted->name() != vf->to_string())
+    throw std::invalid_argument("the handed device " + adopted->name() + " is not VF " + std::to_string(index) +
+                                " of " + pf_ref.to_string());
+  if (auto* sim = dynamic_cast<vfio::SimulatedDevice*>(adopted.get())) {
+    if (!sim_) throw std::invalid_argument("a simulated VF handed to a real host");
+    for (const auto& spf : cfg.simulated_pfs)
+      if (pf_ref.address && spf.address == *pf_ref.address)
+        sim->set_set_irqs_cost(std::chrono::microseconds(spf.set_irqs_cost_us));
+  } else if (sim_) {
+    throw std::invalid_argument("a kernel VFIO device handed to a simulated host");
+  }
+  return adopted;
+}
+
 std::string HostService::vf_netdev(const config::PfRef& pf_ref, unsigned index) {
   std::optional<PciAddress> pf = pf_ref.address;
   if (!pf) pf = control_->resolve_netdev(pf_ref.netdev);

@@ -50,6 +50,11 @@ class HostService {
   // viable group) or, on the simulated host, a simulated VF with the PF's
   // ids and MSI-X vector count.
   std::unique_ptr<vfio::Device> open_vf(const config::Config& cfg, const config::PfRef& pf, unsigned index);
+  // A VF's device handed over by the predecessor (VfProxy::adopt_device),
+  // as open_vf would have made it (a simulated VF's SET_IRQS cost); throws
+  // std::invalid_argument when it is not VF `index` of `pf`.
+  std::unique_ptr<vfio::Device> adopt_vf(const config::Config& cfg, const config::PfRef& pf, unsigned index,
+                                         std::unique_ptr<vfio::Device> adopted);
   [[nodiscard]] host::SimulatedKernel* simulated() { return sim_.get(); }
   // See HostControl::set_release_check.
   void set_release_check(host::HostControl::ReleaseCheck check) { control_->set_release_check(std::move(check)); }

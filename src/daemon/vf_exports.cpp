@@ -143,7 +143,26 @@ void VfExports::sync(const config::Config& cfg) {
       if (!vf) throw std::runtime_error("PF " + w.pf.to_string() + " has no VF " + std::to_string(w.index));
       e.vf = vf->to_string();
       e.bar_access = w.assign->bar_access;
-      std::unique_ptr<vfio::Device> device = host_.open_vf(cfg, w.pf_cfg->ref, w.index);
+      // Handed over by the predecessor: its VFIO device as it stands.
+      std::optional<HandedVf> handed;
+      if (const auto it = std::find_if(handed_.begin(), handed_.end(),
+                                       [&](const HandedVf& h) { return h.vf == e.vf && h.socket == e.socket; });
+          it != handed_.end()) {
+        handed = std::move(*it);
+        handed_.erase(it);
+      }
+      std::unique_ptr<vfio::Device> device;
+      if (handed) {
+        try {
+          device = host_.adopt_vf(cfg, w.pf_cfg->ref, w.index,
+                                  vfio_user::VfProxy::adopt_device(handed->server.device, handed->server,
+                                                                   "the handover of VF export " + e.vf));
+        } catch (const std::exception& ex) {
+          spdlog::error("vfio-user: VF {}: the handover did not fit ({}); served afresh", e.vf, ex.what());
+          handed.reset();
+        }
+      }
+      if (!device) device = host_.open_vf(cfg, w.pf_cfg->ref, w.index);
       e.thread = sessions_.lease();
       SessionThread& t = *e.thread;
       e.proxy = make_on_session(t, [&] {
@@ -157,7 +176,19 @@ void VfExports::sync(const config::Config& cfg) {
       // The export's own allow-list: a VMM allowed here may not use the
       // control API, nor an operator's uid this VMM's socket.
       e.server = make_on_session(t, [&] {
-        auto server = std::make_unique<vfio_user::Server>(t.io(), e.socket, *e.proxy, w.assign->access.allowed_uids);
+        std::unique_ptr<vfio_user::Server> server;
+        if (handed) {
+          try {
+            server = std::make_unique<vfio_user::Server>(t.io(), e.socket, *e.proxy, w.assign->access.allowed_uids,
+                                                         std::move(handed->server));
+            spdlog::info("vfio-user: VF {} taken over from the previous sriovd", e.vf);
+          } catch (const std::exception& ex) {
+            // The client's connection ends; the VF starts afresh for the next.
+            spdlog::error("vfio-user: VF {}: the handover did not fit ({}); served afresh", e.vf, ex.what());
+          }
+        }
+        if (!server)
+          server = std::make_unique<vfio_user::Server>(t.io(), e.socket, *e.proxy, w.assign->access.allowed_uids);
         server->set_socket_access(access_of(w.assign->access));
         return server;
       });
@@ -172,6 +203,9 @@ void VfExports::sync(const config::Config& cfg) {
     }
     exports_.push_back(std::move(e));
   }
+  for (const HandedVf& h : handed_)
+    spdlog::warn("vfio-user: VF {} handed over but not exported by this config: its client is let go", h.vf);
+  handed_.clear();
 }
 
 void VfExports::release(const PciAddress& pf, const std::vector<unsigned>& indices) {
@@ -222,11 +256,42 @@ json VfExports::held_json() const {
   return out;
 }
 
-std::vector<std::string> VfExports::connected() const {
-  std::vector<std::string> out;
-  for (const auto& e : exports_)
-    if (e.server && e.thread->call([&] { return e.server->connected(); })) out.push_back("VF export " + e.vf);
+std::vector<HandedVf> VfExports::freeze_for_handover(bool force, std::vector<std::string>& cut) {
+  std::vector<HandedVf> out;
+  try {
+    for (auto& e : exports_) {
+      if (!e.server) continue;
+      HandedVf h;
+      h.vf = e.vf;
+      h.socket = e.socket;
+      const bool frozen = e.thread->call([&] {
+        try {
+          h.server = e.server->freeze_for_handover();
+          return true;
+        } catch (const HandoverRefused& ex) {
+          const std::string why = "VF export " + e.vf + ": " + ex.what();
+          if (!force) throw HandoverRefused(why);
+          cut.push_back(why);  // served afresh by the successor
+          return false;
+        }
+      });
+      if (frozen) out.push_back(std::move(h));
+    }
+  } catch (...) {
+    thaw();
+    throw;
+  }
   return out;
+}
+
+void VfExports::thaw() {
+  for (auto& e : exports_)
+    if (e.server) e.thread->call([&] { e.server->thaw(); });
+}
+
+void VfExports::handed_over() {
+  for (auto& e : exports_)
+    if (e.server) e.thread->call([&] { e.server->handed_over(); });
 }
 
 json VfExports::exports_json() const {

@@ -28,6 +28,8 @@
 #include "sriovd/vfio_user/server.hpp"
 #include "sriovd/vfio_user/vf_proxy.hpp"
 
+#include "handover.hpp"
+
 namespace sriovd::daemon {
 
 class HostService;
@@ -59,9 +61,17 @@ class VfExports {
   bool with_proxy(const std::string& device, std::string& why, const std::function<void(vfio_user::VfProxy&)>& fn);
 
   [[nodiscard]] control::json exports_json() const;
-  // The exports whose client is connected now (an upgrade in place cuts
-  // them: their export is not handed over yet).
-  [[nodiscard]] std::vector<std::string> connected() const;
+  // An upgrade in place (handover.hpp): every served export is frozen and
+  // its part returned; one that cannot be handed over now throws
+  // HandoverRefused naming it, with every export serving again (with
+  // `force`: it is left out, named in `cut`). thaw():
+  // the handover did not happen. handed_over(): it did. take_handover():
+  // the successor's, before sync(), which takes over what fits the config
+  // (the same VF on the same socket) instead of opening the VF.
+  std::vector<HandedVf> freeze_for_handover(bool force, std::vector<std::string>& cut);
+  void thaw();
+  void handed_over();
+  void take_handover(std::vector<HandedVf> handed) { handed_ = std::move(handed); }
   // VFs no export serves any more whose device fd a VMM still holds.
   [[nodiscard]] control::json held_json() const;
   void metrics(std::vector<prometheus::MetricFamily>& out) const;
@@ -101,6 +111,8 @@ class VfExports {
   HostService& host_;
   std::string sysfs_root_;
   std::vector<Export> exports_;
+  // Handed over by the predecessor, until sync() takes them.
+  std::vector<HandedVf> handed_;
   // Pids given a VF's device fd (bar_access: mmap), by VF address, kept
   // past the export: such a VMM may hold the VF after it disconnects.
   std::map<std::string, std::vector<pid_t>> fd_given_;

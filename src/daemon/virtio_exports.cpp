@@ -200,7 +200,7 @@ std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevic
   return h;
 }
 
-std::vector<HandedVirtio> VirtioExports::freeze_for_handover() {
+std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::vector<std::string>& cut) {
   std::vector<HandedVirtio> out;
   try {
     for (auto& e : exports_) {
@@ -209,14 +209,17 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover() {
       h.name = e.name;
       h.socket = e.config.socket;
       h.pci = e.pci_server != nullptr;
-      e.thread->call([&] {
+      const bool frozen = e.thread->call([&] {
         try {
           if (h.pci)
             h.server = e.pci_server->freeze_for_handover();
           else
             h.backend = e.backend->freeze_for_handover();
         } catch (const HandoverRefused& ex) {
-          throw HandoverRefused("virtio device " + e.name + ": " + ex.what());
+          const std::string why = "virtio device " + e.name + ": " + ex.what();
+          if (!force) throw HandoverRefused(why);
+          cut.push_back(why);  // served afresh by the successor
+          return false;
         }
         // A tap (not a macvtap, which the successor makes anew) goes with
         // its device: its addresses and bridges stay.
@@ -225,7 +228,9 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover() {
           h.tap = tap->name();
           for (unsigned q = 0; q < tap->queues(); ++q) h.tap_fds.push_back(dup_fd(tap->fd(q), "a tap queue"));
         }
+        return true;
       });
+      if (!frozen) continue;
       out.push_back(std::move(h));
     }
   } catch (...) {

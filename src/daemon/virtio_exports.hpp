@@ -70,9 +70,11 @@ class VirtioExports {
   // An upgrade in place (handover.hpp). freeze_for_handover(): every
   // served device (vhost-user or virtio-pci over vfio-user) is frozen and
   // its part returned; a device that cannot be handed over now throws
-  // HandoverRefused naming it, with every device serving again.
+  // HandoverRefused naming it, with every device serving again - or with
+  // `force`, is left out, named in `cut` (its client's connection ends with
+  // this sriovd; the successor serves it afresh).
   // thaw(): the handover did not happen. handed_over(): it did.
-  std::vector<HandedVirtio> freeze_for_handover();
+  std::vector<HandedVirtio> freeze_for_handover(bool force, std::vector<std::string>& cut);
   void thaw();
   void handed_over();
   // The successor's: what start() takes over instead of making anew (a

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/hex.hpp"
 
@@ -30,6 +32,35 @@ Container::Container() : fd_(::open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC)) {
                              std::to_string(VFIO_API_VERSION));
   if (::ioctl(fd_.get(), VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU) != 1)
     throw std::runtime_error("VFIO container does not support the type1v2 IOMMU (vfio_iommu_type1 not loaded?)");
+}
+
+Container::Container(UniqueFd adopted) : fd_(std::move(adopted)), iommu_set_(true) {
+  if (::ioctl(fd_.get(), VFIO_GET_API_VERSION) != VFIO_API_VERSION)
+    throw std::invalid_argument("the handed VFIO container is not one (VFIO_GET_API_VERSION)");
+  read_iova_ranges();
+}
+
+bool Container::can_update_vaddr() const { return ::ioctl(fd_.get(), VFIO_CHECK_EXTENSION, VFIO_UPDATE_VADDR) == 1; }
+
+void Container::invalidate_vaddr(uint64_t iova, uint64_t size) {
+  vfio_iommu_type1_dma_unmap unmap{};
+  unmap.argsz = sizeof unmap;
+  unmap.flags = VFIO_DMA_UNMAP_FLAG_VADDR;
+  unmap.iova = iova;
+  unmap.size = size;
+  if (::ioctl(fd_.get(), VFIO_IOMMU_UNMAP_DMA, &unmap) != 0)
+    throw_errno("VFIO_IOMMU_UNMAP_DMA (FLAG_VADDR) iova " + hex(iova));
+}
+
+void Container::update_vaddr(uint64_t iova, void* vaddr, uint64_t size) {
+  vfio_iommu_type1_dma_map map{};
+  map.argsz = sizeof map;
+  map.flags = VFIO_DMA_MAP_FLAG_VADDR;  // protection stays as mapped
+  map.vaddr = reinterpret_cast<uint64_t>(vaddr);
+  map.iova = iova;
+  map.size = size;
+  if (::ioctl(fd_.get(), VFIO_IOMMU_MAP_DMA, &map) != 0)
+    throw_errno("VFIO_IOMMU_MAP_DMA (FLAG_VADDR) iova " + hex(iova) + " size " + hex(size));
 }
 
 void Container::set_iommu() {
@@ -141,6 +172,15 @@ Group::Group(Container& container, int number)
   container.set_iommu();
 }
 
+Group::Group(int number, UniqueFd adopted) : fd_(std::move(adopted)), number_(number) {
+  vfio_group_status status{};
+  status.argsz = sizeof status;
+  if (::ioctl(fd_.get(), VFIO_GROUP_GET_STATUS, &status) != 0 || !(status.flags & VFIO_GROUP_FLAGS_VIABLE) ||
+      !(status.flags & VFIO_GROUP_FLAGS_CONTAINER_SET))
+    throw std::invalid_argument("the handed VFIO group " + std::to_string(number) +
+                                " is not a viable group set to a container");
+}
+
 Group::~Group() {
   if (fd_) ::ioctl(fd_.get(), VFIO_GROUP_UNSET_CONTAINER);
 }
@@ -148,6 +188,71 @@ Group::~Group() {
 KernelDevice::KernelDevice(Group& group, const PciAddress& address) : name_(address.to_string()) {
   fd_.reset(::ioctl(group.fd(), VFIO_GROUP_GET_DEVICE_FD, name_.c_str()));
   if (!fd_) throw_errno(name_ + ": VFIO_GROUP_GET_DEVICE_FD");
+  take_info();
+}
+
+std::unique_ptr<KernelDevice> KernelDevice::adopt(const std::string& name, UniqueFd container, UniqueFd group,
+                                                  int group_number, UniqueFd device, std::vector<Window> inherited) {
+  std::unique_ptr<KernelDevice> d(new KernelDevice(name));
+  d->owned_container_ = std::make_unique<Container>(std::move(container));
+  d->owned_group_ = std::make_unique<Group>(group_number, std::move(group));
+  d->fd_ = std::move(device);
+  d->take_info();
+  for (const Window& w : inherited) d->mapped_.push_back({w.iova, w.size, nullptr, false});
+  return d;
+}
+
+KernelDevice::~KernelDevice() {
+  // The successor has the group in its container: leaving it would take
+  // the IOMMU's mappings from under the device.
+  if (handed_ && owned_group_) owned_group_->forget();
+}
+
+std::vector<uint8_t> KernelDevice::freeze_for_handover(HandedFds& fds) {
+  if (!owned_container_ || !owned_group_) throw HandoverRefused(name_ + ": not opened with a container of its own");
+  if (!owned_container_->can_update_vaddr())
+    throw HandoverRefused(name_ + ": the kernel's VFIO cannot update a mapping's address (VFIO_UPDATE_VADDR)");
+  nlohmann::json windows = nlohmann::json::array();
+  size_t done = 0;
+  try {
+    for (Mapped& m : mapped_) {
+      if (m.vaddr_valid) owned_container_->invalidate_vaddr(m.iova, m.size);
+      m.vaddr_valid = false;
+      ++done;
+      windows.push_back({m.iova, m.size});
+    }
+  } catch (const std::exception& e) {
+    for (size_t i = 0; i < done; ++i) {
+      Mapped& m = mapped_[i];
+      if (m.vaddr) {
+        owned_container_->update_vaddr(m.iova, m.vaddr, m.size);
+        m.vaddr_valid = true;
+      }
+    }
+    throw HandoverRefused(name_ + ": " + e.what());
+  }
+  frozen_ = true;
+  const nlohmann::json j = {{"kind", "kernel"},
+                            {"name", name_},
+                            {"container", fds.add_fd(dup_fd(owned_container_->fd(), "a VFIO container"))},
+                            {"group", fds.add_fd(dup_fd(owned_group_->fd(), "a VFIO group"))},
+                            {"group_number", owned_group_->number()},
+                            {"device", fds.add_fd(dup_fd(fd_.get(), "a VFIO device"))},
+                            {"windows", windows}};
+  const std::string text = j.dump();
+  return {text.begin(), text.end()};
+}
+
+void KernelDevice::thaw() {
+  if (!std::exchange(frozen_, false)) return;
+  for (Mapped& m : mapped_)
+    if (m.vaddr && !m.vaddr_valid) {
+      owned_container_->update_vaddr(m.iova, m.vaddr, m.size);
+      m.vaddr_valid = true;
+    }
+}
+
+void KernelDevice::take_info() {
   vfio_device_info info{};
   info.argsz = sizeof info;
   if (::ioctl(fd_.get(), VFIO_DEVICE_GET_INFO, &info) != 0) throw_errno(name_ + ": VFIO_DEVICE_GET_INFO");
@@ -289,13 +394,24 @@ int KernelDevice::mmap_fd(uint32_t index, uint64_t& offset) {
 void KernelDevice::map_dma(uint64_t iova, void* host, uint64_t size, bool writable) {
   if (!owned_container_)
     throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
+  // A window the predecessor mapped: the same memory at this process's
+  // address (the IOMMU's translation never changed).
+  for (Mapped& m : mapped_)
+    if (m.iova == iova && m.size == size && !m.vaddr_valid && !m.vaddr) {
+      owned_container_->update_vaddr(iova, host, size);
+      m.vaddr = host;
+      m.vaddr_valid = true;
+      return;
+    }
   owned_container_->map_dma(iova, host, size, writable);
+  mapped_.push_back({iova, size, host, true});
 }
 
 void KernelDevice::unmap_dma(uint64_t iova, uint64_t size) {
   if (!owned_container_)
     throw std::runtime_error(name_ + ": DMA mapping needs the container the device was opened with");
   owned_container_->unmap_dma(iova, size);
+  std::erase_if(mapped_, [&](const Mapped& m) { return m.iova == iova && m.size == size; });
 }
 
 }  // namespace sriovd::vfio

@@ -51,6 +51,14 @@ void MsixVectors::bind(unsigned vector, int eventfd) {
   grow(had);
 }
 
+void MsixVectors::adopt_enabled(unsigned count) {
+  std::lock_guard lock(mutex_);
+  if (count > info_.count)
+    throw std::invalid_argument(device_.name() + ": " + std::to_string(count) + " MSI-X vectors enabled, " +
+                                std::to_string(info_.count) + " exist");
+  fds_.assign(count, -1);
+}
+
 void MsixVectors::disable() {
   std::lock_guard lock(mutex_);
   if (fds_.empty()) return;

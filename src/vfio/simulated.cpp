@@ -8,6 +8,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/eventfd.hpp"
@@ -201,6 +203,7 @@ size_t SimulatedDevice::dma_windows() const {
 
 void SimulatedDevice::start_generator(std::vector<uint32_t> vectors, double rate, unsigned burst) {
   stop_generator();
+  generating_ = Generating{vectors, rate, burst};
   generator_stop_.store(false);
   generator_ = std::thread([this, vectors = std::move(vectors), rate, burst] {
     using Clock = std::chrono::steady_clock;
@@ -225,6 +228,39 @@ void SimulatedDevice::start_generator(std::vector<uint32_t> vectors, double rate
 void SimulatedDevice::stop_generator() {
   generator_stop_.store(true);
   if (generator_.joinable()) generator_.join();
+  generating_.reset();
+}
+
+std::vector<uint8_t> SimulatedDevice::freeze_for_handover(HandedFds& fds) {
+  nlohmann::json j;
+  {
+    std::lock_guard lock(mutex_);
+    j = {{"kind", "simulated"},
+         {"name", name_},
+         {"vectors", vector_fds_.size()},
+         {"bar0", fds.add_fd(dup_fd(bar0_fd_.get(), "the simulated BAR0"))},
+         {"config", config_},
+         {"msix_enabled", msix_enabled_},
+         {"generated", generated_.load()}};
+  }
+  if (generating_)
+    j["generator"] = {{"vectors", generating_->vectors}, {"rate", generating_->rate}, {"burst", generating_->burst}};
+  const std::string text = j.dump();
+  return {text.begin(), text.end()};
+}
+
+void SimulatedDevice::take_over(UniqueFd bar0, std::vector<uint8_t> config, bool msix_enabled, uint64_t generated) {
+  void* bar = ::mmap(nullptr, kBar0Size, PROT_READ | PROT_WRITE, MAP_SHARED, bar0.get(), 0);
+  if (bar == MAP_FAILED) throw std::invalid_argument(name_ + ": the handed BAR0 cannot be mapped");
+  std::lock_guard lock(mutex_);
+  if (config.size() != config_.size())
+    throw std::invalid_argument(name_ + ": a handed config space of " + std::to_string(config.size()) + " bytes");
+  ::munmap(bar0_, kBar0Size);
+  bar0_ = static_cast<uint8_t*>(bar);
+  bar0_fd_ = std::move(bar0);
+  config_ = std::move(config);
+  msix_enabled_ = msix_enabled;
+  generated_.store(generated);
 }
 
 }  // namespace sriovd::vfio

@@ -1046,8 +1046,10 @@ void Server::thaw() {
 }
 
 void Server::handed_over() {
+  if (!frozen_) return;  // left out of the handover: it ends as at any stop
   handed_over_ = true;
   listener_.forget_file();
+  device_.handed_over();
 }
 
 // A takeover that cannot finish: the device forgets the client and its

@@ -2,9 +2,16 @@
 
 #include <linux/vfio.h>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
+
+#include "sriovd/util/eventfd.hpp"
+#include "msix_state_io.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -34,6 +41,10 @@ void VfProxy::Vectors::set_masked(unsigned v, bool masked) {
     engine_.mask(*routes_[v]);
   else
     engine_.unmask(*routes_[v]);
+}
+
+void VfProxy::Vectors::set_pending(unsigned v) {
+  if (routes_.at(v)) engine_.set_pending(*routes_[v]);
 }
 
 bool VfProxy::Vectors::pending(unsigned v) const { return routes_.at(v) && engine_.pending(*routes_[v]); }
@@ -85,7 +96,9 @@ VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq:
       device_config_(read_config(*device_)),
       layout_(layout_of(device_config_, label_)),
       vectors_(engine, layout_.vectors),
-      binder_(*device_) {
+      binder_(*device_),
+      gate_(binder_, layout_.vectors),
+      sinks_(layout_.vectors) {
   for (unsigned i = 0; i < 6; ++i) {
     const vfio::RegionInfo r = device_->region(i);
     if (r.size == 0) continue;
@@ -98,7 +111,14 @@ VfProxy::VfProxy(std::unique_ptr<vfio::Device> device, irq::Engine& engine, irq:
   build_config();
 }
 
-VfProxy::~VfProxy() { drop_routes(); }
+VfProxy::~VfProxy() {
+  if (handed_) {
+    // The successor has the vectors: the routes go, MSI-X stays on.
+    for (unsigned v = 0; v < layout_.vectors; ++v) vectors_.detach(v);
+    return;
+  }
+  drop_routes();
+}
 
 void VfProxy::build_config() {
   msix_ = std::make_unique<msix::MsixState>(layout_.vectors, vectors_);
@@ -240,24 +260,29 @@ void VfProxy::set_irq_eventfds(uint32_t index, uint32_t start, std::vector<Uniqu
   for (uint32_t i = 0; i < fds.size(); ++i) {
     const unsigned v = start + i;
     if (!fds[i].valid()) {
+      sinks_[v].reset();
       if (vectors_.route(v)) {
         vectors_.detach(v);
-        binder_.bind(v, -1);
+        gate_.bind(v, -1);
       }
       continue;
     }
     if (!vectors_.route(v)) {
-      irq::RouteSpec spec{label_, v, policy_, &binder_};
+      irq::RouteSpec spec{label_, v, policy_, &gate_};
       vectors_.attach(v, engine_.add(spec));
     }
+    sinks_[v] = dup_fd(fds[i].get(), label_ + ": an MSI-X eventfd");
     engine_.set_sink(*vectors_.route(v), std::move(fds[i]));
   }
 }
 
 void VfProxy::drop_routes() {
-  for (unsigned v = 0; v < layout_.vectors; ++v) vectors_.detach(v);
+  for (unsigned v = 0; v < layout_.vectors; ++v) {
+    vectors_.detach(v);
+    sinks_[v].reset();
+  }
   try {
-    binder_.disable();
+    gate_.disable();
   } catch (const std::exception& e) {
     spdlog::warn("{}: disabling MSI-X: {}", label_, e.what());
   }
@@ -320,6 +345,150 @@ void VfProxy::client_gone() {
   } catch (const std::exception& e) {
     spdlog::warn("{}: reset after the client left: {}", label_, e.what());
   }
+}
+
+// --- handover (daemon/handover.hpp) ---
+
+void VfProxy::Gate::bind(unsigned vector, int eventfd) {
+  std::lock_guard lock(mutex_);
+  wanted_.at(vector) = eventfd;
+  if (!frozen_) to_.bind(vector, eventfd);
+}
+
+void VfProxy::Gate::disable() {
+  std::lock_guard lock(mutex_);
+  wanted_.assign(wanted_.size(), -1);
+  if (!frozen_) to_.disable();
+}
+
+void VfProxy::Gate::freeze() {
+  std::lock_guard lock(mutex_);
+  frozen_ = true;
+}
+
+void VfProxy::Gate::thaw() {
+  std::lock_guard lock(mutex_);
+  if (!std::exchange(frozen_, false)) return;
+  for (unsigned v = 0; v < wanted_.size(); ++v)
+    if (wanted_[v] >= 0 || v < to_.enabled()) to_.bind(v, wanted_[v]);
+}
+
+bool VfProxy::Gate::frozen() const {
+  std::lock_guard lock(mutex_);
+  return frozen_;
+}
+
+namespace {
+constexpr uint32_t kHandoverPartVersion = 1;
+}  // namespace
+
+std::vector<uint8_t> VfProxy::freeze_for_handover(HandedFds& fds) {
+  if (gate_.frozen()) throw HandoverRefused(label_ + ": it is being handed over already");
+  // From here to the successor's rebinding, each vector in use signals an
+  // eventfd nobody reads: what it counts is delivered after.
+  std::vector<UniqueFd> captured(layout_.vectors);
+  for (unsigned v = 0; v < layout_.vectors; ++v) {
+    if (!vectors_.route(v)) continue;
+    captured[v].reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!captured[v]) throw HandoverRefused(label_ + ": an eventfd for the handover: " + std::strerror(errno));
+  }
+  gate_.freeze();
+  captured_ = std::move(captured);
+  try {
+    for (unsigned v = 0; v < layout_.vectors; ++v)
+      if (captured_[v]) binder_.bind(v, captured_[v].get());
+    const std::vector<uint8_t> device_part = device_->freeze_for_handover(fds);
+    virtio::StateWriter w;
+    w.u32(kHandoverPartVersion);
+    w.blob(device_part);
+    w.u32(binder_.enabled());
+    w.blob(config_->bytes());
+    write_msix(w, msix_->snapshot());
+    w.u32(layout_.vectors);
+    for (unsigned v = 0; v < layout_.vectors; ++v) {
+      w.u32(sinks_[v] ? fds.add_fd(dup_fd(sinks_[v].get(), label_ + ": an MSI-X eventfd")) : HandedFds::kNoFd);
+      w.u32(captured_[v] ? fds.add_fd(dup_fd(captured_[v].get(), label_ + ": a handover eventfd")) : HandedFds::kNoFd);
+    }
+    return w.take();
+  } catch (const std::exception& e) {
+    thaw();
+    if (dynamic_cast<const HandoverRefused*>(&e)) throw;
+    throw HandoverRefused(label_ + ": " + e.what());
+  }
+}
+
+// Each vector back on what the engine asked for last, and what the device
+// signalled meanwhile delivered (once: MSI-X keeps one pending bit).
+void VfProxy::thaw() {
+  device_->thaw();
+  gate_.thaw();
+  deliver_captured(captured_);
+}
+
+void VfProxy::deliver_captured(std::vector<UniqueFd>& captured) {
+  for (unsigned v = 0; v < captured.size(); ++v) {
+    if (!captured[v]) continue;
+    uint64_t n = 0;
+    if (::read(captured[v].get(), &n, sizeof n) == sizeof n && n > 0 && vectors_.route(v))
+      engine_.trigger(*vectors_.route(v));
+  }
+  captured.clear();
+}
+
+void VfProxy::handed_over() {
+  device_->handed_over();
+  handed_ = true;
+}
+
+std::unique_ptr<vfio::Device> VfProxy::adopt_device(std::span<const uint8_t> part, HandedFds& fds,
+                                                    const std::string& what) {
+  virtio::StateReader r(part, what);
+  if (const uint32_t version = r.u32(); version != kHandoverPartVersion)
+    r.fail("a VF proxy handover of version " + std::to_string(version));
+  const std::vector<uint8_t> device_part = r.blob(1U << 20U);
+  return vfio::adopt_device(device_part, fds, what);
+}
+
+void VfProxy::take_over(std::span<const uint8_t> part, HandedFds& fds) {
+  const std::string who = label_ + ": the handover";
+  virtio::StateReader r(part, who);
+  (void)r.u32();            // checked by adopt_device
+  (void)r.blob(1U << 20U);  // the VFIO device: adopted before this proxy was made
+  const uint32_t enabled = r.u32();
+  if (enabled > layout_.vectors) r.fail(std::to_string(enabled) + " MSI-X vectors enabled");
+  const std::vector<uint8_t> config = r.blob(4096);
+  if (config.size() != config_->bytes().size()) r.fail("a config space of " + std::to_string(config.size()) + " bytes");
+  const msix::MsixState::Snapshot m = read_msix(r, layout_.vectors);
+  if (const uint32_t n = r.u32(); n != layout_.vectors) r.fail(std::to_string(n) + " vectors");
+  std::vector<uint32_t> sink_at(layout_.vectors), captured_at(layout_.vectors);
+  for (unsigned v = 0; v < layout_.vectors; ++v) {
+    sink_at[v] = read_fd_index(r, fds.fds.size(), "an MSI-X eventfd");
+    captured_at[v] = read_fd_index(r, fds.fds.size(), "a handover eventfd");
+  }
+  r.end();
+  // The client shares its eventfds and may have changed their flags since
+  // the predecessor looked: checked again before anything changes.
+  std::vector<UniqueFd> sinks, captured;
+  for (unsigned v = 0; v < layout_.vectors; ++v) {
+    sinks.push_back(checked_peer_eventfd(fds.take_fd(sink_at[v]), who + ": vector " + std::to_string(v)));
+    captured.push_back(checked_peer_eventfd(fds.take_fd(captured_at[v]), who + ": vector " + std::to_string(v)));
+  }
+  binder_.adopt_enabled(enabled);
+  config_->load(config);
+  // Each vector in use gets its route (the device rebound to it on its
+  // own), then the table, masks and pending bits, then what the device
+  // signalled while no one listened.
+  for (unsigned v = 0; v < layout_.vectors; ++v) {
+    if (!sinks[v]) continue;
+    irq::RouteSpec spec{label_, v, policy_, &gate_};
+    vectors_.attach(v, engine_.add(spec));
+    sinks_[v] = dup_fd(sinks[v].get(), label_ + ": an MSI-X eventfd");
+    engine_.set_sink(*vectors_.route(v), std::move(sinks[v]));
+  }
+  msix_->restore(m);
+  deliver_captured(captured);
+  spdlog::info("{}: taken over from the previous sriovd ({} MSI-X vectors enabled, {} in use)", label_, enabled,
+               std::count_if(sinks_.begin(), sinks_.end(), [](const UniqueFd& f) { return f.valid(); }));
 }
 
 }  // namespace sriovd::vfio_user

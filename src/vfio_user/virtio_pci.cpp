@@ -14,6 +14,7 @@
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/pci/config_space.hpp"
+#include "msix_state_io.hpp"
 
 namespace sriovd::vfio_user {
 
@@ -448,17 +449,7 @@ virtio::DeviceState VirtioPci::save_state() {
   // The first 256 bytes: the header and every capability (nothing past
   // them is writable: no extended capability).
   w.blob(std::span(config_->bytes()).first(kConfigSaved));
-  const msix::MsixState::Snapshot m = msix_->snapshot();
-  w.u16(m.control);
-  w.u8(m.table_forwarded ? 1 : 0);
-  w.u32(static_cast<uint32_t>(m.entries.size()));
-  for (size_t v = 0; v < m.entries.size(); ++v) {
-    w.u64(m.entries[v].address);
-    w.u32(m.entries[v].data);
-    w.u32(m.entries[v].control);
-    w.u8(m.irq_masked[v]);
-    w.u8(m.pending[v] ? 1 : 0);
-  }
+  write_msix(w, msix_->snapshot());
   state.transport = w.take();
   return state;
 }
@@ -491,16 +482,7 @@ void VirtioPci::restore_state(const virtio::DeviceState& state) {
   const uint32_t cfg_offset = r.u32(), cfg_length = r.u32();
   const std::vector<uint8_t> config = r.blob(kConfigSaved);
   if (config.size() != kConfigSaved) r.fail("a config space of " + std::to_string(config.size()) + " bytes");
-  msix::MsixState::Snapshot m;
-  m.control = r.u16();
-  m.table_forwarded = r.u8() != 0;
-  if (const uint32_t n = r.u32(); n != routes_.size())
-    r.fail(std::to_string(n) + " MSI-X vectors, this device has " + std::to_string(routes_.size()));
-  for (size_t v = 0; v < routes_.size(); ++v) {
-    m.entries.push_back({r.u64(), r.u32(), r.u32()});
-    m.irq_masked.push_back(r.u8() != 0 ? 1 : 0);
-    m.pending.push_back(r.u8() != 0);
-  }
+  const msix::MsixState::Snapshot m = read_msix(r, routes_.size());
   r.end();
   if ((status & kFeaturesOk) && driver_features != state.features)
     r.fail("driver features " + hex(driver_features) + " but the device negotiated " + hex(state.features));

@@ -1108,6 +1108,7 @@ void Backend::use_inflight(UniqueFd fd, uint64_t offset, uint64_t size, uint16_t
 }
 
 void Backend::handed_over() {
+  if (!frozen_) return;  // left out of the handover: it ends as at any stop
   if (listener_) listener_->forget_file();
 }
 

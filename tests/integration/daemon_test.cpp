@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
@@ -1426,6 +1427,27 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsEveryFrontEndAndItsTap) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(dp.send(f.data(), f.size()));
   ASSERT_TRUE(test::wait_until([&] { return tx_packets(0) == 5 && tx_packets(1) == 4; }, 5s));
+  // The VMM of VF 0's export: vector 1 armed as a guest driver arms it,
+  // the VF's interrupts counted on its eventfd.
+  const std::string vf = request({{"cmd", "devices"}})["result"]["vfio_user_exports"][0].value("vf", "");
+  guest::VfioUserClient vfc(socket() + ".vf0");
+  UniqueFd vf_irq(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  vfc.write32(0, 16 + 0, 0xfee00000);
+  vfc.write32(0, 16 + 8, 0x4001);
+  const int irq_fds[1] = {vf_irq.get()};
+  vfc.set_irq_eventfds(VFIO_PCI_MSIX_IRQ_INDEX, 1, irq_fds);
+  constexpr uint32_t kMsixCap = 0x7c;  // the simulated VF's
+  vfc.write32(VFIO_PCI_CONFIG_REGION_INDEX, kMsixCap,
+              (vfc.read32(VFIO_PCI_CONFIG_REGION_INDEX, kMsixCap) & 0xffffU) | (0x8000U << 16U));
+  vfc.write32(0, 16 + 12, 0);
+  auto vf_interrupts = [&] {
+    pollfd p{vf_irq.get(), POLLIN, 0};
+    uint64_t n = 0;
+    if (::poll(&p, 1, 2000) == 1 && ::read(vf_irq.get(), &n, sizeof n) != sizeof n) n = 0;
+    return n;
+  };
+  ASSERT_EQ(ctl({"simulate-interrupt", vf, "1"}).exit_code, 0);
+  ASSERT_EQ(vf_interrupts(), 1U);
 
   // Refused: a binary that does not read this handover; nothing changes.
   const auto refused = ctl({"upgrade", "--binary", "/bin/true"});
@@ -1438,10 +1460,17 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsEveryFrontEndAndItsTap) {
 
   const auto up = ctl({"upgrade"});
   ASSERT_EQ(up.exit_code, 0) << up.output << daemon_->log();
-  EXPECT_NE(up.output.find("took over 2 virtio device(s)"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("took over 2 virtio device(s) and 1 VF export(s)"), std::string::npos) << up.output;
   const json status = request({{"cmd", "status"}})["result"];
   EXPECT_EQ(status.value("pid", 0), pid) << "the same process";
   EXPECT_EQ(status["handover"]["virtio_devices"], json::array({"vfb0", "vp0"})) << status.dump();
+  EXPECT_EQ(status["handover"]["vf_exports"], json::array({vf})) << status.dump();
+  // The VF's VMM noticed nothing: its vector fires through the successor.
+  ASSERT_EQ(ctl({"simulate-interrupt", vf, "1"}).exit_code, 0);
+  EXPECT_EQ(vf_interrupts(), 1U);
+  EXPECT_EQ(vfc.read32(0, 16 + 8), 0x4001U) << "the table as the guest wrote it";
+  const json vf_export = request({{"cmd", "devices"}})["result"]["vfio_user_exports"][0];
+  EXPECT_EQ(vf_export.value("state", ""), "connected") << vf_export.dump();
   EXPECT_EQ(ifindex(tap), index_before) << "the same tap";
   EXPECT_EQ(ifindex(pci_tap), pci_index_before) << "the same tap";
   // The front-ends noticed nothing: the same connections, rings and memory.

@@ -81,6 +81,11 @@ class Export {
     server = std::make_unique<Server>(io, path, device, std::move(uids));
     thread = std::thread([this] { io.run(); });
   }
+  // A successor's: the client of `handover` served where it stood.
+  Export(ExportedDevice& device, const std::string& path, ServerHandover handover) {
+    server = std::make_unique<Server>(io, path, device, std::vector<uid_t>{}, std::move(handover));
+    thread = std::thread([this] { io.run(); });
+  }
   ~Export() {
     io.stop();
     thread.join();
@@ -1092,6 +1097,147 @@ TEST(VfioUserServer, PeerNotOnTheAllowListIsRefused) {
   EXPECT_TRUE(closed_by_peer(fd.get()));
   EXPECT_EQ(ex.server->stats().refused_peers, 1U);
 }
+
+// Issue 41: a VF export handed over to a successor (an upgrade in place),
+// in each MSI-X policy. The client keeps its connection and its vectors;
+// the device's MSI-X is never turned off (each vector is rebound on its
+// own); an interrupt the device raises while the handover is under way is
+// delivered once after it; the table, masks and pending bits are the
+// successor's; the simulated VF's interrupt generator goes on. A handover
+// that does not happen delivers what came meanwhile and serves on.
+class VfProxyHandover : public ::testing::TestWithParam<irq::Policy> {
+ protected:
+  static constexpr const char* kVf = "0000:3b:02.0";
+  VfProxyHandover() {
+    auto dev = std::make_unique<SimulatedDevice>(kVf, 0x8086, 0x154c, kVectors);
+    sim = dev.get();
+    a = std::make_unique<VfProxy>(std::move(dev), engine, GetParam(), kVf);
+    ea = std::make_unique<Export>(*a, socket);
+  }
+  ~VfProxyHandover() override {
+    ea.reset();
+    eb.reset();
+  }
+  ServerHandover freeze() {
+    ServerHandover h;
+    ea->on_server([&] { h = ea->server->freeze_for_handover(); });
+    return h;
+  }
+  // `h` through the bytes and fds an exec carries; the predecessor gone
+  // (its exec), the successor made from it as the daemon makes it.
+  void hand_over(ServerHandover h) {
+    const std::vector<uint8_t> bytes = h.serialize();
+    std::vector<UniqueFd> fds = std::move(h.fds);
+    ea->on_server([&] { ea->server->handed_over(); });
+    ea.reset();
+    a.reset();
+    ServerHandover got = ServerHandover::parse(bytes, fds.size(), "the test's handover");
+    got.fds = std::move(fds);
+    std::unique_ptr<vfio::Device> dev = VfProxy::adopt_device(got.device, got, "the test's handover");
+    sim = dynamic_cast<SimulatedDevice*>(dev.get());
+    ASSERT_NE(sim, nullptr);
+    b = std::make_unique<VfProxy>(std::move(dev), engine, GetParam(), kVf);
+    eb = std::make_unique<Export>(*b, socket, std::move(got));
+  }
+  void enable_vector(guest::VfioUserClient& c, unsigned v, int fd) {
+    c.write32(0, v * 16 + 0, 0xfee00000);
+    c.write32(0, v * 16 + 8, 0x4000 + v);
+    const int fds[1] = {fd};
+    c.set_irq_eventfds(vfio::kMsixIrq, v, fds);
+    c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
+    c.write32(0, v * 16 + 12, 0);
+  }
+  bool pba_bit(guest::VfioUserClient& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
+
+  test::TempDir dir;
+  std::string socket = dir.file("vf.sock");
+  irq::Engine engine{irq::EngineOptions{}};
+  SimulatedDevice* sim = nullptr;
+  std::unique_ptr<VfProxy> a, b;
+  std::unique_ptr<Export> ea, eb;
+};
+
+TEST_P(VfProxyHandover, NoInterruptIsLostAndTheClientKeepsItsVectors) {
+  guest::VfioUserClient c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 2, fd.get());
+  sim->trigger(vfio::kMsixIrq, 2);
+  ASSERT_EQ(take(fd.get()), 1U);
+  const uint64_t calls_before = sim->set_irqs_calls();
+  ServerHandover h = freeze();
+  sim->trigger(vfio::kMsixIrq, 2);  // raised while the handover is under way
+  EXPECT_EQ(take(fd.get(), 50ms), 0U) << "frozen: kept for the successor";
+  hand_over(std::move(h));
+  EXPECT_EQ(take(fd.get()), 1U) << "the interrupt raised during the handover, delivered once";
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  EXPECT_EQ(b->vfio_enabled_vectors(), 3U) << "MSI-X as the predecessor left it";
+  EXPECT_EQ(b->vfio_reenables(), 0U) << "never disabled and enabled again";
+  EXPECT_GE(sim->set_irqs_calls(), calls_before) << "the successor's device counts from its own start";
+  sim->trigger(vfio::kMsixIrq, 2);
+  EXPECT_EQ(take(fd.get()), 1U) << "the successor's route";
+  // The table is the successor's: a mask latches, an unmask replays once.
+  c.write32(0, 2 * 16 + 12, 1);
+  sim->trigger(vfio::kMsixIrq, 2);
+  ASSERT_TRUE(test::wait_until([&] { return pba_bit(c, 2); }, 2s));
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  c.write32(0, 2 * 16 + 12, 0);
+  EXPECT_EQ(take(fd.get()), 1U);
+  EXPECT_EQ(c.read32(0, 2 * 16 + 8), 0x4002U) << "the entry as the guest wrote it";
+  EXPECT_TRUE(eb->server->connected());
+  EXPECT_EQ(eb->server->stats().connections, 1U);
+}
+
+TEST_P(VfProxyHandover, APendingBitSurvivesTheHandover) {
+  guest::VfioUserClient c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 1, fd.get());
+  c.write32(0, 16 + 12, 1);  // masked by the guest
+  sim->trigger(vfio::kMsixIrq, 1);
+  ASSERT_TRUE(test::wait_until([&] { return pba_bit(c, 1); }, 2s));
+  hand_over(freeze());
+  EXPECT_TRUE(pba_bit(c, 1)) << "pending, as the predecessor had it";
+  EXPECT_EQ(take(fd.get(), 20ms), 0U);
+  c.write32(0, 16 + 12, 0);
+  EXPECT_EQ(take(fd.get()), 1U) << "delivered at the unmask, once";
+  EXPECT_FALSE(pba_bit(c, 1));
+}
+
+TEST_P(VfProxyHandover, TheGeneratorGoesOn) {
+  guest::VfioUserClient c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 0, fd.get());
+  c.write32(0, SimulatedDevice::kRegGenRate, 2000);
+  c.write32(0, SimulatedDevice::kRegGenVectors, 1);
+  ASSERT_GT(take(fd.get()), 0U);
+  // (the count follows each interrupt: it may trail the one just taken)
+  ASSERT_TRUE(test::wait_until([&] { return sim->generated() > 0; }, 2s));
+  hand_over(freeze());
+  const uint64_t at_takeover = sim->generated();
+  EXPECT_GT(at_takeover, 0U) << "the count went with the device";
+  ASSERT_TRUE(test::wait_until([&] { return sim->generated() > at_takeover + 10; }, 3s)) << "generating on";
+  (void)take(fd.get());
+  EXPECT_GT(take(fd.get()), 0U) << "and delivered";
+  c.write32(0, SimulatedDevice::kRegGenVectors, 0);
+}
+
+TEST_P(VfProxyHandover, AHandoverThatDoesNotHappenDeliversWhatCameMeanwhile) {
+  guest::VfioUserClient c(socket);
+  UniqueFd fd = eventfd_();
+  enable_vector(c, 3, fd.get());
+  ServerHandover h = freeze();
+  sim->trigger(vfio::kMsixIrq, 3);
+  EXPECT_EQ(take(fd.get(), 50ms), 0U);
+  h.fds.clear();  // what the successor would have had
+  ea->on_server([&] { ea->server->thaw(); });
+  EXPECT_EQ(take(fd.get()), 1U) << "the interrupt that came while frozen";
+  sim->trigger(vfio::kMsixIrq, 3);
+  EXPECT_EQ(take(fd.get()), 1U) << "serving on";
+  EXPECT_EQ(c.read32(0, 3 * 16 + 8), 0x4003U);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, VfProxyHandover,
+                         ::testing::Values(irq::Policy::relay, irq::Policy::direct, irq::Policy::adaptive),
+                         [](const ::testing::TestParamInfo<irq::Policy>& p) { return irq::to_string(p.param); });
 
 }  // namespace
 }  // namespace sriovd::vfio_user

@@ -102,6 +102,10 @@ class Daemon {
   control::json upgrade(const control::json& request);
   void exec_successor();
   bool hand_over_to_fd_store();
+  // Every virtio device and VF export frozen into `h` (see their
+  // freeze_for_handover: `force`, `cut`); thaw_handover(): it did not happen.
+  void freeze_for_handover(Handover& h, bool force, std::vector<std::string>& cut);
+  void thaw_handover();
 
   Options options_;
   config::Config config_;

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sriovd/irq/source_binder.hpp"
+#include "sriovd/util/handed_fds.hpp"
 
 namespace sriovd::vfio {
 
@@ -73,7 +75,24 @@ class Device {
   // (VFIO_IOMMU_MAP_DMA for a kernel device).
   virtual void map_dma(uint64_t iova, void* host, uint64_t size, bool writable) = 0;
   virtual void unmap_dma(uint64_t iova, uint64_t size) = 0;
+
+  // An upgrade in place (daemon/handover.hpp): what a successor needs to go
+  // on with the device as it stands (MSI-X enabled, the IOMMU's mappings
+  // kept), its fds added to `fds`. Throws HandoverRefused when it cannot be
+  // handed over (the default). thaw(): the handover did not happen.
+  // handed_over(): the successor has it; this object's end changes nothing
+  // of it (no reset, no IOMMU or interrupt change).
+  virtual std::vector<uint8_t> freeze_for_handover(HandedFds& /*fds*/) {
+    throw HandoverRefused(name() + " cannot be handed over");
+  }
+  virtual void thaw() {}
+  virtual void handed_over() {}
 };
+
+// A successor's device from its predecessor's part (freeze_for_handover of
+// a kernel or simulated device); throws std::invalid_argument naming
+// `what` when the part does not fit, or what the kernel refuses.
+std::unique_ptr<Device> adopt_device(std::span<const uint8_t> part, HandedFds& fds, const std::string& what);
 
 // The device's MSI-X vectors as VFIO has them enabled. Only vectors in use
 // are enabled: the first use enables MSI-X with just enough vectors; a
@@ -89,6 +108,10 @@ class MsixVectors : public irq::SourceBinder {
   // will use saves the re-enables).
   void reserve(unsigned count);
   void disable();
+  // A successor's: `count` vectors are enabled already (the device was
+  // handed over with MSI-X on): each is rebound on its own, nothing is
+  // disabled and enabled again.
+  void adopt_enabled(unsigned count);
 
   [[nodiscard]] unsigned enabled() const {
     std::lock_guard lock(mutex_);

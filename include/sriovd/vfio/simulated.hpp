@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -66,6 +67,12 @@ class SimulatedDevice : public Device {
   // kernel's does (its irq teardown and setup); 0 (the default here): none.
   void set_set_irqs_cost(std::chrono::nanoseconds cost) { set_irqs_cost_ns_.store(cost.count()); }
 
+  // Handover: BAR0's memfd, the config space, whether MSI-X is on, the
+  // generator's settings and count; a successor's device takes them
+  // (adopt_device) and its generator goes on.
+  std::vector<uint8_t> freeze_for_handover(HandedFds& fds) override;
+  void take_over(UniqueFd bar0, std::vector<uint8_t> config, bool msix_enabled, uint64_t generated);
+
  private:
   std::string name_;
   std::vector<uint8_t> config_;
@@ -91,6 +98,13 @@ class SimulatedDevice : public Device {
   std::atomic<int64_t> set_irqs_cost_ns_{0};
   std::atomic<bool> generator_stop_{false};
   std::thread generator_;
+  // What the running generator was started with (a handover restarts it).
+  struct Generating {
+    std::vector<uint32_t> vectors;
+    double rate = 0;
+    unsigned burst = 1;
+  };
+  std::optional<Generating> generating_;
 };
 
 }  // namespace sriovd::vfio

@@ -96,6 +96,7 @@ class ExportedDevice {
     throw HandoverRefused(name() + " cannot be handed over");
   }
   virtual void thaw() {}
+  virtual void handed_over() {}
   virtual void take_over(std::span<const uint8_t> /*part*/, HandedFds& /*fds*/) {
     throw std::invalid_argument(name() + " cannot be taken over");
   }

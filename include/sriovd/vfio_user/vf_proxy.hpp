@@ -12,6 +12,7 @@
 
 #include <array>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,19 @@ class VfProxy : public ExportedDevice {
   void dma_unmapped(const DmaWindow& window) override;
   void reset() override;
   void client_gone() override;
+  // An upgrade in place: the VFIO device as the kernel holds it (MSI-X on,
+  // the IOMMU's mappings kept: vfio::Device::freeze_for_handover), the
+  // config space and MSI-X state, each vector's client eventfd, and an
+  // eventfd per vector in use that the device signals from the freeze on:
+  // the successor rebinds each vector on its own (MSI-X never off) and
+  // delivers what was counted meanwhile. adopt_device(): the successor's
+  // VFIO device, from the part, before its proxy is made.
+  std::vector<uint8_t> freeze_for_handover(HandedFds& fds) override;
+  void thaw() override;
+  void handed_over() override;
+  void take_over(std::span<const uint8_t> part, HandedFds& fds) override;
+  static std::unique_ptr<vfio::Device> adopt_device(std::span<const uint8_t> part, HandedFds& fds,
+                                                    const std::string& what);
 
   [[nodiscard]] vfio::Device& device() { return *device_; }
   [[nodiscard]] const msix::MsixState& msix() const { return *msix_; }
@@ -80,6 +94,8 @@ class VfProxy : public ExportedDevice {
     void attach(unsigned v, irq::RouteId id);
     void detach(unsigned v);
     void reset_masks() { masked_.assign(masked_.size(), true); }
+    // A restored state's pending bit (a vector with no route has none).
+    void set_pending(unsigned v) override;
     // Counters of every route this export has had, gone ones included.
     [[nodiscard]] irq::RouteStats totals() const;
 
@@ -90,7 +106,28 @@ class VfProxy : public ExportedDevice {
     irq::RouteStats retired_;   // of routes already removed
   };
 
+  // Between the engine and the VFIO vectors: every rebinding passes here
+  // and is remembered; while a handover is prepared, none reaches the
+  // device (it signals the handover's eventfds), and thaw() applies the
+  // last one asked for.
+  class Gate : public irq::SourceBinder {
+   public:
+    Gate(vfio::MsixVectors& to, size_t vectors) : to_(to), wanted_(vectors, -1) {}
+    void bind(unsigned vector, int eventfd) override;
+    void disable();
+    void freeze();
+    void thaw();
+    [[nodiscard]] bool frozen() const;
+
+   private:
+    vfio::MsixVectors& to_;
+    mutable std::mutex mutex_;  // the engine's housekeeping (control thread) and masks (session thread)
+    bool frozen_ = false;
+    std::vector<int> wanted_;
+  };
+
   enum class Area { device, table, pba };
+  void deliver_captured(std::vector<UniqueFd>& captured);
   Area classify(uint32_t region, uint64_t offset, size_t size) const;
   void bar_access(uint32_t region, uint64_t offset, uint8_t* data, size_t size, bool write);
   void drop_routes();
@@ -108,6 +145,10 @@ class VfProxy : public ExportedDevice {
   std::unique_ptr<msix::MsixState> msix_;
   std::unique_ptr<pci::VirtualConfig> config_;
   vfio::MsixVectors binder_;
+  Gate gate_;
+  std::vector<UniqueFd> sinks_;     // each vector's client eventfd (the engine's copy in use), for a handover
+  std::vector<UniqueFd> captured_;  // while frozen: what the device signals instead
+  bool handed_ = false;
   size_t dma_windows_ = 0;
   uint64_t dma_bytes_ = 0;
   uint64_t dma_limit_ = UINT64_MAX;
