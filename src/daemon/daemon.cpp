@@ -86,47 +86,58 @@ Daemon::Daemon(Options options, config::Config config)
       io_, config_.control, [this](const json& req, const PeerCredentials& peer) { return handle(req, peer); });
   if (!config_.metrics.listen.empty())  // before the host is touched: a port in use fails the start cleanly
     metrics_ = std::make_unique<MetricsServer>(io_, config_.metrics.listen, [this] { return metrics_snapshot(); });
-  host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
+  // An upgrade in place (exec) or a restart by systemd with its fd store:
+  // what the predecessor handed over is taken by the exports that fit it;
+  // anything wrong with it and they start afresh. Read before the host is:
+  // a simulated host goes on as its predecessor left it.
+  std::optional<Handover> handed = take_handover();
+  try {
+    host_ = std::make_unique<HostService>(config_, options_.sysfs_root, handed ? handed->simulated_host : "");
+  } catch (const std::invalid_argument& e) {
+    handover_status_ = {{"error", e.what()}};
+    spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
+    handed.reset();
+    host_ = std::make_unique<HostService>(config_, options_.sysfs_root);
+  }
   sessions_ = std::make_unique<SessionPool>(config_.control.session_threads,
                                             std::chrono::microseconds(config_.control.poll_us));
   virtio_ = std::make_unique<VirtioExports>(*sessions_, *irq_, retirer_, *host_);
   vf_exports_ = std::make_unique<VfExports>(*sessions_, *irq_, *host_, options_.sysfs_root);
   host_->set_release_check([this](const PciAddress& vf) { return vf_exports_->release_holders(vf); });
   host_->start(config_, options_.test_stop_before_step);
-  VirtioExports::remove_left_over(config_.state_dir);
-  {
-    // An upgrade in place (exec) or a restart by systemd with its fd store:
-    // what the predecessor handed over is taken by the exports that fit
-    // it; anything wrong with it and they start afresh.
-    try {
-      std::optional<Handover> handed;
-      if (options_.handover_fd)
-        handed = Handover::read(*options_.handover_fd);
-      else
-        handed = Handover::from_fd_store();
-      if (!handed) throw std::out_of_range("none");
-      Handover& h = *handed;
-      if (options_.test_stop_before_takeover) {
-        spdlog::warn("upgrade: stopping myself before the takeover as --test-stop-before-takeover asked");
-        ::raise(SIGSTOP);
-      }
-      handover_status_ = h.summary();
-      spdlog::info("upgrade: taking over from sriovd pid {}: {}", h.from_pid, handover_status_.dump());
-      virtio_->take_handover(std::move(h.virtio));
-      vf_exports_->take_handover(std::move(h.vf_exports));
-    } catch (const std::out_of_range&) {
-      // nothing handed over: a plain start
-    } catch (const std::exception& e) {
-      handover_status_ = {{"error", e.what()}};
-      spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
-    }
+  std::vector<std::string> handed_macvtaps;  // their links stay
+  if (handed) {
+    for (const HandedVirtio& v : handed->virtio)
+      if (!v.macvtap_lower.empty()) handed_macvtaps.push_back(v.name);
+    virtio_->take_handover(std::move(handed->virtio));
+    vf_exports_->take_handover(std::move(handed->vf_exports));
   }
+  VirtioExports::remove_left_over(config_.state_dir, handed_macvtaps);
   vf_exports_->sync(config_);
   virtio_->start(config_);
   update_k8s();
 }
 
 Daemon::~Daemon() = default;
+
+std::optional<Handover> Daemon::take_handover() {
+  try {
+    std::optional<Handover> handed =
+        options_.handover_fd ? std::optional(Handover::read(*options_.handover_fd)) : Handover::from_fd_store();
+    if (!handed) return std::nullopt;  // a plain start
+    if (options_.test_stop_before_takeover) {
+      spdlog::warn("upgrade: stopping myself before the takeover as --test-stop-before-takeover asked");
+      ::raise(SIGSTOP);
+    }
+    handover_status_ = handed->summary();
+    spdlog::info("upgrade: taking over from sriovd pid {}: {}", handed->from_pid, handover_status_.dump());
+    return handed;
+  } catch (const std::exception& e) {
+    handover_status_ = {{"error", e.what()}};
+    spdlog::error("upgrade: the handover cannot be taken ({}); every device starts afresh", e.what());
+    return std::nullopt;
+  }
+}
 
 struct Daemon::PendingUpgrade {
   std::string binary;
@@ -364,6 +375,7 @@ bool Daemon::hand_over_to_fd_store() {
   }
   virtio_->handed_over();
   vf_exports_->handed_over();
+  host_->keep_for_successor();
   for (const auto& c : cut) spdlog::warn("restart by systemd: not handed over ({}): its client is cut", c);
   spdlog::info(
       "restart by systemd: {} virtio device(s) and {} VF export(s) in the fd store for the next sriovd; the host stays "
@@ -373,6 +385,7 @@ bool Daemon::hand_over_to_fd_store() {
 }
 
 void Daemon::freeze_for_handover(Handover& h, bool force, std::vector<std::string>& cut) {
+  h.simulated_host = host_->simulated_state();
   h.virtio = virtio_->freeze_for_handover(force, cut);
   try {
     h.vf_exports = vf_exports_->freeze_for_handover(force, cut);

@@ -117,7 +117,11 @@ bool reads_handover_version(const std::string& reads, uint32_t version) {
 UniqueFd Handover::write() const {
   json j = {{"version", kHandoverVersion}, {"from_pid", from_pid}, {"virtio", json::array()}};
   for (const HandedVirtio& v : virtio) {
-    json d = {{"name", v.name}, {"socket", v.socket}, {"tap", v.tap}, {"tap_fds", numbers(v.tap_fds)}};
+    json d = {{"name", v.name},
+              {"socket", v.socket},
+              {"tap", v.tap},
+              {"tap_fds", numbers(v.tap_fds)},
+              {"macvtap_lower", v.macvtap_lower}};
     if (v.pci) {
       d["transport"] = "vfio-user";
       d["server"] = to_hex(v.server.serialize());
@@ -128,6 +132,7 @@ UniqueFd Handover::write() const {
     }
     j["virtio"].push_back(std::move(d));
   }
+  j["simulated_host"] = simulated_host;
   j["vf_exports"] = json::array();
   for (const HandedVf& v : vf_exports)
     j["vf_exports"].push_back({{"vf", v.vf},
@@ -174,6 +179,7 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
       throw std::runtime_error("a handover of version " + std::to_string(version) + " (this sriovd reads " +
                                handover_versions_read() + ")");
     h.from_pid = j.at("from_pid").get<int>();
+    h.simulated_host = j.value("simulated_host", std::string());
     // Device by device: one that cannot be taken (its fds closed) is
     // served afresh; the others are still taken over.
     for (const json& v : j.at("virtio")) {
@@ -190,6 +196,7 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
         std::vector<UniqueFd> fds = take(v.at(std::string(part) + "_fds"), hv.name, remap);
         hv.tap = v.at("tap").get<std::string>();
         hv.tap_fds = take(v.at("tap_fds"), hv.name, remap);
+        hv.macvtap_lower = v.value("macvtap_lower", std::string());
         const std::vector<uint8_t> bytes = from_hex(v.at(part).get<std::string>(), hv.name);
         const std::string what = "the handover of virtio device " + hv.name;
         if (hv.pci) {

@@ -51,6 +51,7 @@ struct HandedVirtio {
   vfio_user::ServerHandover server;
   std::string tap;  // the tap's name when its queue fds are handed over
   std::vector<UniqueFd> tap_fds;
+  std::string macvtap_lower;  // set: the tap is a macvtap (its link stays) on this netdev
 };
 
 // One VF export's part: its server's, whose device part carries the VFIO
@@ -65,6 +66,9 @@ struct Handover {
   int from_pid = 0;
   std::vector<HandedVirtio> virtio;
   std::vector<HandedVf> vf_exports;
+  // host: simulated - the simulated kernel (SimulatedKernel::save), which
+  // a real host's kernel keeps by itself.
+  std::string simulated_host;
 
   // Into a sealed memfd; every fd it names is made inheritable (the
   // caller exec's next, or calls keep_from_exec() if it does not).

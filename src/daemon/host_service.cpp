@@ -20,16 +20,22 @@ json steps_json(const std::vector<host::Step>& steps) {
   return out;
 }
 
-HostService::HostService(const config::Config& cfg, const std::string& sysfs_root) : sysfs_root_(sysfs_root) {
+HostService::HostService(const config::Config& cfg, const std::string& sysfs_root, const std::string& simulated_state)
+    : sysfs_root_(sysfs_root) {
   std::string journal = cfg.state_dir + "/state.json";
   if (cfg.host == config::HostMode::simulated) {
-    // The simulated host is born anew with the daemon: a journal of an
-    // earlier one describes a host that no longer exists.
     journal = cfg.state_dir + "/state-simulated.json";
-    std::error_code ec;
-    if (std::filesystem::remove(journal, ec))
-      spdlog::info("host: discarded the journal of the previous simulated host");
-    sim_ = std::make_unique<host::SimulatedKernel>(cfg.state_dir + "/simulated-sysfs", cfg.simulated_pfs);
+    if (!simulated_state.empty()) {
+      // An upgrade in place: the host goes on as a real kernel would.
+      sim_ = std::make_unique<host::SimulatedKernel>(cfg.state_dir + "/simulated-sysfs", simulated_state);
+    } else {
+      // The simulated host is born anew with the daemon: a journal of an
+      // earlier one describes a host that no longer exists.
+      std::error_code ec;
+      if (std::filesystem::remove(journal, ec))
+        spdlog::info("host: discarded the journal of the previous simulated host");
+      sim_ = std::make_unique<host::SimulatedKernel>(cfg.state_dir + "/simulated-sysfs", cfg.simulated_pfs);
+    }
     control_ = std::make_unique<host::HostControl>(*sim_, *sim_);
     spdlog::info("host: simulated kernel with {} PF(s), sysfs tree in {}", cfg.simulated_pfs.size(), sim_->root());
   } else {
@@ -41,6 +47,12 @@ HostService::HostService(const config::Config& cfg, const std::string& sysfs_roo
 }
 
 HostService::~HostService() = default;
+
+std::string HostService::simulated_state() const { return sim_ ? sim_->save() : std::string(); }
+
+void HostService::keep_for_successor() {
+  if (sim_) sim_->keep_for_successor();
+}
 
 void HostService::start(const config::Config& cfg, std::optional<size_t> stop_before_step) {
   recovered_ = reconciler_->recover();

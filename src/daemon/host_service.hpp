@@ -20,7 +20,14 @@ namespace sriovd::daemon {
 class HostService {
  public:
   // Sets up the host layer for cfg.host; does not change the host yet.
-  HostService(const config::Config& cfg, const std::string& sysfs_root);
+  // `simulated_state`: the simulated kernel an upgrade's predecessor
+  // handed over (its journal stays too); empty: a simulated host is born
+  // anew.
+  HostService(const config::Config& cfg, const std::string& sysfs_root, const std::string& simulated_state = "");
+  // An upgrade in place: the simulated kernel's state (empty on a real
+  // host), and the successor has it (its tree and netdevs stay).
+  [[nodiscard]] std::string simulated_state() const;
+  void keep_for_successor();
   ~HostService();
 
   // Rolls back what a crash left half done, then converges to cfg. Throws

@@ -45,11 +45,12 @@ VirtioExports::VirtioExports(SessionPool& sessions, irq::Engine& engine, Retirer
 
 VirtioExports::~VirtioExports() { drop(nullptr); }
 
-void VirtioExports::remove_left_over(const std::string& state_dir) {
+void VirtioExports::remove_left_over(const std::string& state_dir, const std::vector<std::string>& keep) {
   // Macvtap links a crashed run of this instance left behind (each carries
-  // its owner in its alias); the devices configured now make theirs anew.
+  // its owner in its alias); the devices configured now make theirs anew,
+  // those handed over by an upgrade keep theirs.
   try {
-    for (const auto& gone : ports::Macvtap::remove_left_over(state_dir))
+    for (const auto& gone : ports::Macvtap::remove_left_over(state_dir, keep))
       spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
@@ -141,13 +142,7 @@ void VirtioExports::start(const config::Config& cfg) {
         nc.offloads = o.csum;
         nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
         std::optional<HandedVirtio> handed = take_handed(dev);
-        std::unique_ptr<virtio::PacketPort> port;
-        if (handed && !handed->tap_fds.empty()) {
-          e.port_key = "tap:" + dev.tap.name;
-          port = ports::Tap::adopt(dev.tap.name, std::move(handed->tap_fds));
-        } else {
-          port = open_port(dev, e, nc, cfg.state_dir);
-        }
+        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, cfg.state_dir, handed ? &*handed : nullptr);
         e.thread = sessions_.lease();
         e.device = make_on_session(*e.thread,
                                    [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
@@ -191,8 +186,11 @@ std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevic
   if (it == handed_.end()) return std::nullopt;
   HandedVirtio h = std::move(*it);
   handed_.erase(it);
-  const bool fits = (dev.transport == config::Transport::vfio_user) == h.pci && h.socket == dev.socket &&
-                    (h.tap_fds.empty() || (dev.backend_kind == config::BackendKind::tap && h.tap == dev.tap.name));
+  const bool port_fits = h.tap_fds.empty() ||
+                         (h.macvtap_lower.empty()
+                              ? dev.backend_kind == config::BackendKind::tap && h.tap == dev.tap.name
+                              : dev.backend_kind == config::BackendKind::vf && dev.vf.via == config::VfAttach::macvtap);
+  const bool fits = (dev.transport == config::Transport::vfio_user) == h.pci && h.socket == dev.socket && port_fits;
   if (!fits) {
     spdlog::warn("virtio {}: the config changed how it is served since the handover: served afresh", dev.name);
     return std::nullopt;
@@ -221,16 +219,21 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::ve
           cut.push_back(why);  // served afresh by the successor
           return false;
         }
-        // A tap (not a macvtap, which the successor makes anew) goes with
-        // its device: its addresses and bridges stay.
+        // A tap goes with its device (its addresses and bridges stay), a
+        // macvtap too (its link stays); other ports are opened anew.
         const virtio::PacketPort& port = e.device->port();
-        if (const auto* tap = dynamic_cast<const ports::Tap*>(&port); tap && typeid(port) == typeid(ports::Tap)) {
-          h.tap = tap->name();
-          for (unsigned q = 0; q < tap->queues(); ++q) h.tap_fds.push_back(dup_fd(tap->fd(q), "a tap queue"));
+        if (const auto* tap = dynamic_cast<const ports::Tap*>(&port)) {
+          const auto* macvtap = dynamic_cast<const ports::Macvtap*>(&port);
+          if (macvtap || typeid(port) == typeid(ports::Tap)) {
+            h.tap = tap->name();
+            if (macvtap) h.macvtap_lower = macvtap->lower();
+            for (unsigned q = 0; q < tap->queues(); ++q) h.tap_fds.push_back(dup_fd(tap->fd(q), "a tap queue"));
+          }
         }
         return true;
       });
       if (!frozen) continue;
+      e.handed = true;
       out.push_back(std::move(h));
     }
   } catch (...) {
@@ -242,6 +245,7 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::ve
 
 void VirtioExports::thaw() {
   for (auto& e : exports_) {
+    e.handed = false;
     if (e.backend) e.thread->call([&] { e.backend->thaw(); });
     if (e.pci_server) e.thread->call([&] { e.pci_server->thaw(); });
   }
@@ -249,8 +253,12 @@ void VirtioExports::thaw() {
 
 void VirtioExports::handed_over() {
   for (auto& e : exports_) {
-    if (e.backend) e.thread->call([&] { e.backend->handed_over(); });
-    if (e.pci_server) e.thread->call([&] { e.pci_server->handed_over(); });
+    if (!e.handed) continue;
+    e.thread->call([&] {
+      if (e.backend) e.backend->handed_over();
+      if (e.pci_server) e.pci_server->handed_over();
+      e.device->port().keep_for_successor();
+    });
   }
 }
 
@@ -261,7 +269,10 @@ constexpr std::chrono::milliseconds kPortCloseWait{200};
 }  // namespace
 
 std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::VirtioDevice& dev, Export& e,
-                                                             virtio::NetConfig& nc, const std::string& state_dir) {
+                                                             virtio::NetConfig& nc, const std::string& state_dir,
+                                                             HandedVirtio* handed) {
+  // The predecessor's tap or macvtap, handed over with the device.
+  const bool adopt = handed && !handed->tap_fds.empty();
   const auto wait_for_previous = [&] {
     if (retirer_.wait_gone(e.port_key, kPortCloseWait)) return;
     e.waiting = true;
@@ -272,6 +283,7 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
     e.port_key = "tap:" + dev.tap.name;
     // Its offloads stay as they were until the new driver's features set
     // them, before any packet moves.
+    if (adopt) return ports::Tap::adopt(dev.tap.name, std::move(handed->tap_fds));
     if (auto spare = spare_taps_.extract(dev.name)) return std::move(spare.mapped());
     wait_for_previous();
     return std::make_unique<ports::Tap>(dev.tap.name, dev.queue_pairs, dev.tap.netns);
@@ -298,6 +310,8 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
     // A macvtap is a tap: the kernel segments and checksums what the
     // driver cannot take (TUNSETOFFLOAD follows its features).
     nc.tap_offloads = ports::tun_offload_flags(true, true, true, false, false);
+    if (adopt && handed->macvtap_lower == netdev)
+      return ports::Macvtap::adopt(netdev, handed->tap, std::move(handed->tap_fds));
     return std::make_unique<ports::Macvtap>(netdev, state_dir, dev.name, dev.queue_pairs);
   }
   if (dev.vf.via == config::VfAttach::af_xdp) {

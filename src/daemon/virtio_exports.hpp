@@ -42,7 +42,7 @@ class VirtioExports {
   VirtioExports& operator=(const VirtioExports&) = delete;
 
   // Macvtap links and XDP programs a crashed run of this instance left.
-  static void remove_left_over(const std::string& state_dir);
+  static void remove_left_over(const std::string& state_dir, const std::vector<std::string>& keep = {});
   // Serves every device `cfg` asks for that is not running, over vhost-user
   // or as virtio-net-pci over vfio-user; gives the running ones the
   // config's socket access. A device that cannot be served says why in
@@ -109,12 +109,13 @@ class VirtioExports {
     // 0: none), to see it re-created under the port (follow_vf_netdevs).
     std::string vf_netdev;
     unsigned vf_ifindex = 0;
+    bool handed = false;  // frozen for a handover
   };
   // The port factory: the device's spare tap, or a new port once the
   // previous holder of its netdev is closed; sets what the port decides of
   // the device (offloads, the VF's MAC).
   std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, Export& e, virtio::NetConfig& nc,
-                                                const std::string& state_dir);
+                                                const std::string& state_dir, HandedVirtio* handed = nullptr);
   // The transport factory: vhost-user back-end, or virtio-pci and its server.
   void serve(const config::VirtioDevice& dev, Export& e, HandedVirtio* handed = nullptr);
   void update_access(Export& e, const config::SocketAccess& access);

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "sriovd/pci/config_space.hpp"
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/netlink.hpp"
@@ -66,15 +68,7 @@ SimulatedKernel::SimulatedKernel(std::string dir, const std::vector<config::Simu
     : real_(dir), dir_(std::move(dir)) {
   std::error_code ec;
   fs::remove_all(dir_, ec);
-  for (const char* d : {kBusDir, "bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups", "class/net"})
-    fs::create_directories(fs::path(dir_) / d);
-  put_file(fs::path(dir_) / "bus/pci/drivers_probe", "");
-  for (const char* drv : {kPfDriver, kVfDriver, "vfio-pci", "pci-stub"}) {
-    const fs::path p = fs::path(dir_) / "bus/pci/drivers" / drv;
-    fs::create_directories(p);
-    put_file(p / "bind", "");
-    put_file(p / "unbind", "");
-  }
+  make_tree();
   for (const auto& sim : pfs) {
     Device pf;
     pf.address = sim.address;
@@ -124,7 +118,110 @@ void delete_link(nl_sock* sk, const std::string& name) {
 
 }  // namespace
 
+SimulatedKernel::SimulatedKernel(std::string dir, const std::string& saved) : real_(dir), dir_(std::move(dir)) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(saved);
+    const auto address = [](const nlohmann::json& v) {
+      const auto a = PciAddress::parse(v.get<std::string>());
+      if (!a) throw std::invalid_argument("a PCI address '" + v.get<std::string>() + "'");
+      return *a;
+    };
+    for (const auto& d : j.at("devices")) {
+      Device x;
+      x.address = address(d.at("address"));
+      x.vendor = d.at("vendor").get<uint16_t>();
+      x.device = d.at("device").get<uint16_t>();
+      x.class_code = d.at("class_code").get<uint32_t>();
+      x.driver = d.at("driver").get<std::string>();
+      x.native_driver = d.at("native_driver").get<std::string>();
+      x.override = d.at("override").get<std::string>();
+      x.group = d.at("group").get<int>();
+      x.busy = d.at("busy").get<bool>();
+      x.total_vfs = d.at("total_vfs").get<uint16_t>();
+      x.num_vfs = d.at("num_vfs").get<uint16_t>();
+      x.autoprobe = d.at("autoprobe").get<bool>();
+      x.vf_msix = d.at("vf_msix").get<uint16_t>();
+      x.vf_device = d.at("vf_device").get<uint16_t>();
+      x.netdev = d.at("netdev").get<std::string>();
+      x.igb_rules = d.at("igb_rules").get<bool>();
+      x.vf_driver = d.at("vf_driver").get<std::string>();
+      x.link_up = d.at("link_up").get<bool>();
+      x.settle = std::chrono::milliseconds(d.at("settle_ms").get<int64_t>());
+      x.numvfs_changed_at = std::chrono::steady_clock::now();
+      if (d.contains("physfn")) x.physfn = address(d["physfn"]);
+      x.vf_index = d.at("vf_index").get<unsigned>();
+      x.msix_vectors = d.at("msix_vectors").get<uint16_t>();
+      x.materialized = d.at("materialized").get<bool>();
+      devices_[x.address] = x;
+    }
+    for (const auto& v : j.at("vf_settings"))
+      vf_settings_[{address(v.at("pf")), v.at("vf").get<unsigned>()}] = VfSettings::from_json(v.at("settings"));
+    for (const auto& u : j.at("unloaded")) unloaded_.insert(u.get<std::string>());
+    veths_ = j.at("veths").get<std::vector<std::string>>();
+    next_group_ = j.at("next_group").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("the handed simulated kernel: ") + e.what());
+  }
+  // The tree as the devices say (the predecessor's, or written again).
+  make_tree();
+  for (const auto& [addr, d] : devices_)
+    if (d.materialized) write_device(d);
+}
+
+void SimulatedKernel::make_tree() {
+  for (const char* d : {kBusDir, "bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups", "class/net"})
+    fs::create_directories(fs::path(dir_) / d);
+  put_file(fs::path(dir_) / "bus/pci/drivers_probe", "");
+  for (const char* drv : {kPfDriver, kVfDriver, "vfio-pci", "pci-stub"}) {
+    const fs::path p = fs::path(dir_) / "bus/pci/drivers" / drv;
+    fs::create_directories(p);
+    put_file(p / "bind", "");
+    put_file(p / "unbind", "");
+  }
+}
+
+std::string SimulatedKernel::save() const {
+  std::lock_guard lock(mutex_);
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& [addr, d] : devices_) {
+    nlohmann::json x = {{"address", d.address.to_string()},
+                        {"vendor", d.vendor},
+                        {"device", d.device},
+                        {"class_code", d.class_code},
+                        {"driver", d.driver},
+                        {"native_driver", d.native_driver},
+                        {"override", d.override},
+                        {"group", d.group},
+                        {"busy", d.busy},
+                        {"total_vfs", d.total_vfs},
+                        {"num_vfs", d.num_vfs},
+                        {"autoprobe", d.autoprobe},
+                        {"vf_msix", d.vf_msix},
+                        {"vf_device", d.vf_device},
+                        {"netdev", d.netdev},
+                        {"igb_rules", d.igb_rules},
+                        {"vf_driver", d.vf_driver},
+                        {"link_up", d.link_up},
+                        {"settle_ms", d.settle.count()},
+                        {"vf_index", d.vf_index},
+                        {"msix_vectors", d.msix_vectors},
+                        {"materialized", d.materialized}};
+    if (d.physfn) x["physfn"] = d.physfn->to_string();
+    devices.push_back(std::move(x));
+  }
+  nlohmann::json settings = nlohmann::json::array();
+  for (const auto& [key, v] : vf_settings_)
+    settings.push_back({{"pf", key.first.to_string()}, {"vf", key.second}, {"settings", v.to_json()}});
+  return nlohmann::json{{"devices", devices},
+                        {"vf_settings", settings},
+                        {"unloaded", unloaded_},
+                        {"veths", veths_},
+                        {"next_group", next_group_}}
+      .dump();
+}
+
 SimulatedKernel::~SimulatedKernel() {
+  if (keep_) return;  // the successor's
   std::error_code ec;
   fs::remove_all(dir_, ec);
   if (veths_.empty()) return;

@@ -196,9 +196,21 @@ Macvtap::Macvtap(Opened&& opened, std::string lower) try
   }
 }
 
+std::unique_ptr<Macvtap> Macvtap::adopt(const std::string& lower, const std::string& name, std::vector<UniqueFd> fds) {
+  if (fds.empty()) throw std::runtime_error("macvtap " + name + ": no queue fds handed over");
+  for (const UniqueFd& fd : fds) {
+    ifreq ifr{};
+    if (::ioctl(fd.get(), TUNGETIFF, &ifr) != 0 || name != ifr.ifr_name)
+      throw std::runtime_error("macvtap " + name + ": a handed-over fd is not one of its queues");
+  }
+  Opened opened{name, std::move(fds)};
+  return std::unique_ptr<Macvtap>(new Macvtap(std::move(opened), lower));
+}
+
 Macvtap::~Macvtap() {
   const std::string link = name();
   close_queues();
+  if (keep_link_) return;  // the successor's
   try {
     delete_link(route_socket().get(), link);
   } catch (const std::exception& e) {

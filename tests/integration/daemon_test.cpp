@@ -1495,6 +1495,45 @@ TEST_F(Daemon, AnUpgradeInPlaceKeepsEveryFrontEndAndItsTap) {
   EXPECT_EQ(log.find("client disconnected"), std::string::npos) << log;
 }
 
+// Issue 41: a device bridged to a VF through a macvtap keeps the link
+// through an upgrade (its queue fds are handed over, the link is not made
+// anew), and the VF's netdev stays the same: the front-end's frames go on
+// reaching the VF.
+TEST_F(Daemon, AnUpgradeKeepsAMacvtapAndItsVf) {
+  const std::string ns = "sriovd-um" + std::to_string(::getpid());
+  test::TestNetns netns(ns);
+  if (!netns.add()) GTEST_SKIP() << "needs root for a network namespace (ip netns add): " << netns.why;
+  write_vf_device_config("mvt0", "macvtap", true);
+  start({}, netns.exec());
+  auto backend = [&] { return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]["backend"]; };
+  auto ifindex = [&](const std::string& name) {
+    const auto r = test::run({"/sbin/ip", "-n", ns, "-o", "link", "show", "dev", name});
+    return r.exit_code == 0 ? r.output.substr(0, r.output.find(':')) : std::string("none");
+  };
+  const json before = backend();
+  const std::string link = before.value("macvtap", ""), vf_netdev = before.value("netdev", "");
+  ASSERT_FALSE(link.empty()) << before.dump();
+  const std::string link_index = ifindex(link), vf_index = ifindex(vf_netdev);
+  ASSERT_NE(link_index, "none");
+  guest::VirtioNetDriver d(dir_.file("run/mvt0.sock"), {.queue_size = 64, .packed = false, .offloads = false});
+  d.bring_up();
+  std::vector<uint8_t> f(12 + 60, 0xff);
+  std::memset(f.data(), 0, 12);
+  auto tx_packets = [&] {
+    return request({{"cmd", "devices"}})["result"]["virtio_devices"][0]["queues"][1].value("packets", 0);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 3; }, 5s));
+  const auto up = ctl({"upgrade"});
+  ASSERT_EQ(up.exit_code, 0) << up.output << daemon_->log();
+  EXPECT_EQ(backend().value("macvtap", ""), link) << "the same link";
+  EXPECT_EQ(ifindex(link), link_index) << "not made anew";
+  EXPECT_EQ(ifindex(vf_netdev), vf_index) << "the VF's netdev as it was";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(d.send(f.data(), f.size()));
+  ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 4; }, 5s)) << daemon_->log();
+  EXPECT_EQ(daemon_->log().find("deleted macvtap"), std::string::npos) << daemon_->log();
+}
+
 // Issue 41: a handover that fails loses nothing. A successor that cannot
 // read this handover's version is found out before the exec: refused, the
 // running sriovd goes on. A successor killed in the middle of its takeover

@@ -105,6 +105,9 @@ class Daemon {
   // Every virtio device and VF export frozen into `h` (see their
   // freeze_for_handover: `force`, `cut`); thaw_handover(): it did not happen.
   void freeze_for_handover(Handover& h, bool force, std::vector<std::string>& cut);
+  // The predecessor's handover (--handover-fd or systemd's fd store), or
+  // none; handover_status_ says which, or why it cannot be taken.
+  std::optional<Handover> take_handover();
   void thaw_handover();
 
   Options options_;

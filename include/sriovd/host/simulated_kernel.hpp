@@ -32,7 +32,15 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
 
   // Builds the tree under `dir` (created if needed, emptied first).
   SimulatedKernel(std::string dir, const std::vector<config::SimulatedPf>& pfs);
+  // A successor's (an upgrade in place): the kernel its predecessor had,
+  // from save() - its devices, drivers, VF settings and netdevs as they
+  // stand - as a real kernel outlives the daemon. Throws
+  // std::invalid_argument when `saved` does not parse.
+  SimulatedKernel(std::string dir, const std::string& saved);
   ~SimulatedKernel() override;
+  [[nodiscard]] std::string save() const;
+  // The successor has it: the sysfs tree and the VF netdevs stay.
+  void keep_for_successor() { keep_ = true; }
 
   // SysfsIo
   [[nodiscard]] const std::string& root() const override { return real_.root(); }
@@ -133,6 +141,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   void bind(Device& d, const std::string& driver);
   void unbind(Device& d);
   void materialize_due();
+  void make_tree();
   void write_device(const Device& d);
   void remove_device_files(const Device& d);
   void link_driver(const Device& d, bool present);
@@ -155,6 +164,7 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   int next_group_ = 0;
   std::chrono::milliseconds vf_delay_{0};
   std::optional<std::chrono::steady_clock::time_point> materialize_at_;
+  bool keep_ = false;
 };
 
 }  // namespace sriovd::host

@@ -27,8 +27,14 @@ class Macvtap : public Tap {
   // passthru link the kernel refuses next to another macvlan/macvtap, is an
   // error naming that link. On failure nothing is left behind.
   Macvtap(const std::string& lower, const std::string& instance, const std::string& device, unsigned queues);
-  // Closes the queues and deletes the link: the VF's netdev is as it was.
+  // The queue fds of macvtap `name` on `lower` another sriovd handed over
+  // (an upgrade in place: the link stays). Throws std::runtime_error when
+  // an fd is not a queue of that link.
+  static std::unique_ptr<Macvtap> adopt(const std::string& lower, const std::string& name, std::vector<UniqueFd> fds);
+  // Closes the queues and deletes the link (unless the successor has it):
+  // the VF's netdev is as it was.
   ~Macvtap() override;
+  void keep_for_successor() override { keep_link_ = true; }
 
   [[nodiscard]] const std::string& lower() const { return lower_; }
   [[nodiscard]] const std::string& netdev() const override { return lower_; }
@@ -53,6 +59,7 @@ class Macvtap : public Tap {
 
   std::string lower_;
   UniqueFd control_;  // for SIOCGIFFLAGS
+  bool keep_link_ = false;
 };
 
 }  // namespace sriovd::ports

@@ -140,6 +140,7 @@ class NetDevice : public QueueDevice {
   // still use the port, which then goes with the device.
   std::unique_ptr<PacketPort> release_port();
   [[nodiscard]] const PacketPort& port() const { return *tap_; }
+  [[nodiscard]] PacketPort& port() { return *tap_; }
   // A RARP for `mac` on the wire (RFC 903: the guest is here now), sent by
   // the first pair's worker - the port's queue is its - when it next runs.
   // Only for the device's MAC: the configured one or the one its driver

@@ -57,6 +57,9 @@ class PacketPort {
   [[nodiscard]] virtual const std::string& netdev() const { return name(); }
   // What else the port is, for status (a macvtap's own name, AF_XDP's mode).
   [[nodiscard]] virtual std::vector<PortFact> describe() const { return {}; }
+  // An upgrade in place handed the port's fds to the successor: what the
+  // port made on the host (a macvtap link) stays when it goes.
+  virtual void keep_for_successor() {}
 };
 
 }  // namespace sriovd::virtio
