@@ -260,8 +260,9 @@ void add_commands(CLI::App& app, Args& a) {
   link->add_option("state", a.link_state, "up or down")->required()->check(CLI::IsMember({"up", "down"}));
   auto* upgrade =
       app.add_subcommand("upgrade",
-                         "restart sriovd in place (the same PID) from its binary on disk, handing the VMs' vhost-user "
-                         "devices to it without them noticing; refused, with the running one going on, when it cannot");
+                         "restart sriovd in place (the same PID) from its binary on disk, handing every VM's devices "
+                         "(vhost-user, vfio-user, VF exports) to it without them noticing; refused, with the running "
+                         "one going on, when it cannot");
   upgrade->add_option("--binary", a.upgrade_binary, "the binary to exec (default: the daemon's own path)");
   upgrade->add_flag("--force", a.upgrade_force,
                     "upgrade even if a device cannot be handed over now (a live migration): it is served afresh, "

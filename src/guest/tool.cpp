@@ -109,6 +109,9 @@ void print_info(const json& j) {
                 j["msix"]["pba_offset"].get<unsigned>());
 }
 
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+
 struct StormOptions {
   std::string socket;
   unsigned vector = 0;
@@ -159,9 +162,14 @@ json storm(const StormOptions& o) {
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  // --seconds 0: until SIGTERM or SIGINT.
+  const auto end = o.seconds > 0
+                       ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds))
+                       : Clock::time_point::max();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   uint64_t handled = 0, signals = 0, masks = 0;
-  while (Clock::now() < end) {
+  while (Clock::now() < end && !g_stop.load()) {
     if (!generator) c.trigger(kMsix, o.vector);
     pollfd p{irq.get(), POLLIN, 0};
     if (::poll(&p, 1, 100) != 1) continue;
@@ -182,6 +190,13 @@ json storm(const StormOptions& o) {
     uint64_t g = 0;
     c.read(0, 0x1018, {reinterpret_cast<uint8_t*>(&g), 8});
     generated = g;
+    // What was raised before the generator stopped and not read yet.
+    for (pollfd p{irq.get(), POLLIN, 0}; ::poll(&p, 1, 200) == 1;) {
+      uint64_t n = 0;
+      if (::read(irq.get(), &n, sizeof n) != sizeof n) break;
+      ++handled;
+      signals += n;
+    }
   }
   c.write32(bar, entry + 12, 1);
   c.disable_irqs(kMsix);
@@ -196,9 +211,6 @@ json storm(const StormOptions& o) {
           {"masks_and_unmasks", masks},
           {"generated", generated}};
 }
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) { g_stop.store(true); }
 
 struct NetOptions {
   std::string socket;
@@ -391,7 +403,7 @@ CLI::App* add_storm_command(CLI::App& app, StormOptions& so, bool& no_mask) {
   auto* storm_cmd = app.add_subcommand("msix-storm", "a guest that masks its vector on every interrupt: handled/s");
   storm_cmd->add_option("--socket", so.socket, "the export's vfio-user socket")->required();
   storm_cmd->add_option("--vector", so.vector, "MSI-X vector")->capture_default_str();
-  storm_cmd->add_option("--seconds", so.seconds, "how long")->capture_default_str();
+  storm_cmd->add_option("--seconds", so.seconds, "how long (0: until SIGTERM or SIGINT)")->capture_default_str();
   storm_cmd->add_option("--rate", so.rate, "generator interrupts/s (0: as fast as it can)")->capture_default_str();
   storm_cmd
       ->add_option("--source", so.source,
