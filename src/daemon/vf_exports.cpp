@@ -152,7 +152,9 @@ void VfExports::sync(const config::Config& cfg) {
         handed_.erase(it);
       }
       std::unique_ptr<vfio::Device> device;
-      if (handed) {
+      // (an export nobody was connected to hands over its socket only: its
+      // VF is opened afresh)
+      if (handed && !handed->server.device.empty()) {
         try {
           device = host_.adopt_vf(cfg, w.pf_cfg->ref, w.index,
                                   vfio_user::VfProxy::adopt_device(handed->server.device, handed->server,

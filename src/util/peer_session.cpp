@@ -561,4 +561,15 @@ void PeerConnection::close() {
   ++generation_;
 }
 
+uint32_t freeze_connection(PeerConnection& conn, HandedFds& fds, std::vector<uint8_t>& unframed) {
+  if (!conn.connected()) return HandedFds::kNoFd;
+  try {
+    PeerConnection::Frozen f = conn.freeze();
+    unframed = std::move(f.unframed);
+    return fds.add_fd(std::move(f.fd));
+  } catch (const std::exception& e) {
+    throw HandoverRefused(std::string("its connection: ") + e.what());
+  }
+}
+
 }  // namespace sriovd

@@ -1000,15 +1000,7 @@ ServerHandover Server::freeze_for_handover() {
     throw HandoverRefused("a live migration is under way");
   if (!held_.empty()) throw HandoverRefused("a stuck device worker still holds DMA windows");
   ServerHandover h;
-  if (conn_.connected()) {
-    try {
-      PeerConnection::Frozen f = conn_.freeze();
-      h.connection = h.add_fd(std::move(f.fd));
-      h.unframed = std::move(f.unframed);
-    } catch (const std::exception& e) {
-      throw HandoverRefused(std::string("its connection: ") + e.what());
-    }
-  }
+  h.connection = freeze_connection(conn_, h, h.unframed);
   frozen_ = true;
   try {
     UnixListener::Handed l = listener_.pause_for_handover();

@@ -1014,15 +1014,7 @@ BackendHandover Backend::freeze_for_handover() {
     throw HandoverRefused("VIRTIO_F_ACCESS_PLATFORM is negotiated (the IOTLB's translations are not handed over)");
   BackendHandover h;
   h.mode = static_cast<uint8_t>(mode_);
-  if (conn_.connected()) {
-    try {
-      PeerConnection::Frozen f = conn_.freeze();
-      h.connection = h.add_fd(std::move(f.fd));
-      h.unframed = std::move(f.unframed);
-    } catch (const std::exception& e) {
-      throw HandoverRefused(std::string("its connection: ") + e.what());
-    }
-  }
+  h.connection = freeze_connection(conn_, h, h.unframed);
   frozen_ = true;
   was_running_ = device_.running();
   try {

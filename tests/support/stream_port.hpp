@@ -107,4 +107,31 @@ class StreamPort : public EventPort {
   std::vector<std::vector<uint8_t>> sent_;
 };
 
+// What a guest takes from a StreamPort's stream: each packet must be the
+// stream's next - a later one is a loss (counted in gaps); an earlier one,
+// a repeat or a wrong byte is corrupt.
+struct StreamCheck {
+  unsigned received = 0, corrupt = 0, gaps = 0;
+  uint32_t last_seq = 0;
+  // `n` frames from `receive` (size_t(uint8_t* out, size_t size, int
+  // timeout_ms), virtio-net header first: a driver's receive); false when
+  // they do not come.
+  template <typename Receive>
+  bool take(Receive&& receive, unsigned n) {
+    std::vector<uint8_t> out(70000);
+    for (unsigned i = 0; i < n; ++i) {
+      const size_t got = receive(out.data(), out.size(), 3000);
+      if (got == 0) return false;
+      uint32_t seq = 0;
+      const bool good =
+          got > 12 && StreamPort::is_packet(out.data() + 12, got - 12, seq) && (received == 0 || seq > last_seq);
+      if (!good) ++corrupt;
+      if (good && received > 0) gaps += seq - last_seq - 1;
+      last_seq = seq;
+      ++received;
+    }
+    return true;
+  }
+};
+
 }  // namespace sriovd::test

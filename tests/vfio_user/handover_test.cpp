@@ -73,21 +73,9 @@ class VfioUserHandover : public ::testing::TestWithParam<bool> {
     port_b->start_at(generated);
     b = std::make_unique<test::Exported>(path(), config(), std::unique_ptr<virtio::PacketPort>(port_b), std::move(got));
   }
-  // As the migration test's: each packet must be the stream's next.
+  // The guest takes `n` packets, each checked (test::StreamCheck).
   bool receive(unsigned n) {
-    std::vector<uint8_t> out(70000);
-    for (unsigned i = 0; i < n; ++i) {
-      const size_t got = d->receive(out.data(), out.size(), 3000);
-      if (got == 0) return false;
-      uint32_t seq = 0;
-      const bool good =
-          got > 12 && StreamPort::is_packet(out.data() + 12, got - 12, seq) && (received == 0 || seq > last_seq);
-      if (!good) ++corrupt;
-      if (good && received > 0) gaps += seq - last_seq - 1;
-      last_seq = seq;
-      ++received;
-    }
-    return true;
+    return stream.take([&](uint8_t* out, size_t size, int ms) { return d->receive(out, size, ms); }, n);
   }
   // `n` frames out, each with its number in the first payload byte.
   void transmit(uint8_t first, uint8_t n) {
@@ -104,8 +92,7 @@ class VfioUserHandover : public ::testing::TestWithParam<bool> {
   std::unique_ptr<test::Exported> a, b;
   std::unique_ptr<guest::VfioUserClient> c;
   std::unique_ptr<guest::VirtioNetDriver> d;
-  unsigned received = 0, corrupt = 0, gaps = 0;
-  uint32_t last_seq = 0;
+  test::StreamCheck stream;
 };
 
 TEST_P(VfioUserHandover, TheClientKeepsItsDeviceAndTheStreamGoesOnInOrder) {
@@ -118,8 +105,8 @@ TEST_P(VfioUserHandover, TheClientKeepsItsDeviceAndTheStreamGoesOnInOrder) {
   hand_over();
   port_b->flow(true);
   ASSERT_TRUE(receive(200)) << "the successor goes on from the predecessor's rings";
-  EXPECT_EQ(corrupt, 0U) << "no repeat, nothing out of order, every byte as sent";
-  EXPECT_LE(gaps, 1U) << "at most the packet the predecessor had in hand";
+  EXPECT_EQ(stream.corrupt, 0U) << "no repeat, nothing out of order, every byte as sent";
+  EXPECT_LE(stream.gaps, 1U) << "at most the packet the predecessor had in hand";
   EXPECT_GT(d->stats().interrupts.load(), interrupts) << "the client's interrupt eventfds were taken over";
   transmit(6, 5);
   ASSERT_TRUE(test::wait_until([&] { return port_b->sent().size() == 5; }, 3s));
@@ -188,7 +175,7 @@ TEST_P(VfioUserHandover, AHandoverThatDoesNotHappenLeavesItServing) {
   ASSERT_TRUE(receive(50));
   transmit(1, 2);
   ASSERT_TRUE(test::wait_until([&] { return port_a->sent().size() == 2; }, 3s));
-  EXPECT_EQ(corrupt, 0U);
+  EXPECT_EQ(stream.corrupt, 0U);
 }
 
 TEST_P(VfioUserHandover, ALiveMigrationIsNotHandedOver) {

@@ -95,23 +95,9 @@ class VfioUserMigration : public ::testing::TestWithParam<bool> {
     a.reset();
   }
 
-  // The guest takes `n` packets; each must be the stream's next (a later
-  // one is a loss, counted in gaps; an earlier one, a repeat or a wrong
-  // byte is corrupt). False when they do not come.
+  // The guest takes `n` packets, each checked (test::StreamCheck).
   bool receive(unsigned n) {
-    std::vector<uint8_t> out(70000);
-    for (unsigned i = 0; i < n; ++i) {
-      const size_t got = d->receive(out.data(), out.size(), 3000);
-      if (got == 0) return false;
-      uint32_t seq = 0;
-      const bool good =
-          got > 12 && StreamPort::is_packet(out.data() + 12, got - 12, seq) && (received == 0 || seq > last_seq);
-      if (!good) ++corrupt;
-      if (good && received > 0) gaps += seq - last_seq - 1;
-      last_seq = seq;
-      ++received;
-    }
-    return true;
+    return stream.take([&](uint8_t* out, size_t size, int ms) { return d->receive(out, size, ms); }, n);
   }
   // One round of the copy: the pages the device wrote since the last
   // report, copied to the destination's memory.
@@ -144,8 +130,7 @@ class VfioUserMigration : public ::testing::TestWithParam<bool> {
   std::unique_ptr<guest::VfioUserClient> ca, cb;
   std::unique_ptr<guest::VirtioNetDriver> d;
   std::vector<uint8_t> dest;
-  unsigned received = 0, corrupt = 0, gaps = 0;
-  uint32_t last_seq = 0;
+  test::StreamCheck stream;
 };
 
 // The whole of it: the source logs while the stream flows into the guest
@@ -202,8 +187,8 @@ TEST_P(VfioUserMigration, EveryPageTheDeviceWritesReachesTheDestinationAndTheGue
   EXPECT_EQ(cb->set_mig_state(kRunning), kRunning);
   ASSERT_TRUE(b->net.running());
   ASSERT_TRUE(receive(300)) << "the destination's rings go on from the source's state";
-  EXPECT_EQ(corrupt, 0U) << "no repeat, nothing out of order, every byte as sent";
-  EXPECT_LE(gaps, 1U) << "at most the packet the source had in hand is lost";
+  EXPECT_EQ(stream.corrupt, 0U) << "no repeat, nothing out of order, every byte as sent";
+  EXPECT_LE(stream.gaps, 1U) << "at most the packet the source had in hand is lost";
   // The guest is somewhere else now: the destination announces it (a
   // RARP for its MAC: the driver did not take GUEST_ANNOUNCE).
   ASSERT_TRUE(test::wait_until([&] { return !b->port->sent().empty(); }, 2s));
@@ -235,8 +220,8 @@ TEST_P(VfioUserMigration, CancelledAfterStopCopyTheSourceGoesOnWhereItStood) {
   ca->dma_logging_stop();
   EXPECT_TRUE(a->net.running());
   ASSERT_TRUE(receive(300));
-  EXPECT_EQ(corrupt, 0U);
-  EXPECT_EQ(gaps, 0U);
+  EXPECT_EQ(stream.corrupt, 0U);
+  EXPECT_EQ(stream.gaps, 0U);
   EXPECT_EQ(refused([&] { (void)ca->dma_logging_report(ram.iova, ram.length, kPage); }), EINVAL)
       << "no log once it is stopped";
   EXPECT_TRUE(a->port->sent().empty()) << "the guest did not move: no announcement";
@@ -328,7 +313,7 @@ TEST_P(VfioUserMigration, ADriverStartedWhileStoppedRunsAtRunning) {
   EXPECT_EQ(ca->set_mig_state(kRunning), kRunning);
   EXPECT_TRUE(a->net.running());
   ASSERT_TRUE(receive(100));
-  EXPECT_EQ(corrupt, 0U);
+  EXPECT_EQ(stream.corrupt, 0U);
 }
 
 // A VMM that leaves mid-migration (QEMU killed): the next one finds the

@@ -74,6 +74,19 @@ size_t rss_kib() {
 
 UniqueFd eventfd_() { return UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); }
 
+// What a guest driver does to use vector v: program the entry, give the
+// eventfd, enable MSI-X, unmask the vector.
+void enable_vector(guest::VfioUserClient& c, unsigned v, int fd) {
+  c.write32(0, v * 16 + 0, 0xfee00000);
+  c.write32(0, v * 16 + 8, 0x4000 + v);
+  const int fds[1] = {fd};
+  c.set_irq_eventfds(vfio::kMsixIrq, v, fds);
+  c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
+  c.write32(0, v * 16 + 12, 0);  // Vector Control: unmasked
+}
+
+bool pba_bit(guest::VfioUserClient& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
+
 // Runs a server on its own io_context thread; the test thread is the client.
 class Export {
  public:
@@ -115,18 +128,6 @@ class VfProxyTest : public ::testing::Test {
     exported = std::make_unique<Export>(*proxy, socket);
   }
   ~VfProxyTest() override { exported.reset(); }
-
-  // What a guest driver does to use vector v: program the entry, give the
-  // eventfd, enable MSI-X, unmask the vector.
-  void enable_vector(guest::VfioUserClient& c, unsigned v, int fd) {
-    c.write32(0, v * 16 + 0, 0xfee00000);
-    c.write32(0, v * 16 + 8, 0x4000 + v);
-    const int fds[1] = {fd};
-    c.set_irq_eventfds(vfio::kMsixIrq, v, fds);
-    c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
-    c.write32(0, v * 16 + 12, 0);  // Vector Control: unmasked
-  }
-  bool pba_bit(guest::VfioUserClient& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
 
   test::TempDir dir;
   std::string socket = dir.file("vf.sock");
@@ -1139,15 +1140,6 @@ class VfProxyHandover : public ::testing::TestWithParam<irq::Policy> {
     b = std::make_unique<VfProxy>(std::move(dev), engine, GetParam(), kVf);
     eb = std::make_unique<Export>(*b, socket, std::move(got));
   }
-  void enable_vector(guest::VfioUserClient& c, unsigned v, int fd) {
-    c.write32(0, v * 16 + 0, 0xfee00000);
-    c.write32(0, v * 16 + 8, 0x4000 + v);
-    const int fds[1] = {fd};
-    c.set_irq_eventfds(vfio::kMsixIrq, v, fds);
-    c.write32(vfio::kConfigRegion, kMsixCap, (c.read32(vfio::kConfigRegion, kMsixCap) & 0xffffU) | (0x8000U << 16U));
-    c.write32(0, v * 16 + 12, 0);
-  }
-  bool pba_bit(guest::VfioUserClient& c, unsigned v) { return (c.read32(0, SimulatedDevice::kPbaOffset) >> v) & 1U; }
 
   test::TempDir dir;
   std::string socket = dir.file("vf.sock");

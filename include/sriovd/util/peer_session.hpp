@@ -34,6 +34,7 @@
 
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/fd.hpp"
+#include "sriovd/util/handed_fds.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
 namespace sriovd {
@@ -332,5 +333,11 @@ class PeerConnection {
   asio::steady_timer drain_timer_;  // the queue's deadline
   uint64_t drain_seq_ = 0;          // which queue the armed deadline belongs to
 };
+
+// A handover's part of a session (vhost-user's and vfio-user's alike): the
+// connection, when there is one, frozen into `fds` and the bytes read and
+// not handled into `unframed`; returns its index (kNoFd: nobody is
+// connected). Throws HandoverRefused naming why it cannot be now.
+uint32_t freeze_connection(PeerConnection& conn, HandedFds& fds, std::vector<uint8_t>& unframed);
 
 }  // namespace sriovd
