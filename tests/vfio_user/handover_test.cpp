@@ -195,6 +195,33 @@ TEST_P(VfioUserHandover, ALiveMigrationIsNotHandedOver) {
   ASSERT_TRUE(receive(20)) << "serving on";
 }
 
+// A successor whose device does not fit what was handed over (here: its
+// queues at most 32 entries where the driver set 64) refuses it by name; nothing
+// of it is half-taken - the client's connection ends as after a crash, the
+// windows it mapped are unmapped again, and the process goes on.
+TEST_P(VfioUserHandover, AHandoverThatDoesNotFitIsRefusedByName) {
+  ServerHandover h = a->on_io([&] { return a->server.freeze_for_handover(); });
+  const std::vector<uint8_t> bytes = h.serialize();
+  std::vector<UniqueFd> fds = std::move(h.fds);
+  a->on_io([&] {
+    a->server.handed_over();
+    return 0;
+  });
+  a.reset();
+  ServerHandover got = ServerHandover::parse(bytes, fds.size(), "the test's handover");
+  got.fds = std::move(fds);
+  virtio::NetConfig other = config();
+  other.max_queue_size = 32;
+  try {
+    test::Exported b2(path(), other, std::make_unique<StreamPort>(), std::move(got));
+    ADD_FAILURE() << "a device of 32-entry queues took a handover of 64-entry ones";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("queue 0 size 64"), std::string::npos) << e.what();
+  }
+  // The client hears its connection end (its next request fails).
+  EXPECT_THROW((void)c->read32(vfio::kConfigRegion, 0), std::exception);
+}
+
 INSTANTIATE_TEST_SUITE_P(Rings, VfioUserHandover, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "packed" : "split"; });
 
