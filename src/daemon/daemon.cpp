@@ -365,7 +365,12 @@ bool Daemon::hand_over_to_fd_store() {
   std::vector<std::string> cut;
   Handover h;
   h.from_pid = ::getpid();
-  freeze_for_handover(h, true, cut);
+  try {
+    freeze_for_handover(h, true, cut);
+  } catch (const std::exception& e) {
+    spdlog::warn("restart by systemd: no handover ({}): the devices' clients see their connections end", e.what());
+    return false;
+  }
   try {
     h.store();
   } catch (const std::exception& e) {
