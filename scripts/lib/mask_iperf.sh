@@ -21,7 +21,8 @@
 # *_write_us, *_loss_per_round (each round against its own not-masking
 # run), paired_loss (per guest: the median and quartiles of those),
 # sriovd_cpu (the daemon's CPU seconds per second, each guest), poll_us,
-# control_loop (the daemon's poll counts), runs, seconds.
+# control_loop and session_loops (the daemon's poll counts: the control
+# thread's, the session threads' summed), runs, seconds.
 set -euo pipefail
 build=${1:?build dir}
 shift
@@ -169,6 +170,12 @@ mp=$(median ${values[mask-poll]})
 # shellcheck disable=SC2086
 pp=$(median ${values[posted-poll]})
 loop=$(ctl status | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["control_loop"]))')
+# The session threads' loops, where the device's messages are served: what
+# their polling found, summed.
+session_loops=$(ctl status | python3 -c '
+import json, sys
+t = json.load(sys.stdin)["session_threads"]
+print(json.dumps({k: sum(x[k] for x in t) for k in ("polls", "hits", "polled_us")}))')
 loss() { awk -v a="$1" -v b="$nm" 'BEGIN {printf "%.4f", (b > 0 ? 1 - a / b : 0)}'; }
 # Each round's loss against that round's not-masking run (the rounds are
 # back to back: a slow stretch of the machine falls on both), as a list.
@@ -212,6 +219,6 @@ cat <<JSON
  "paired_loss": $(paired),
  "sriovd_cpu": {"nomask": $(median ${cpu[nomask]}), "mask": $(median ${cpu[mask]}), "posted": $(median ${cpu[posted]}),
                 "mask_poll": $(median ${cpu[mask-poll]}), "posted_poll": $(median ${cpu[posted-poll]})},
- "poll_us": $poll_us, "control_loop": $loop,
+ "poll_us": $poll_us, "control_loop": $loop, "session_loops": $session_loops,
  "runs": $runs, "seconds": $seconds}
 JSON

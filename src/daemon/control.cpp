@@ -50,6 +50,7 @@ json Daemon::status_json() const {
       {"config", options_.config_path},
       {"control_socket", config_.control.socket},
       {"control_loop", control_loop_json()},
+      {"session_threads", session_threads_json()},
       {"log_level", spdlog::level::to_string_view(spdlog::get_level()).data()},
       {"uptime_s", uptime.count()},
       {"physical_functions", config_.physical_functions.size()},
@@ -82,7 +83,13 @@ json Daemon::session_threads_json() const {
   json out = json::array();
   for (size_t i = 0; i < sessions_->size(); ++i) {
     const SessionThread& t = sessions_->at(i);
-    out.push_back({{"thread", i}, {"sessions", t.sessions()}, {"cpu_ms", t.cpu_ns() / 1000000}});
+    const PollStats polls = t.poll_stats();
+    out.push_back({{"thread", i},
+                   {"sessions", t.sessions()},
+                   {"cpu_ms", t.cpu_ns() / 1000000},
+                   {"polls", polls.polls},
+                   {"hits", polls.hits},
+                   {"polled_us", polls.polled_ns / 1000}});
   }
   return out;
 }

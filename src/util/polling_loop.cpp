@@ -67,6 +67,9 @@ void PollingLoop::account(std::chrono::steady_clock::time_point from, std::chron
   ++stats_.polls;
   if (hit) ++stats_.hits;
   stats_.polled_ns += static_cast<uint64_t>(std::chrono::duration_cast<PollWindow::ns>(to - from).count());
+  shared_polls_.store(stats_.polls, std::memory_order_relaxed);
+  shared_hits_.store(stats_.hits, std::memory_order_relaxed);
+  shared_polled_ns_.store(stats_.polled_ns, std::memory_order_relaxed);
 }
 
 }  // namespace sriovd

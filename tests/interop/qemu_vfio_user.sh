@@ -15,7 +15,8 @@
 #     interrupt each VF raises (sriovctl simulate-interrupt), once.
 #  5. (issue 41) sriovd upgraded in place (sriovctl upgrade) twice once
 #     the guest armed its VFs, then each VF's interrupt reaches it once;
-#     twice more while iperf3 runs: QEMU keeps every connection.
+#     twice more while iperf3 runs over virtio-net-pci (vfio-user) and over
+#     QEMU's own vhost-user NIC: QEMU keeps every connection.
 #   tests/interop/qemu_vfio_user.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib/interop.sh"
@@ -76,6 +77,7 @@ kernel=$(q11_kernel)
 cp "$kernel/vmlinuz" "$work/vmlinuz"
 q11_initramfs "$work/initrd.gz" "$here/vm/scenarios/vfio-user-net.sh" /usr/bin/iperf3
 
+qemu_extra=()  # more QEMU arguments for start_qemu
 # start_qemu LOG [INITRD PARAMS SOCKET...]: QEMU in the Debian 13 root
 # with a vfio-user-pci device on each socket (by default virtio-net-pci and
 # the three VF exports, and the vfio-user-net scenario); its monitor on
@@ -90,7 +92,7 @@ start_qemu() {
   rm -f "$work/mon.sock"
   q11_qemu "$work" -accel tcg -machine q35,memory-backend=mem -cpu max -m 512 -smp 2 \
     -object memory-backend-memfd,id=mem,size=512M,share=on \
-    "${devices[@]}" \
+    "${devices[@]}" "${qemu_extra[@]}" \
     -kernel "$work/vmlinuz" -initrd "$initrd" \
     -append "console=ttyS0 quiet loglevel=4 panic=-1 $params" \
     -display none -nodefaults -serial "file:$log" -monitor "unix:$work/mon.sock,server=on,wait=off" \
@@ -204,7 +206,7 @@ cat >>"$work/sriovd.yaml" <<CONF
     type: net
     transport: vhost-user
     socket: $work/added.sock
-    backend: {type: tap, name: sdq11t$$}
+    backend: {type: tap, name: sdq11t$$, netns: $ns}
 CONF
 ctl reload >/dev/null || fail "the reload under traffic was refused"
 ctl --json devices | json_get "[v['name'] for v in d['virtio_devices']]" | grep -q vnet-added ||
@@ -253,11 +255,12 @@ for _ in $(seq 100); do [[ $(memfd_mappings) -eq 0 ]] && break; sleep 0.1; done
 [[ $(memfd_mappings) -eq 0 ]] || fail "sriovd still maps memory of the QEMU that quit"
 
 # --- 5. sriovd upgraded in place under the guest (issue 41) ---
-# A boot with all four devices: twice once the guest has armed its VFs
-# (MSI-X enabled, entry 0 unmasked), then each VF's interrupt must reach
-# the guest once; twice more while iperf3 runs over virtio-net-pci. QEMU
-# keeps every connection (the upgraded sriovd counts the ones it took
-# over), iperf3 ends without an error.
+# A boot with all four vfio-user devices and a virtio-net-pci of QEMU's on
+# sriovd's vhost-user socket: twice once the guest has armed its VFs (MSI-X
+# enabled, entry 0 unmasked), then each VF's interrupt must reach the guest
+# once; twice more while iperf3 runs over both NICs. QEMU keeps every
+# connection (the upgraded sriovd counts the ones it took over), iperf3
+# ends without an error on both.
 upgrade_twice() {
   local _
   for _ in 1 2; do
@@ -265,17 +268,31 @@ upgrade_twice() {
     sleep 1
   done
 }
+# The guest's second NIC: QEMU's own vhost-user front-end on vnet-added,
+# whose tap (in the test's namespace) is the far end of that wire.
+ip -n "$ns" addr add 10.79.0.1/24 dev "sdq11t$$"
+ip -n "$ns" link set "sdq11t$$" up
+ip netns exec "$ns" iperf3 -s -B 10.79.0.1 >"$work/iperf3-vhost-server.log" 2>&1 &
+pids+=($!)
+qemu_extra=(-chardev "socket,id=vu0,path=$work/added.sock" -netdev "vhost-user,id=nu0,chardev=vu0"
+  -device "virtio-net-pci,netdev=nu0,mac=02:5a:00:00:08:01")
 log=$work/console-upgrade.log
-start_qemu "$log" "$work/initrd.gz" "GUEST_IPERF_SECONDS=3 GUEST_RELOAD_SECONDS=12"
+start_qemu "$log" "$work/initrd.gz" "GUEST_IPERF_SECONDS=3 GUEST_RELOAD_SECONDS=12 GUEST_VHOST_NET=10.79.0"
+qemu_extra=()
 before_vf_irqs=upgrade_twice check_boot boot-upgrade "$log" 0
 upgrade_twice
 wait_line "$log" 0 "VMTEST PHASE boot-done" 90 || fail "boot-upgrade: the iperf3 under the upgrades did not end"
 grep -q "^VMTEST PASS guest-iperf3-during-reload" "$log" || fail "boot-upgrade: iperf3 failed across the upgrades"
-conns=$(ctl --json devices | json_get "' '.join(['%s=%s' % (v['name'], v['vfio_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-q11'] + ['%s=%s' % (e['vf'], e.get('vfio_user', e).get('connections', '?')) for e in d['vfio_user_exports']])")
+grep -q "^VMTEST PASS guest-iperf3-vhost-user-during-reload" "$log" ||
+  fail "boot-upgrade: iperf3 over vhost-user failed across the upgrades"
+grep -E "^VMTEST (BENCH|FAIL) .*during-reload" "$log" | sed 's/^/  boot-upgrade: /' || true
+conns=$(ctl --json devices | json_get "' '.join(['%s=%s' % (v['name'], v['vfio_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-q11'] + ['%s=%s' % (v['name'], v['vhost_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-added'] + ['%s=%s' % (e['vf'], e.get('vfio_user', e).get('connections', '?')) for e in d['vfio_user_exports']])")
 echo "  connections after four upgrades: $conns"
 for c in $conns; do [[ ${c#*=} == 1 ]] || fail "after the upgrades, ${c%=*} counts ${c#*=} connections (want 1: QEMU's, taken over)"; done
 taken=$(grep -c "vnet-q11: client (pid [0-9]*) taken over from the previous sriovd" "$work/sriovd.log" || true)
 [[ $taken -eq 4 ]] || fail "QEMU's virtio-net-pci connection was taken over $taken times, 4 expected"
+taken=$(grep -c "vnet-added: front-end taken over from the previous sriovd" "$work/sriovd.log" || true)
+[[ $taken -eq 4 ]] || fail "QEMU's vhost-user connection was taken over $taken times, 4 expected"
 taken=$(grep -c "vfio-user: VF .* taken over from the previous sriovd" "$work/sriovd.log" || true)
 [[ $taken -eq 12 ]] || fail "QEMU's VF export connections were taken over $taken times, 12 expected"
 monitor quit || true

@@ -65,6 +65,8 @@ guest_net_up() {
   i=0
   while [ $i -lt 100 ]; do
     for n in /sys/class/net/*; do
+      # GUEST_MAC: the one with that address (a guest with several NICs)
+      [ -z "${GUEST_MAC:-}" ] || [ "$(cat "$n/address")" = "$GUEST_MAC" ] || continue
       [ "${n##*/}" = lo ] || { dev=${n##*/}; break; }
     done
     [ -n "$dev" ] && break

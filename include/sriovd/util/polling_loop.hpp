@@ -29,6 +29,7 @@
 // make the thread poll by sending often; it could make it work by sending
 // often anyway.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -77,6 +78,12 @@ class PollingLoop {
   void set_max_window(PollWindow::ns w) { window_.set_max(w); }
   [[nodiscard]] const PollWindow& window() const { return window_; }
   [[nodiscard]] const PollStats& stats() const { return stats_; }
+  // The same counts, readable from any thread (a session thread's loop,
+  // read by the control thread's status).
+  [[nodiscard]] PollStats shared_stats() const {
+    return {shared_polls_.load(std::memory_order_relaxed), shared_hits_.load(std::memory_order_relaxed),
+            shared_polled_ns_.load(std::memory_order_relaxed)};
+  }
 
  private:
   bool poll_for(std::chrono::steady_clock::time_point until, std::chrono::steady_clock::time_point& found);
@@ -85,6 +92,8 @@ class PollingLoop {
   asio::io_context& io_;
   PollWindow window_;
   PollStats stats_;
+  // Copies of stats_ for other threads, stored once per polling window.
+  std::atomic<uint64_t> shared_polls_{0}, shared_hits_{0}, shared_polled_ns_{0};
 };
 
 }  // namespace sriovd

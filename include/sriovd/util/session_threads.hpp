@@ -63,6 +63,8 @@ class SessionThread {
   void set_poll_window(PollWindow::ns window);
   // The CPU time the thread has used (its thread CPU clock; any thread).
   [[nodiscard]] uint64_t cpu_ns() const;
+  // Its loop's polling (control.poll_us; any thread).
+  [[nodiscard]] PollStats poll_stats() const { return loop_.shared_stats(); }
 
  private:
   friend class SessionPool;

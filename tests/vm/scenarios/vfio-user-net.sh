@@ -9,6 +9,8 @@
 set -u
 # shellcheck source=../guest-lib.sh
 . /guest-lib.sh
+# shellcheck disable=SC2034  # read by guest_net_up
+GUEST_MAC=02:5a:00:00:07:01  # sriovd's virtio-net-pci (the config's MAC)
 guest_net_up 10.77.0.2/24
 drv=$(basename "$(readlink "/sys/class/net/$dev/device/driver")" 2>/dev/null)
 echo "VMTEST INFO driver of $dev: $drv"
@@ -96,13 +98,39 @@ while [ $i -lt 600 ] && [ "$seen" -lt $((base + armed)) ]; do
   i=$((i + 1))
 done
 echo "VMTEST PHASE vf-irqs-done $((seen - base))"
+# GUEST_VHOST_NET=SUBNET: a second NIC, QEMU's virtio-net-pci on sriovd's
+# vhost-user socket (MAC 02:5a:00:00:08:01), carries iperf3 to SUBNET.1 at
+# the same time.
+vhost=
+if [ -n "${GUEST_VHOST_NET:-}" ]; then
+  for n in /sys/class/net/*; do [ "$(cat "$n/address")" = 02:5a:00:00:08:01 ] && vhost=${n##*/}; done
+  if [ -n "$vhost" ]; then
+    ip link set "$vhost" up
+    ip addr add "$GUEST_VHOST_NET.2/24" dev "$vhost"
+    wait_for 50 ping -c 1 -W 1 "$GUEST_VHOST_NET.1" || echo "VMTEST FAIL guest-pings-vhost-user-wire"
+  else
+    echo "VMTEST FAIL guest-has-vhost-user-nic: no NIC with MAC 02:5a:00:00:08:01"
+  fi
+fi
 # Under traffic: the host reloads sriovd when it sees this line.
 echo "VMTEST PHASE traffic-for-reload"
+if [ -n "$vhost" ]; then
+  iperf3 -c "$GUEST_VHOST_NET.1" -t "${GUEST_RELOAD_SECONDS:-8}" --connect-timeout 3000 >/tmp/vhost-iperf.log 2>&1 &
+  vhost_iperf=$!
+fi
 if out=$(iperf3 -c 10.77.0.1 -t "${GUEST_RELOAD_SECONDS:-8}" -P 2 --connect-timeout 3000 2>&1); then
   echo "VMTEST BENCH iperf3-during-reload $(echo "$out" | grep -E 'SUM.*receiver' | tail -n 1)"
   echo "VMTEST PASS guest-iperf3-during-reload"
 else
   echo "VMTEST FAIL guest-iperf3-during-reload: $(echo "$out" | tail -n 2 | tr '\n' ' ')"
+fi
+if [ -n "$vhost" ]; then
+  if wait "$vhost_iperf"; then
+    echo "VMTEST BENCH iperf3-vhost-user-during-reload $(grep receiver /tmp/vhost-iperf.log | tail -n 1)"
+    echo "VMTEST PASS guest-iperf3-vhost-user-during-reload"
+  else
+    echo "VMTEST FAIL guest-iperf3-vhost-user-during-reload: $(tail -n 2 /tmp/vhost-iperf.log | tr '\n' ' ')"
+  fi
 fi
 echo "VMTEST PHASE boot-done"
 # The host decides what comes next (reset, SIGKILL, quit).
