@@ -54,21 +54,26 @@ class VfioUserHandover : public ::testing::TestWithParam<bool> {
   }
   std::string path() { return dir.file("vnet.sock"); }
 
-  // Hands a's server over to a new one through the bytes and fd list an
-  // exec carries, as the daemon does; a is gone after it (its exec). The
-  // successor's wire goes on where a's stopped.
-  void hand_over() {
-    ServerHandover h = a->on_io([&] { return a->server.freeze_for_handover(); });
+  // Frozen `h` through the bytes and fd list an exec carries: a is handed
+  // over and gone (its exec); what the successor reads is returned.
+  ServerHandover pass_on(ServerHandover h) {
     const std::vector<uint8_t> bytes = h.serialize();
     std::vector<UniqueFd> fds = std::move(h.fds);
     a->on_io([&] {
       a->server.handed_over();
       return 0;
     });
-    const uint32_t generated = port_a->generated();
     a.reset();
     ServerHandover got = ServerHandover::parse(bytes, fds.size(), "the test's handover");
     got.fds = std::move(fds);
+    return got;
+  }
+  // Hands a's server over to a new one through the bytes and fd list an
+  // exec carries, as the daemon does; a is gone after it (its exec). The
+  // successor's wire goes on where a's stopped.
+  void hand_over() {
+    const uint32_t generated = port_a->generated();
+    ServerHandover got = pass_on(a->on_io([&] { return a->server.freeze_for_handover(); }));
     port_b = new StreamPort();
     port_b->start_at(generated);
     b = std::make_unique<test::Exported>(path(), config(), std::unique_ptr<virtio::PacketPort>(port_b), std::move(got));
@@ -129,15 +134,7 @@ TEST_P(VfioUserHandover, WhatTheGuestQueuedWhileFrozenGoesOutOnce) {
   transmit(4, 4);  // a doorbell nobody serves yet
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(port_a->sent().size(), 3U) << "frozen: the device does not run";
-  const std::vector<uint8_t> bytes = h.serialize();
-  std::vector<UniqueFd> fds = std::move(h.fds);
-  a->on_io([&] {
-    a->server.handed_over();
-    return 0;
-  });
-  a.reset();
-  ServerHandover got = ServerHandover::parse(bytes, fds.size(), "the test's handover");
-  got.fds = std::move(fds);
+  ServerHandover got = pass_on(std::move(h));
   port_b = new StreamPort();
   b = std::make_unique<test::Exported>(path(), config(), std::unique_ptr<virtio::PacketPort>(port_b), std::move(got));
   ASSERT_TRUE(test::wait_until([&] { return port_b->sent().size() == 4; }, 3s))
@@ -201,15 +198,7 @@ TEST_P(VfioUserHandover, ALiveMigrationIsNotHandedOver) {
 // windows it mapped are unmapped again, and the process goes on.
 TEST_P(VfioUserHandover, AHandoverThatDoesNotFitIsRefusedByName) {
   ServerHandover h = a->on_io([&] { return a->server.freeze_for_handover(); });
-  const std::vector<uint8_t> bytes = h.serialize();
-  std::vector<UniqueFd> fds = std::move(h.fds);
-  a->on_io([&] {
-    a->server.handed_over();
-    return 0;
-  });
-  a.reset();
-  ServerHandover got = ServerHandover::parse(bytes, fds.size(), "the test's handover");
-  got.fds = std::move(fds);
+  ServerHandover got = pass_on(std::move(h));
   virtio::NetConfig other = config();
   other.max_queue_size = 32;
   try {
