@@ -46,6 +46,40 @@ _interop_cleanup() {
   rm -rf "$work"
 }
 
+# in_private_mounts ARGS...: re-runs the calling script (with ARGS) in a
+# mount namespace of its own, once: what it mounts goes with it.
+in_private_mounts() {
+  [[ -n ${SRIOVD_TEST_MOUNTNS:-} ]] && return 0
+  SRIOVD_TEST_MOUNTNS=1 exec unshare -m --propagation private "$0" "$@"
+}
+
+# user_manager_start DIR: a systemd user manager (systemd --user, the real
+# one: its notify socket, fd store and jobs, as the system manager has
+# them) for the test's units, which go in DIR/config/systemd/user; talk to
+# it with user_ctl. Needs in_private_mounts: it runs where this namespace's
+# /run/systemd says the machine was booted with systemd (a container's is
+# not), which nothing outside sees.
+user_manager_start() {
+  user_manager_dir=$1
+  mkdir -p /run/systemd
+  mount -t tmpfs tmpfs /run/systemd
+  mkdir -p /run/systemd/system "$user_manager_dir/runtime" "$user_manager_dir/config/systemd/user"
+  chmod 0700 "$user_manager_dir/runtime"
+  XDG_RUNTIME_DIR=$user_manager_dir/runtime XDG_CONFIG_HOME=$user_manager_dir/config \
+    /lib/systemd/systemd --user >"$user_manager_dir/manager.log" 2>&1 &
+  pids+=($!)
+  local _
+  for _ in $(seq 100); do
+    [[ -S $user_manager_dir/runtime/systemd/private ]] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "systemd --user did not come up:" >&2
+  cat "$user_manager_dir/manager.log" >&2
+  return 1
+}
+user_ctl() { XDG_RUNTIME_DIR=$user_manager_dir/runtime systemctl --user "$@"; }
+
 # simulated_host_config STATE_DIR CONTROL_SOCKET PF_NETDEV: the top of a
 # sriovd config on a simulated host with one PF (0000:3b:00.0); the caller
 # appends its virtio_devices.

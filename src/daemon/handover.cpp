@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <stdexcept>
 
@@ -114,8 +115,13 @@ bool reads_handover_version(const std::string& reads, uint32_t version) {
   return false;
 }
 
-UniqueFd Handover::write() const {
+UniqueFd Handover::write(const std::map<int, int>& aliases) const {
   json j = {{"version", kHandoverVersion}, {"from_pid", from_pid}, {"virtio", json::array()}};
+  if (!aliases.empty()) {
+    json a = json::object();
+    for (const auto& [fd, first] : aliases) a[std::to_string(fd)] = first;
+    j["fd_aliases"] = std::move(a);
+  }
   for (const HandedVirtio& v : virtio) {
     json d = {{"name", v.name},
               {"socket", v.socket},
@@ -180,6 +186,25 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
                                handover_versions_read() + ")");
     h.from_pid = j.at("from_pid").get<int>();
     h.simulated_host = j.value("simulated_host", std::string());
+    // The fd store's: an fd of a file already stored under another fd's
+    // name is found by that name.
+    std::map<int, int> aliases;
+    if (j.contains("fd_aliases"))
+      for (const auto& [key, first] : j.at("fd_aliases").items()) {
+        int alias = -1;
+        const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), alias);
+        if (ec != std::errc() || end != key.data() + key.size() || alias < 0)
+          throw std::runtime_error("the handover's manifest: fd alias '" + key + "'");
+        aliases[alias] = first.get<int>();
+      }
+    std::function<int(int)> aliased;
+    if (remap && !aliases.empty()) {
+      aliased = [&aliases, stored = remap](int n) {
+        const auto it = aliases.find(n);
+        return (*stored)(it == aliases.end() ? n : it->second);
+      };
+      remap = &aliased;
+    }
     // Device by device: one that cannot be taken (its fds closed) is
     // served afresh; the others are still taken over.
     for (const json& v : j.at("virtio")) {
@@ -233,7 +258,24 @@ Handover Handover::read_mapped(int fd, const std::function<int(int)>* remap) {
 }
 
 void Handover::store() const {
-  UniqueFd manifest = write();
+  // systemd keeps one entry per open file (a second fd of a file it holds
+  // is dropped, name and all): a later fd of a file already stored goes in
+  // the manifest as an alias of the first, and the successor finds it by
+  // the first's name. Guest memory is such a file: QEMU sends one fd of
+  // its RAM per DMA window and per device.
+  std::vector<int> stored;
+  std::map<int, int> aliases;
+  each_fd(*this, [&](int fd) {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0 && (fl & O_PATH)) return;  // systemd refuses what it cannot poll: the successor opens the path
+    for (int s : stored)
+      if (::syscall(SYS_kcmp, ::getpid(), ::getpid(), KCMP_FILE, s, fd) == 0) {
+        aliases[fd] = s;
+        return;
+      }
+    stored.push_back(fd);
+  });
+  UniqueFd manifest = write(aliases);
   keep_from_exec();  // nothing is exec'ed on this path
   const auto put = [](int fd, const std::string& name) {
     const std::string state = "FDSTORE=1\nFDNAME=" + name;
@@ -242,17 +284,7 @@ void Handover::store() const {
       throw std::runtime_error("storing " + name + " with the service manager: " +
                                (rc == 0 ? std::string("not run by systemd") : std::strerror(-rc)));
   };
-  // systemd keeps one entry per open file (two fds of one are stored once):
-  // a later fd of the same file is found by the name of the first.
-  std::vector<int> stored;
-  each_fd(*this, [&](int fd) {
-    const int fl = ::fcntl(fd, F_GETFL);
-    if (fl >= 0 && (fl & O_PATH)) return;  // systemd refuses what it cannot poll: the successor opens the path
-    for (int s : stored)
-      if (::syscall(SYS_kcmp, ::getpid(), ::getpid(), KCMP_FILE, s, fd) == 0) return;
-    put(fd, "fd" + std::to_string(fd));
-    stored.push_back(fd);
-  });
+  for (int fd : stored) put(fd, "fd" + std::to_string(fd));
   put(manifest.get(), "manifest");
 }
 

@@ -19,6 +19,7 @@
 // start (the host is already as the config says: the journal's converge
 // finds nothing to do); other ports are opened again.
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,7 +73,8 @@ struct Handover {
 
   // Into a sealed memfd; every fd it names is made inheritable (the
   // caller exec's next, or calls keep_from_exec() if it does not).
-  [[nodiscard]] UniqueFd write() const;
+  // `aliases` (fd -> an fd of the same file) is for the fd store.
+  [[nodiscard]] UniqueFd write(const std::map<int, int>& aliases = {}) const;
   void keep_from_exec() const;
   // Every fd it holds.
   [[nodiscard]] std::vector<int> fd_numbers() const;

@@ -51,24 +51,49 @@ struct BusCloser {
 };
 using Bus = std::unique_ptr<sd_bus, BusCloser>;
 
-// The system bus, or systemd's own socket where there is no bus daemon (a
-// minimal host; root only, as systemctl does).
+// A service of a user manager (systemd --user) has $MANAGERPID; the system
+// manager sets none. The job to ask for is the manager's that started us.
+bool run_by_user_manager() { return ::getenv("MANAGERPID") != nullptr; }
+
+// The manager's bus (the system's, or the user's), or its own socket where
+// there is no bus daemon (a minimal host or session; as systemctl does).
 Bus open_manager_bus() {
+  const bool user = run_by_user_manager();
   sd_bus* b = nullptr;
-  if (sd_bus_open_system(&b) >= 0) return Bus(b);
+  if ((user ? sd_bus_open_user(&b) : sd_bus_open_system(&b)) >= 0) return Bus(b);
+  std::string address = "unix:path=/run/systemd/private";
+  if (user) {
+    const char* runtime = ::getenv("XDG_RUNTIME_DIR");
+    if (!runtime || runtime[0] != '/') return nullptr;
+    address = std::string("unix:path=") + runtime + "/systemd/private";
+  }
   if (sd_bus_new(&b) < 0) return nullptr;
   Bus bus(b);
-  if (sd_bus_set_address(b, "unix:path=/run/systemd/private") < 0 || sd_bus_start(b) < 0) return nullptr;
+  if (sd_bus_set_address(b, address.c_str()) < 0 || sd_bus_start(b) < 0) return nullptr;
   return bus;
+}
+
+// This process's unit as its manager names it: a user manager's unit is
+// below user@UID.service in a session, at the top where the manager is the
+// only one (a container's).
+std::string own_unit() {
+  char* unit_raw = nullptr;
+  if (run_by_user_manager() && sd_pid_get_user_unit(0, &unit_raw) >= 0 && unit_raw) {
+    std::string unit(unit_raw);
+    std::free(unit_raw);
+    return unit;
+  }
+  if (sd_pid_get_unit(0, &unit_raw) < 0 || !unit_raw) return "";
+  std::string unit(unit_raw);
+  std::free(unit_raw);
+  return unit;
 }
 
 }  // namespace
 
 std::string systemd_job_type() {
-  char* unit_raw = nullptr;
-  if (sd_pid_get_unit(0, &unit_raw) < 0 || !unit_raw) return "";
-  const std::string unit(unit_raw);
-  std::free(unit_raw);
+  const std::string unit = own_unit();
+  if (unit.empty()) return "";
   Bus bus = open_manager_bus();
   if (!bus) {
     spdlog::warn("systemd: no bus to ask what {}'s job is", unit);

@@ -13,14 +13,21 @@
 #  4. three VF exports attached too, one per MSI-X policy (adaptive,
 #     direct, relay): the guest enables MSI-X on each and receives the
 #     interrupt each VF raises (sriovctl simulate-interrupt), once.
-#  5. (issue 41) sriovd upgraded in place (sriovctl upgrade) twice once
-#     the guest armed its VFs, then each VF's interrupt reaches it once;
-#     twice more while iperf3 runs over virtio-net-pci (vfio-user) and over
-#     QEMU's own vhost-user NIC: QEMU keeps every connection.
+#  5. (issue 41) sriovd upgraded in place - in place (sriovctl upgrade)
+#     and through the service manager's fd store (systemctl restart) -
+#     once each when the guest armed its VFs, then each VF's interrupt
+#     reaches it once; once each again while iperf3 runs over
+#     virtio-net-pci (vfio-user) and over QEMU's own vhost-user NIC and
+#     one VF storms MSI-X while the other two raise one interrupt at a
+#     time: QEMU keeps every connection, the guest counts every interrupt.
+# sriovd runs as a service of a systemd user manager (the real one, in the
+# script's own mount namespace) as the packaged unit runs it: Type=notify,
+# its watchdog and fd store.
 #   tests/interop/qemu_vfio_user.sh BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib/interop.sh"
 build=${1:?usage: qemu_vfio_user.sh BUILD_DIR}
+in_private_mounts "$@"
 here=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../vm/qemu11-lib.sh
 source "$here/vm/qemu11-lib.sh"
@@ -56,9 +63,22 @@ virtio_devices:
     backend: {type: vf, pf: "0000:3b:00.0", vf: 1, via: macvtap}
 CONF
 } >"$work/sriovd.yaml"
-"$build/src/sriovd" --config "$work/sriovd.yaml" --foreground >"$work/sriovd.log" 2>&1 &
-sriovd_pid=$!
-pids+=("$sriovd_pid")
+user_manager_start "$work/systemd" || exit 1
+# The packaged unit's service settings that the handover depends on, the
+# rest of its sandbox aside (a user manager's services cannot have it all).
+unit=$build/host-files/sriovd.service
+{
+  echo "[Service]"
+  grep -E '^(Type|NotifyAccess|WatchdogSec|TimeoutStopSec|FileDescriptorStoreMax)=' "$unit"
+  echo "ExecStart=$build/src/sriovd --config $work/sriovd.yaml --foreground"
+  echo "StandardOutput=append:$work/sriovd.log"
+  echo "StandardError=inherit"
+} >"$work/systemd/config/systemd/user/sriovd.service"
+grep -q '^FileDescriptorStoreMax=[1-9]' "$work/systemd/config/systemd/user/sriovd.service" ||
+  { echo "FAIL: $unit has no fd store (FileDescriptorStoreMax)"; exit 1; }
+user_ctl start sriovd.service || { echo "sriovd.service did not start:"; cat "$work/sriovd.log"; exit 1; }
+main_pid() { user_ctl show -p MainPID --value sriovd.service; }
+sriovd_pid=$(main_pid)
 ctl() { "$build/src/sriovctl" --socket "$work/control.sock" "$@"; }
 for _ in $(seq 100); do [[ -S $work/vnet.sock ]] && break; sleep 0.1; done
 [[ -S $work/vnet.sock ]] || { echo "sriovd did not come up:"; cat "$work/sriovd.log"; exit 1; }
@@ -258,15 +278,19 @@ for _ in $(seq 100); do [[ $(memfd_mappings) -eq 0 ]] && break; sleep 0.1; done
 # A boot with all four vfio-user devices and a virtio-net-pci of QEMU's on
 # sriovd's vhost-user socket: twice once the guest has armed its VFs (MSI-X
 # enabled, entry 0 unmasked), then each VF's interrupt must reach the guest
-# once; twice more while iperf3 runs over both NICs. QEMU keeps every
+# once; twice more while iperf3 runs over both NICs, one VF storms MSI-X and
+# the other two raise interrupts one at a time (the guest counts each). QEMU keeps every
 # connection (the upgraded sriovd counts the ones it took over), iperf3
 # ends without an error on both.
 upgrade_twice() {
-  local _
-  for _ in 1 2; do
-    ctl --timeout 60 upgrade | sed 's/^/  upgrade: /' || fail "sriovctl upgrade under QEMU 11 failed"
-    sleep 1
-  done
+  ctl --timeout 60 upgrade | sed 's/^/  upgrade: /' || fail "sriovctl upgrade under QEMU 11 failed"
+  sleep 1
+  local t0=$SECONDS old=$sriovd_pid
+  user_ctl restart sriovd.service || fail "systemctl restart under QEMU 11 failed"
+  sriovd_pid=$(main_pid)
+  echo "  restart: sriovd $old -> $sriovd_pid in $((SECONDS - t0)) s, the fd store's handover: $(grep -c "fd store for the next sriovd" "$work/sriovd.log") so far"
+  [[ $sriovd_pid != "$old" && $sriovd_pid -gt 0 ]] || fail "systemctl restart left sriovd's main PID at $sriovd_pid"
+  sleep 1
 }
 # The guest's second NIC: QEMU's own vhost-user front-end on vnet-added,
 # whose tap (in the test's namespace) is the far end of that wire.
@@ -277,7 +301,7 @@ pids+=($!)
 qemu_extra=(-chardev "socket,id=vu0,path=$work/added.sock" -netdev "vhost-user,id=nu0,chardev=vu0"
   -device "virtio-net-pci,netdev=nu0,mac=02:5a:00:00:08:01")
 log=$work/console-upgrade.log
-start_qemu "$log" "$work/initrd.gz" "GUEST_IPERF_SECONDS=3 GUEST_RELOAD_SECONDS=12 GUEST_VHOST_NET=10.79.0"
+start_qemu "$log" "$work/initrd.gz" "GUEST_IPERF_SECONDS=3 GUEST_RELOAD_SECONDS=12 GUEST_VHOST_NET=10.79.0 GUEST_VF_STORM=300"
 qemu_extra=()
 before_vf_irqs=upgrade_twice check_boot boot-upgrade "$log" 0
 upgrade_twice
@@ -285,7 +309,11 @@ wait_line "$log" 0 "VMTEST PHASE boot-done" 90 || fail "boot-upgrade: the iperf3
 grep -q "^VMTEST PASS guest-iperf3-during-reload" "$log" || fail "boot-upgrade: iperf3 failed across the upgrades"
 grep -q "^VMTEST PASS guest-iperf3-vhost-user-during-reload" "$log" ||
   fail "boot-upgrade: iperf3 over vhost-user failed across the upgrades"
-grep -E "^VMTEST (BENCH|FAIL) .*during-reload" "$log" | sed 's/^/  boot-upgrade: /' || true
+grep -E "^VMTEST (BENCH|FAIL) .*(during-reload|vf-)" "$log" | sed 's/^/  boot-upgrade: /' || true
+# The VFs' interrupts through the upgrades, as the guest counted them: one
+# VF storming (300/s), the others raising one at a time, each exactly once.
+grep -q "^VMTEST PASS vf-one-at-a-time" "$log" || fail "boot-upgrade: a VF interrupt raised one at a time was lost or doubled"
+grep -q "^VMTEST PASS vf-storm" "$log" || fail "boot-upgrade: the VF storm did not reach the guest"
 conns=$(ctl --json devices | json_get "' '.join(['%s=%s' % (v['name'], v['vfio_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-q11'] + ['%s=%s' % (v['name'], v['vhost_user']['connections']) for v in d['virtio_devices'] if v['name'] == 'vnet-added'] + ['%s=%s' % (e['vf'], e.get('vfio_user', e).get('connections', '?')) for e in d['vfio_user_exports']])")
 echo "  connections after four upgrades: $conns"
 for c in $conns; do [[ ${c#*=} == 1 ]] || fail "after the upgrades, ${c%=*} counts ${c#*=} connections (want 1: QEMU's, taken over)"; done

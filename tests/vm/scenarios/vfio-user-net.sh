@@ -86,6 +86,7 @@ for d in /sys/bus/pci/devices/*; do
   cfg_write_byte "$d" $((found + 3)) $(( $(cfg_byte "$d" $((found + 3))) | 128 ))  # MSI-X Enable
   devmem $((entry + 12)) 32 0  # entry 0 unmasked
   armed=$((armed + 1))
+  vfs="${vfs:-} $base:$entry"
 done
 base=$(vf_irq_count)
 echo "VMTEST PHASE vf-armed $armed count $base"
@@ -112,6 +113,71 @@ if [ -n "${GUEST_VHOST_NET:-}" ]; then
     echo "VMTEST FAIL guest-has-vhost-user-nic: no NIC with MAC 02:5a:00:00:08:01"
   fi
 fi
+# GUEST_VF_STORM=RATE: while the host reloads (or upgrades) sriovd, the
+# first VF's generator storms vector 0 at RATE/s at CPU 0, and the other
+# VFs, their entry 0 pointed at CPU 1, each raise one interrupt (a write
+# to their cause register, BAR0 0x1000) and the guest waits for it before
+# the next: one outstanding at a time, so none may merge with another -
+# each must arrive exactly once (CPU 1's TRM count), whenever it was
+# raised. The storm's own count can only be bounded: MSI-X lets a vector
+# raised again before its first was taken arrive once (the host's eventfd,
+# QEMU's and the local APIC's pending bit all merge).
+# trm: CPU 0's and CPU 1's thermal interrupts so far, in $trm0 and $trm1.
+trm() {
+  read -r trm0 trm1 <<EOF
+$(awk '/TRM:/ {print $2, $3}' /proc/interrupts)
+EOF
+}
+now_cs() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }  # centiseconds
+storm_vf=''
+pingpong_vfs=
+if [ -n "${GUEST_VF_STORM:-}" ]; then
+  for v in $vfs; do
+    if [ -z "$storm_vf" ]; then storm_vf=${v%:*}; continue; fi
+    e=${v#*:}
+    devmem $((e + 12)) 32 1  # masked while it moves
+    devmem "$e" 32 0xfee01000  # to CPU 1 (APIC ID 1)
+    devmem $((e + 12)) 32 0
+    pingpong_vfs="$pingpong_vfs ${v%:*}"
+  done
+  echo 1 >/proc/sys/kernel/printk  # the thermal handler's "unexpected" line, per interrupt, off the console
+  trm
+  storm_from=$trm0
+  storm_gen0=$(devmem $((storm_vf + 0x1018)) 32)
+  devmem $((storm_vf + 0x1014)) 32 "$GUEST_VF_STORM"
+  devmem $((storm_vf + 0x1010)) 32 1
+  (
+    trm
+    want=$trm1 sent=0 worst=0 storm_seen=$trm0 storm_at=$(now_cs) storm_gap=0 bad=
+    while [ ! -e /tmp/stop-pingpong ] && [ -z "$bad" ]; do
+      for b in $pingpong_vfs; do
+        devmem $((b + 0x1000)) 32 1
+        sent=$((sent + 1))
+        want=$((want + 1))
+        t0=$(now_cs)
+        while :; do
+          trm
+          t=$(now_cs)
+          if [ "$trm0" != "$storm_seen" ]; then
+            [ $((t - storm_at)) -gt "$storm_gap" ] && storm_gap=$((t - storm_at))
+            storm_seen=$trm0 storm_at=$t
+          fi
+          [ "$trm1" -ge "$want" ] && break
+          if [ $((t - t0)) -gt 2000 ]; then
+            bad="interrupt $sent (VF BAR0 $b) not delivered in 20 s (CPU 1 counts $trm1, $want expected)"
+            break
+          fi
+          sleep 0.01
+        done
+        [ -n "$bad" ] && break
+        [ "$trm1" -gt "$want" ] && bad="interrupt $sent (VF BAR0 $b) delivered $((trm1 - want + 1)) times" && break
+        [ $((t - t0)) -gt "$worst" ] && worst=$((t - t0))
+      done
+    done
+    echo "$sent ${worst}0 ${storm_gap}0 $bad" >/tmp/pingpong.result
+  ) &
+  pingpong=$!
+fi
 # Under traffic: the host reloads sriovd when it sees this line.
 echo "VMTEST PHASE traffic-for-reload"
 if [ -n "$vhost" ]; then
@@ -131,6 +197,30 @@ if [ -n "$vhost" ]; then
   else
     echo "VMTEST FAIL guest-iperf3-vhost-user-during-reload: $(tail -n 2 /tmp/vhost-iperf.log | tr '\n' ' ')"
   fi
+fi
+if [ -n "$storm_vf" ]; then
+  touch /tmp/stop-pingpong
+  wait "$pingpong"
+  devmem $((storm_vf + 0x1010)) 32 0
+  sleep 1
+  trm
+  delivered=$((trm0 - storm_from))
+  generated=$(($(devmem $((storm_vf + 0x1018)) 32) - storm_gen0))
+  read -r sent worst gap bad </tmp/pingpong.result
+  echo "VMTEST BENCH vf-storm generated $generated delivered $delivered longest-gap ${gap}ms; one-at-a-time $sent, slowest ${worst}ms"
+  if [ -n "$bad" ]; then
+    echo "VMTEST FAIL vf-one-at-a-time: $bad"
+  elif [ "$sent" -gt 0 ]; then
+    echo "VMTEST PASS vf-one-at-a-time $sent"
+  else
+    echo "VMTEST FAIL vf-one-at-a-time: none raised"
+  fi
+  if [ "$delivered" -gt 0 ] && [ "$delivered" -le "$generated" ]; then
+    echo "VMTEST PASS vf-storm $delivered of $generated"
+  else
+    echo "VMTEST FAIL vf-storm: $delivered delivered of $generated generated"
+  fi
+  rm -f /tmp/stop-pingpong
 fi
 echo "VMTEST PHASE boot-done"
 # The host decides what comes next (reset, SIGKILL, quit).
