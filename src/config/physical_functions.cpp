@@ -87,22 +87,7 @@ void Loader::read_vf(const YAML::Node& node, const std::string& path, PfConfig& 
                      line_ref(other.where));
       index = -1;
     }
-  vf.mac = mac_value(ctx_, m, "mac");
-  if (auto v = m.unsigned_in("vlan", 0, 4095)) vf.vlan = static_cast<uint16_t>(*v);
-  if (auto q = m.unsigned_in("qos", 0, 7)) {
-    vf.qos = static_cast<uint8_t>(*q);
-    if (*q != 0 && !m.has("vlan")) ctx_.error(m.where("qos"), m.path_of("qos"), "qos needs a vlan to tag with");
-  }
-  vf.trust = m.boolean("trust");
-  vf.spoofchk = m.boolean("spoofchk");
-  vf.link_state = m.choice<LinkState>(
-      "link_state", {{"auto", LinkState::automatic}, {"enable", LinkState::enable}, {"disable", LinkState::disable}});
-  if (auto v = m.unsigned_in("max_tx_rate", 0, UINT32_MAX)) vf.max_tx_rate = static_cast<uint32_t>(*v);
-  if (auto v = m.unsigned_in("min_tx_rate", 0, UINT32_MAX)) vf.min_tx_rate = static_cast<uint32_t>(*v);
-  if (vf.min_tx_rate && vf.max_tx_rate && *vf.max_tx_rate != 0 && *vf.min_tx_rate > *vf.max_tx_rate)
-    ctx_.error(
-        m.where("min_tx_rate"), m.path_of("min_tx_rate"),
-        "min_tx_rate " + std::to_string(*vf.min_tx_rate) + " exceeds max_tx_rate " + std::to_string(*vf.max_tx_rate));
+  read_vf_settings(ctx_, m, vf);
   if (m.has("assign")) vf.assign = read_assign(m.get("assign", false), m.path_of("assign"), sim);
   if (index < 0) return;
   vf.index = static_cast<uint16_t>(index);

@@ -294,6 +294,28 @@ inline std::optional<MacAddress> mac_value(Context& ctx, Mapping& map, const std
   return mac;
 }
 
+// A VF's network settings (mac, vlan, qos, trust, spoofchk, link_state,
+// max_tx_rate, min_tx_rate), as the YAML's VF entries and a claim's
+// VfConfig give them: the same checks, the same messages.
+inline void read_vf_settings(Context& ctx, Mapping& m, VfConfig& vf) {
+  vf.mac = mac_value(ctx, m, "mac");
+  if (auto v = m.unsigned_in("vlan", 0, 4095)) vf.vlan = static_cast<uint16_t>(*v);
+  if (auto q = m.unsigned_in("qos", 0, 7)) {
+    vf.qos = static_cast<uint8_t>(*q);
+    if (*q != 0 && !m.has("vlan")) ctx.error(m.where("qos"), m.path_of("qos"), "qos needs a vlan to tag with");
+  }
+  vf.trust = m.boolean("trust");
+  vf.spoofchk = m.boolean("spoofchk");
+  vf.link_state = m.choice<LinkState>(
+      "link_state", {{"auto", LinkState::automatic}, {"enable", LinkState::enable}, {"disable", LinkState::disable}});
+  if (auto v = m.unsigned_in("max_tx_rate", 0, UINT32_MAX)) vf.max_tx_rate = static_cast<uint32_t>(*v);
+  if (auto v = m.unsigned_in("min_tx_rate", 0, UINT32_MAX)) vf.min_tx_rate = static_cast<uint32_t>(*v);
+  if (vf.min_tx_rate && vf.max_tx_rate && *vf.max_tx_rate != 0 && *vf.min_tx_rate > *vf.max_tx_rate)
+    ctx.error(
+        m.where("min_tx_rate"), m.path_of("min_tx_rate"),
+        "min_tx_rate " + std::to_string(*vf.min_tx_rate) + " exceeds max_tx_rate " + std::to_string(*vf.max_tx_rate));
+}
+
 inline std::optional<PciAddress> pci_value(Context& ctx, Mapping& map, const std::string& key, bool required) {
   auto text = map.string(key, required);
   if (!text) return std::nullopt;
