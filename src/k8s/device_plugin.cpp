@@ -17,10 +17,10 @@
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include "deviceplugin_v1beta1.grpc.pb.h"
+#include "local_grpc_server.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
@@ -148,19 +148,8 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
       std::lock_guard lock(mu_);
       stopping_ = false;
     }
-    grpc::ServerBuilder b;
-    grpc::ResourceQuota quota("sriovd device plugin " + pool_.resource);
-    quota.SetMaxThreads(kMaxThreads);
-    b.SetResourceQuota(quota);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-    if (!server_) throw std::runtime_error("device plugin " + pool_.resource + ": cannot start its gRPC server");
-    socket_ =
-        SocketFile(socket_path(), {std::nullopt, std::nullopt, 0600}, "device plugin socket of " + pool_.resource);
-    listener_ = socket_.take_listener();
-    wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!wake_) throw std::runtime_error("device plugin " + pool_.resource + ": eventfd: " + std::strerror(errno));
-    acceptor_ = std::thread([this] { accept_loop(); });
+    server_ = std::make_unique<LocalGrpcServer>(socket_path(), std::vector<grpc::Service*>{this},
+                                                "device plugin " + pool_.resource, kMaxThreads, refused_peers_);
   }
 
   // Stops serving; `deadline` bounds how long in-flight calls may take.
@@ -393,55 +382,15 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
 
  private:
   void stop_locked(std::chrono::steady_clock::time_point deadline) {
-    if (acceptor_.joinable()) {
-      const uint64_t one = 1;
-      (void)::write(wake_.get(), &one, sizeof one);
-      acceptor_.join();
-    }
-    listener_.reset();
-    socket_.remove();
-    socket_ = SocketFile();
     if (!server_) return;
+    server_->close_socket();
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::max(
-                          deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())));
-    server_->Wait();
+    server_->shutdown(deadline);
     server_.reset();
-  }
-
-  // Accepts on the pool's socket: a peer that is neither root nor the
-  // daemon's uid is closed at once (counted, the first of a run logged).
-  void accept_loop() {
-    const uid_t self = ::geteuid();
-    for (;;) {
-      pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
-      if (fds[1].revents) return;
-      UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!fd) {
-        // EMFILE and the like: the peer waits in the backlog; no spinning.
-        pollfd w{wake_.get(), POLLIN, 0};
-        if (::poll(&w, 1, 100) > 0) return;
-        continue;
-      }
-      const auto peer = peer_credentials(fd.get());
-      if (!peer || (peer->uid != 0 && peer->uid != self)) {
-        if (refused_peers_++ == 0 || refused_peers_ % 1000 == 0)
-          spdlog::warn("kubernetes: {}: refused a peer on the device plugin socket ({}; {} refused so far)",
-                       pool_.resource, peer ? "uid " + std::to_string(peer->uid) : std::string("no credentials"),
-                       refused_peers_.load());
-        continue;
-      }
-      grpc::AddInsecureChannelFromFd(server_.get(), fd.release());
-    }
   }
 
   [[nodiscard]] const Device* find(const std::string& id) const {
@@ -476,10 +425,7 @@ class PoolServer final : public v1beta1::DevicePlugin::Service {
   bool stopping_ = false;
   std::mutex lifecycle_;  // start, stop, retire (the control and watcher threads)
   std::atomic<bool> retired_{false};
-  std::unique_ptr<grpc::Server> server_;
-  SocketFile socket_;
-  UniqueFd listener_, wake_;
-  std::thread acceptor_;
+  std::unique_ptr<LocalGrpcServer> server_;
   std::atomic<bool> registered_{false};
   std::atomic<uint64_t> registrations_{0}, allocations_{0}, refused_{0}, refused_peers_{0};
   std::atomic<int> watchers_{0};
