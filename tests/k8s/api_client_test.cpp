@@ -13,73 +13,14 @@
 #include <stdexcept>
 #include <string>
 
-#include "support/process.hpp"
-#include "support/temp_dir.hpp"
+#include "k8s/apiserver_fixture.hpp"
 
 namespace sriovd::k8s {
 namespace {
 
 using namespace std::chrono_literals;
 
-const std::string kToken = "s3cr3t-token-never-logged";
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Throws what openssl said when it fails.
-void openssl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{"/usr/bin/openssl"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const test::RunResult r = test::run(argv);
-  if (r.exit_code != 0) throw std::runtime_error("openssl " + args[0] + ": " + r.output);
-}
-
-// A CA, a server certificate for 127.0.0.1 signed by it, a client
-// certificate signed by it, and a CA of nobody's.
-class Pki {
- public:
-  Pki() {
-    const auto d = [&](const char* f) { return dir.file(f); };
-    for (const char* ca : {"ca", "other"})
-      openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-               d(ca) + ".key", "-out", d(ca) + ".crt", "-subj", std::string("/CN=") + ca, "-days", "2"});
-    dir.write("server.ext", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n");
-    dir.write("client.ext", "extendedKeyUsage=clientAuth\n");
-    for (const char* who : {"server", "client"}) {
-      const std::string w = who;
-      openssl({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", d(who) + ".key",
-               "-out", d(who) + ".csr", "-subj", "/CN=" + w});
-      openssl({"x509", "-req", "-in", d(who) + ".csr", "-CA", d("ca.crt"), "-CAkey", d("ca.key"), "-CAcreateserial",
-               "-out", d(who) + ".crt", "-days", "2", "-extfile", d(who) + ".ext"});
-    }
-  }
-  test::TempDir dir;
-};
-
-class ApiServer {
- public:
-  ApiServer(const Pki& pki, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv{"/usr/bin/python3",
-                                  std::string(SRIOVD_SOURCE_DIR) + "/tests/k8s/apiserver_standin.py",
-                                  "--cert",
-                                  pki.dir.file("server.crt"),
-                                  "--key",
-                                  pki.dir.file("server.key"),
-                                  "--port-file",
-                                  dir.file("port")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    process = std::make_unique<test::Process>(argv, dir.file("log"));
-    EXPECT_TRUE(test::wait_until([&] { return !slurp(dir.file("port")).empty(); }, 20s)) << process->log();
-    port = slurp(dir.file("port"));
-  }
-  test::TempDir dir;
-  std::unique_ptr<test::Process> process;
-  std::string port;
-};
+using namespace test_support;
 
 class ApiClientTest : public ::testing::Test {
  protected:
@@ -97,16 +38,7 @@ class ApiClientTest : public ::testing::Test {
     delete pki;
     pki = nullptr;
   }
-  ApiConfig config(const ApiServer& s) const {
-    ApiConfig c;
-    c.host = "127.0.0.1";
-    c.port = s.port;
-    c.ca_pem = slurp(pki->dir.file("ca.crt"));
-    c.token = kToken;
-    c.timeout = 5s;
-    c.source = "the test";
-    return c;
-  }
+  ApiConfig config(const ApiServer& s) const { return config_for(*pki, s); }
   static Pki* pki;
   static std::string pki_error;
 };
@@ -116,7 +48,11 @@ std::string ApiClientTest::pki_error;
 const nlohmann::json kSlice = {{"apiVersion", "resource.k8s.io/v1"},
                                {"kind", "ResourceSlice"},
                                {"metadata", {{"name", "node-a-sriovd.io-x"}}},
-                               {"spec", {{"driver", "sriovd.io"}}}};
+                               {"spec",
+                                {{"driver", "sriovd.io"},
+                                 {"nodeName", "node-a"},
+                                 {"pool", {{"name", "node-a"}, {"generation", 1}, {"resourceSliceCount", 1}}},
+                                 {"devices", nlohmann::json::array()}}}};
 const std::string kSlices = "/apis/resource.k8s.io/v1/resourceslices";
 
 TEST_F(ApiClientTest, WritesWithResourceVersionsAsPreconditions) {
@@ -133,7 +69,7 @@ TEST_F(ApiClientTest, WritesWithResourceVersionsAsPreconditions) {
     EXPECT_EQ(e.status(), 409) << e.what();
   }
   nlohmann::json update = made;
-  update["spec"]["nodeName"] = "node-a";
+  update["spec"]["pool"]["generation"] = 2;
   const nlohmann::json updated = api.replace(kSlices + "/node-a-sriovd.io-x", update);
   // The old version is stale now: an update or a delete on it is refused.
   try {

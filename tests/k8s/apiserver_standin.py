@@ -7,9 +7,13 @@ every request authenticated (a bearer token, or a client certificate of
 the given CA) or answered 401 with a Status, JSON bodies only, creates
 that name an existing object answered 409 AlreadyExists, updates and
 deletes whose resourceVersion precondition is stale answered 409 Conflict,
-every answer a Kubernetes object or a Status.
+every answer a Kubernetes object or a Status. A ResourceSlice
+(resource.k8s.io/v1) written is checked against upstream's validation
+rules (422 Invalid naming the field otherwise); lists take a
+fieldSelector (spec.driver, spec.nodeName for slices).
 
-    apiserver_standin.py --cert C --key K --port-file F [--token T] [--client-ca CA] [--hang]
+    apiserver_standin.py --cert C --key K --port-file F [--token T] [--client-ca CA]
+                         [--node NAME:UID]... [--hang]
 
 --hang: accept connections and never answer (a server that is away).
 The port it listens on (127.0.0.1) is written to --port-file when ready.
@@ -19,11 +23,88 @@ import argparse
 import http.server
 import json
 import os
+import re
 import socket
 import ssl
 import sys
 import threading
+import urllib.parse
 import uuid
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+
+
+def dns_subdomain(s, limit=253):
+    return isinstance(s, str) and 0 < len(s) <= limit and all(DNS_LABEL.match(p) for p in s.split("."))
+
+
+def slice_errors(obj, old=None):
+    """Upstream's ResourceSlice validation (resource.k8s.io/v1), the rules
+    a driver's slices meet: what is wrong, by field."""
+    errs = []
+    if obj.get("apiVersion") != "resource.k8s.io/v1" or obj.get("kind") != "ResourceSlice":
+        errs.append("apiVersion/kind: must be resource.k8s.io/v1 ResourceSlice")
+    meta = obj.get("metadata", {})
+    if not dns_subdomain(meta.get("name")):
+        errs.append(f"metadata.name: {meta.get('name')!r} is not a DNS subdomain")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return errs + ["spec: Required value"]
+    if not dns_subdomain(spec.get("driver"), 63):
+        errs.append(f"spec.driver: {spec.get('driver')!r} is not a DNS subdomain of at most 63 characters")
+    if old is not None and old["spec"].get("driver") != spec.get("driver"):
+        errs.append("spec.driver: field is immutable")
+    pool = spec.get("pool", {})
+    name = pool.get("name", "")
+    if not name or len(name) > 253 or not all(dns_subdomain(p) for p in name.split("/")):
+        errs.append(f"spec.pool.name: {name!r} is not a pool name")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        errs.append("spec.pool.generation: must be >= 0")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        errs.append("spec.pool.resourceSliceCount: must be >= 1")
+    selectors = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)]
+    if len(selectors) != 1:
+        errs.append(f"spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection ({selectors})")
+    devices = spec.get("devices", [])
+    if len(devices) > 128:
+        errs.append(f"spec.devices: Too many: {len(devices)}: must have at most 128 items")
+    seen = set()
+    for i, d in enumerate(devices):
+        f = f"spec.devices[{i}]"
+        if not isinstance(d.get("name"), str) or len(d["name"]) > 63 or not DNS_LABEL.match(d["name"]):
+            errs.append(f"{f}.name: {d.get('name')!r} is not a DNS label")
+        elif d["name"] in seen:
+            errs.append(f"{f}.name: Duplicate value: {d['name']!r}")
+        seen.add(d.get("name"))
+        attrs = d.get("attributes", {})
+        if len(attrs) + len(d.get("capacity", {})) > 32:
+            errs.append(f"{f}: more than 32 attributes and capacities")
+        for key, value in attrs.items():
+            domain, _, ident = key.rpartition("/")
+            if (domain and not dns_subdomain(domain, 63)) or not C_IDENTIFIER.match(ident) or len(ident) > 32:
+                errs.append(f"{f}.attributes[{key}]: not a qualified name")
+            kinds = [k for k in ("int", "bool", "string", "version") if k in value]
+            if len(kinds) != 1:
+                errs.append(f"{f}.attributes[{key}]: exactly one of int, bool, string, version")
+            elif kinds[0] == "string" and len(value["string"]) > 64:
+                errs.append(f"{f}.attributes[{key}].string: Too long: may not be more than 64 bytes")
+            elif kinds[0] == "version" and not SEMVER.match(value["version"]):
+                errs.append(f"{f}.attributes[{key}].version: must be a semantic version")
+    return errs
+
+
+def field_matches(obj, selector):
+    for term in filter(None, selector.split(",")):
+        key, _, want = term.partition("=")
+        value = obj
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value != want:
+            return False
+    return True
 
 
 def status(code, reason, message):
@@ -36,20 +117,33 @@ class Store:
         self.lock = threading.Lock()
         self.objects = {}  # path -> object
         self.version = 1000
+        self.conflict_next = 0  # test knob: that many PUTs answered 409
 
     def next_version(self):
         self.version += 1
         return str(self.version)
 
-    def handle(self, method, path, body):
+    def handle(self, method, target, body):
+        url = urllib.parse.urlsplit(target)
+        path = url.path
+        query = urllib.parse.parse_qs(url.query)
         with self.lock:
+            if path == "/_test/conflict-next" and method == "POST":
+                self.conflict_next += 1
+                return 200, {}
+            if method in ("POST", "PUT") and path.startswith(SLICES):
+                old = self.objects.get(path) if method == "PUT" else None
+                errs = slice_errors(body if isinstance(body, dict) else {}, old)
+                if errs:
+                    return status(422, "Invalid", "ResourceSlice is invalid: " + "; ".join(errs))
             if method == "GET":
                 if path in self.objects:
                     return 200, self.objects[path]
                 prefix = path.rstrip("/") + "/"
+                selector = query.get("fieldSelector", [""])[0]
                 items = [o for p, o in sorted(self.objects.items())
-                         if p.startswith(prefix) and "/" not in p[len(prefix):]]
-                if items:
+                         if p.startswith(prefix) and "/" not in p[len(prefix):] and field_matches(o, selector)]
+                if items or path in (SLICES,):
                     return 200, {"kind": "List", "apiVersion": "v1", "items": items,
                                  "metadata": {"resourceVersion": str(self.version)}}
                 return status(404, "NotFound", f"{path} not found")
@@ -67,6 +161,9 @@ class Store:
                 self.objects[target] = body
                 return 201, body
             if method == "PUT":
+                if self.conflict_next:
+                    self.conflict_next -= 1
+                    return status(409, "Conflict", "the object has been modified (injected)")
                 if path not in self.objects:
                     return status(404, "NotFound", f"{path} not found")
                 meta = body.get("metadata") if isinstance(body, dict) else None
@@ -93,6 +190,10 @@ class Store:
 
 def serve(args):
     store = Store()
+    for node in args.node or []:
+        name, _, uid = node.partition(":")
+        store.objects[f"/api/v1/nodes/{name}"] = {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": name, "uid": uid, "resourceVersion": store.next_version()}}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -147,6 +248,7 @@ def main():
     p.add_argument("--port-file", required=True)
     p.add_argument("--token")
     p.add_argument("--client-ca")
+    p.add_argument("--node", action="append")
     p.add_argument("--hang", action="store_true")
     args = p.parse_args()
     if args.hang:
