@@ -138,7 +138,17 @@ void emit_kubernetes(YAML::Emitter& out, const Kubernetes& k) {
       out << YAML::Key << "virtio_devices" << YAML::Value << YAML::Flow << pool.virtio_devices;
     out << YAML::EndMap;
   }
-  out << YAML::EndSeq << YAML::EndMap;
+  out << YAML::EndSeq;
+  if (k.dra.enabled) {
+    out << YAML::Key << "dra" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "driver" << YAML::Value << k.dra.driver;
+    if (!k.dra.node_name.empty()) out << YAML::Key << "node_name" << YAML::Value << k.dra.node_name;
+    if (!k.dra.kubeconfig.empty()) out << YAML::Key << "kubeconfig" << YAML::Value << k.dra.kubeconfig;
+    out << YAML::Key << "registry_dir" << YAML::Value << k.dra.registry_dir;
+    out << YAML::Key << "plugins_dir" << YAML::Value << k.dra.plugins_dir;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
 }
 
 }  // namespace

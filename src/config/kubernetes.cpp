@@ -21,7 +21,7 @@ bool valid_resource_name(const std::string& s) {
 }  // namespace
 
 void Loader::read_kubernetes(const YAML::Node& node) {
-  Mapping m(ctx_, node, "kubernetes", {"device_plugin_dir", "cdi_dir", "pools"});
+  Mapping m(ctx_, node, "kubernetes", {"device_plugin_dir", "cdi_dir", "pools", "dra"});
   if (!m.valid()) return;
   cfg_.kubernetes.enabled = true;
   for (const char* key : {"device_plugin_dir", "cdi_dir"})
@@ -35,6 +35,42 @@ void Loader::read_kubernetes(const YAML::Node& node) {
     }
   for_each_item(ctx_, m, "pools", [&](const YAML::Node& n, const std::string& p) { read_pool(n, p); });
   check_pool_members();
+  if (m.has("dra")) read_dra(m.get("dra", false));
+}
+
+// kubernetes.dra: the driver's name (a DNS subdomain, as a ResourceSlice's
+// spec.driver must be), the node, the API server's kubeconfig and the
+// kubelet's directories.
+void Loader::read_dra(const YAML::Node& node) {
+  Mapping m(ctx_, node, "kubernetes.dra", {"driver", "node_name", "kubeconfig", "registry_dir", "plugins_dir"});
+  if (!m.valid()) return;
+  Dra& dra = cfg_.kubernetes.dra;
+  dra.enabled = true;
+  dra.where = m.where();
+  static const std::regex dns_subdomain(R"(^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$)");
+  if (auto d = m.string("driver")) {
+    if (d->size() > 63 || !std::regex_match(*d, dns_subdomain))
+      ctx_.error(m.where("driver"), m.path_of("driver"),
+                 "'" + *d + "' is not a DNS subdomain of at most 63 characters (a DRA driver's name, e.g. sriovd.io)");
+    else
+      dra.driver = *d;
+  }
+  if (auto n = m.string("node_name")) {
+    if (n->size() > 253 || !std::regex_match(*n, dns_subdomain))
+      ctx_.error(m.where("node_name"), m.path_of("node_name"), "'" + *n + "' is not a Kubernetes node name");
+    else
+      dra.node_name = *n;
+  }
+  for (const char* key : {"kubeconfig", "registry_dir", "plugins_dir"})
+    if (auto d = m.string(key)) {
+      if ((*d)[0] != '/') {
+        ctx_.error(m.where(key), m.path_of(key), "expected an absolute path, got '" + *d + "'");
+        continue;
+      }
+      while (d->size() > 1 && d->back() == '/') d->pop_back();
+      const std::string k = key;
+      (k == "kubeconfig" ? dra.kubeconfig : k == "registry_dir" ? dra.registry_dir : dra.plugins_dir) = *d;
+    }
 }
 
 // One entry of a pool's vfs: a PF and the indexes of its VFs, each assigned

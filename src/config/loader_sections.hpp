@@ -44,6 +44,7 @@ class Loader {
   void read_pool(const YAML::Node& node, const std::string& path);
   void read_pool_vfs(const YAML::Node& n, const std::string& p, ResourcePool& pool);
   void check_pool_members();
+  void read_dra(const YAML::Node& node);
 
   // virtio_devices.cpp
   void read_virtio(const YAML::Node& node, const std::string& path);

@@ -120,6 +120,18 @@ Daemon::Daemon(Options options, config::Config config)
 
 Daemon::~Daemon() = default;
 
+std::string Daemon::not_served(const config::Config& config) {
+  // The DRA driver's parts are built and tested on their own (the
+  // kubelet's APIs, the API server client, ResourceSlices, a claim's
+  // VfConfig); the daemon does not serve claims with them yet (issue 38).
+  if (config.kubernetes.dra.enabled)
+    return "kubernetes.dra (line " + std::to_string(config.kubernetes.dra.where.line) +
+           "): this sriovd does not serve as a DRA driver yet; remove the section (the device plugin, "
+           "kubernetes.pools, "
+           "is served)";
+  return "";
+}
+
 std::optional<Handover> Daemon::take_handover() {
   try {
     std::optional<Handover> handed =
@@ -461,6 +473,7 @@ json Daemon::reload(const std::string& trigger) {
   json result;
   try {
     config::Config next = config::load(options_.config_path);
+    if (const std::string no = not_served(next); !no.empty()) throw std::runtime_error(no);
     if (next.host != config_.host)
       throw std::runtime_error(std::string("host changes from ") + config::to_string(config_.host) + " to " +
                                config::to_string(next.host) + ": that needs a restart");

@@ -67,6 +67,10 @@ std::string check_on_this_host(const sriovd::config::Config& cfg, const std::str
 int check_config(const std::string& check_path, const std::string& sysfs_root) {
   try {
     const auto cfg = sriovd::config::load(check_path);
+    if (const std::string no = sriovd::daemon::Daemon::not_served(cfg); !no.empty()) {
+      std::fprintf(stderr, "%s: valid, but %s\n", check_path.c_str(), no.c_str());
+      return kExitConfig;
+    }
     if (const std::string problem = check_on_this_host(cfg, sysfs_root); !problem.empty()) {
       std::fprintf(stderr, "%s: valid, but this host cannot apply it: %s\n", check_path.c_str(), problem.c_str());
       return kExitConfig;
@@ -180,6 +184,10 @@ int main(int argc, char** argv) {
     cfg = sriovd::config::load(config_path);
   } catch (const sriovd::config::ConfigError& e) {
     spdlog::critical("invalid configuration, nothing was changed:\n{}", e.what());
+    return kExitConfig;
+  }
+  if (const std::string no = sriovd::daemon::Daemon::not_served(cfg); !no.empty()) {
+    spdlog::critical("{}: {}; nothing was changed", config_path, no);
     return kExitConfig;
   }
   if (log_level.empty()) sriovd::daemon::set_log_level(cfg.log_level);

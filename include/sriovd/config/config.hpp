@@ -277,11 +277,31 @@ struct ResourcePool {
     return name == o.name && vfs == o.vfs && selector == o.selector && virtio_devices == o.virtio_devices;
   }
 };
+// kubernetes.dra: sriovd as a DRA driver (resource.k8s.io/v1) for the VFs
+// of the configured PFs that the YAML does not give to anything itself.
+struct Dra {
+  bool enabled = false;  // the section is there
+  std::string driver = "sriovd.io";
+  // The node the slices are for; empty: $NODE_NAME, else the host name.
+  std::string node_name;
+  // Where the API server is; empty: $KUBECONFIG, else the pod's service
+  // account (in-cluster).
+  std::string kubeconfig;
+  std::string registry_dir = "/var/lib/kubelet/plugins_registry";
+  std::string plugins_dir = "/var/lib/kubelet/plugins";
+  SourceLocation where;
+  bool operator==(const Dra& o) const {
+    return std::tie(enabled, driver, node_name, kubeconfig, registry_dir, plugins_dir) ==
+           std::tie(o.enabled, o.driver, o.node_name, o.kubeconfig, o.registry_dir, o.plugins_dir);
+  }
+};
+
 struct Kubernetes {
   bool enabled = false;  // the section is there
   std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
   std::string cdi_dir = "/var/run/cdi";
   std::vector<ResourcePool> pools;
+  Dra dra;
   bool operator==(const Kubernetes&) const = default;
 };
 

@@ -62,6 +62,11 @@ class Daemon {
   Daemon(Options options, config::Config config);
   ~Daemon();
 
+  // What a valid config asks that this sriovd does not do yet, "" when
+  // nothing: refused at --check-config, at start and at a reload, so that
+  // it is never silently ignored.
+  static std::string not_served(const config::Config& config);
+
   int run();
 
  private:
