@@ -94,8 +94,8 @@ json Daemon::session_threads_json() const {
   return out;
 }
 
-json Daemon::devices_json() const {
-  json out = host_->devices_json(config_);
+json Daemon::devices_json(bool read_settings) const {
+  json out = host_->devices_json(config_, read_settings);
   out["virtio_devices"] = virtio_->devices_json(config_);
   out["vfio_user_exports"] = vf_exports_->exports_json();
   // VFs no export serves any more whose device fd a VMM still holds: they

@@ -542,7 +542,9 @@ void Daemon::register_commands() {
     return control::make_result({{"version", kVersion}, {"config_schema", kConfigSchemaVersion}});
   };
   commands_["status"] = [this](const json&, const PeerCredentials&) { return control::make_result(status_json()); };
-  commands_["devices"] = [this](const json&, const PeerCredentials&) { return control::make_result(devices_json()); };
+  commands_["devices"] = [this](const json&, const PeerCredentials&) {
+    return control::make_result(devices_json(true));
+  };
   commands_["routes"] = [this](const json&, const PeerCredentials&) { return control::make_result(routes_json()); };
   commands_["stats"] = [this](const json&, const PeerCredentials&) { return control::make_result(stats_json()); };
   commands_["reload"] = [this](const json&, const PeerCredentials& peer) {

@@ -166,7 +166,7 @@ std::string HostService::vf_netdev(const config::PfRef& pf_ref, unsigned index) 
   return names.front();
 }
 
-json HostService::devices_json(const config::Config& cfg) {
+json HostService::devices_json(const config::Config& cfg, bool read_settings) {
   const auto devices = host::scan_pci(sim_ ? sim_->root() : sysfs_->root());
   auto info_of = [&](const PciAddress& a) -> const host::PciDeviceInfo* {
     for (const auto& d : devices)
@@ -225,6 +225,15 @@ json HostService::devices_json(const config::Config& cfg) {
       vf["numa_node"] = vf_info->numa_node >= 0 ? vf_info->numa_node : info->numa_node;
       vf["netdevs"] = vf_info->netdevs;
       if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->vectors;
+      // What the PF's driver holds for the VF now (IFLA_VF_*), read back -
+      // not what the config asks: an operator or a test sees what it has.
+      if (read_settings && !info->netdevs.empty()) {
+        try {
+          vf["settings"] = control_->get(host::Key{host::KeyKind::vf_settings, info->address, static_cast<int>(i)});
+        } catch (const std::exception& e) {
+          vf["settings_error"] = e.what();
+        }
+      }
       std::string state;
       if (released_.count({info->address, i}))
         state = "released";

@@ -46,7 +46,8 @@ class HostService {
   std::string pf_netdev(const PciAddress& pf);
   std::vector<host::Step> release_all();
 
-  [[nodiscard]] control::json devices_json(const config::Config& cfg);
+  // read_settings: each VF's settings read back from the PF's driver.
+  [[nodiscard]] control::json devices_json(const config::Config& cfg, bool read_settings = false);
   // The kernel netdev of VF `index` of `pf` (on the simulated host: a real
   // veth made for it). Throws when the VF has none (not on its own driver).
   std::string vf_netdev(const config::PfRef& pf, unsigned index);

@@ -89,6 +89,9 @@ TEST_F(Daemon, AnswersStatusVersionAndDevices) {
   ASSERT_EQ(pf["vfs"].size(), 2U);
   EXPECT_EQ(pf["vfs"][0]["owner"], "vm1");
   EXPECT_EQ(pf["vfs"][0]["mac"], "02:00:00:00:00:01");
+  // And what the PF's driver holds for it, read back from the host.
+  EXPECT_EQ(pf["vfs"][0]["settings"]["mac"], "02:00:00:00:00:01") << pf["vfs"][0];
+  EXPECT_EQ(pf["vfs"][1]["settings"]["vlan"], 0) << pf["vfs"][1];  // none: 0, as the kernel says it
 
   json version = request({{"cmd", "version"}, {"id", 7}});
   EXPECT_EQ(version["id"], 7);

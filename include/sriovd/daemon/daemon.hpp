@@ -84,7 +84,9 @@ class Daemon {
 
   control::json handle(const control::json& request, const PeerCredentials& peer);
   control::json status_json() const;
-  control::json devices_json() const;
+  // read_settings: each VF's settings as the PF's driver holds them, read
+  // back (a netlink request per VF: for `devices`, not for every scrape).
+  control::json devices_json(bool read_settings = false) const;
   control::json stats_json() const;
   // The kubelet device plugin's pools as the host is now (kubernetes.cpp):
   // members from the config, health from devices_json().
