@@ -103,15 +103,6 @@ bool bridged(const Config& c, const PfRef& pf, uint16_t index) {
   return false;
 }
 
-const char* link_state_name(LinkState s) {
-  switch (s) {
-    case LinkState::automatic: return "auto";
-    case LinkState::enable: return "enable";
-    case LinkState::disable: return "disable";
-  }
-  return "auto";
-}
-
 }  // namespace
 
 std::vector<std::pair<PfRef, uint16_t>> dra_offered_vfs(const Config& yaml) {
@@ -170,7 +161,7 @@ Config with_claims(const Config& yaml, const std::vector<ClaimedVf>& claims) {
     if (s.qos) vf["qos"] = static_cast<unsigned>(s.qos);
     if (s.trust) vf["trust"] = *s.trust;
     if (s.spoofchk) vf["spoofchk"] = *s.spoofchk;
-    if (s.link_state) vf["link_state"] = link_state_name(*s.link_state);
+    if (s.link_state) vf["link_state"] = to_string(*s.link_state);
     if (s.max_tx_rate) vf["max_tx_rate"] = *s.max_tx_rate;
     if (s.min_tx_rate) vf["min_tx_rate"] = *s.min_tx_rate;
     if (driver == ClaimDriver::vfio_pci) {

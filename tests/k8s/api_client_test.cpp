@@ -22,28 +22,10 @@ using namespace std::chrono_literals;
 
 using namespace test_support;
 
-class ApiClientTest : public ::testing::Test {
+class ApiClientTest : public WithPki {
  protected:
-  // A suite set-up that throws makes gtest skip the tests: the error is
-  // kept and each test fails on it instead.
-  static void SetUpTestSuite() {
-    try {
-      pki = new Pki();
-    } catch (const std::exception& e) {
-      pki_error = e.what();
-    }
-  }
-  void SetUp() override { ASSERT_NE(pki, nullptr) << "the certificates: " << pki_error; }
-  static void TearDownTestSuite() {
-    delete pki;
-    pki = nullptr;
-  }
   ApiConfig config(const ApiServer& s) const { return config_for(*pki, s); }
-  static Pki* pki;
-  static std::string pki_error;
 };
-Pki* ApiClientTest::pki = nullptr;
-std::string ApiClientTest::pki_error;
 
 const nlohmann::json kSlice = {{"apiVersion", "resource.k8s.io/v1"},
                                {"kind", "ResourceSlice"},

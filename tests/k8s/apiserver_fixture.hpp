@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "sriovd/k8s/api_client.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -89,5 +91,26 @@ inline ApiConfig config_for(const Pki& pki, const ApiServer& s) {
   c.source = "the test";
   return c;
 }
+
+// A suite with the certificates made once. A suite set-up that throws
+// makes gtest skip the tests: the error is kept and each test fails on it
+// instead.
+class WithPki : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    try {
+      pki = new Pki();
+    } catch (const std::exception& e) {
+      pki_error = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete pki;
+    pki = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(pki, nullptr) << "the certificates: " << pki_error; }
+  static inline Pki* pki = nullptr;
+  static inline std::string pki_error;
+};
 
 }  // namespace sriovd::k8s::test_support

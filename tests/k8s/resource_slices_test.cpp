@@ -33,21 +33,11 @@ std::vector<SliceDevice> vfs(size_t n) {
   return out;
 }
 
-class SlicesTest : public ::testing::Test {
+class SlicesTest : public WithPki {
  protected:
-  static void SetUpTestSuite() {
-    try {
-      pki = new Pki();
-    } catch (const std::exception& e) {
-      pki_error = e.what();
-    }
-  }
-  static void TearDownTestSuite() {
-    delete pki;
-    pki = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(pki, nullptr) << "the certificates: " << pki_error;
+    WithPki::SetUp();
+    if (HasFatalFailure()) return;
     server =
         std::make_unique<ApiServer>(*pki, std::vector<std::string>{"--token", kToken, "--node", "node-a:" + kNodeUid});
     api = std::make_unique<ApiClient>(config_for(*pki, *server));
@@ -56,13 +46,9 @@ class SlicesTest : public ::testing::Test {
     const json list = api->get(SlicePublisher::kSlices);
     return list["items"].get<std::vector<json>>();
   }
-  static Pki* pki;
-  static std::string pki_error;
   std::unique_ptr<ApiServer> server;
   std::unique_ptr<ApiClient> api;
 };
-Pki* SlicesTest::pki = nullptr;
-std::string SlicesTest::pki_error;
 
 TEST_F(SlicesTest, APoolOfThreeSlicesOwnedByTheNode) {
   SlicePublisher pub(*api, "sriovd.io", "node-a");
