@@ -114,9 +114,9 @@ struct DraPlugin::Impl : public pluginregistration::Registration::Service, publi
   Health<V1, ::v1::DRAResourceHealth::Service> health_v1{*this};
 
   // The two servers; made again by the checker when their sockets go.
+  std::atomic<uint64_t> refused_peers{0};  // before the servers that count into it
   std::mutex servers_mu;
   std::unique_ptr<LocalGrpcServer> registration_server, service_server;
-  std::atomic<uint64_t> refused_peers{0};
 
   std::atomic<bool> registered{false};
   std::atomic<uint64_t> registrations{0}, refusals{0}, remade{0}, prepares{0}, unprepares{0}, claim_errors{0};

@@ -40,6 +40,37 @@ std::string query_escape(const std::string& s) {
 
 constexpr int kAttempts = 5;
 
+// `have` says at least what `want` says: every member of `want` is in
+// `have` with the same value (objects compared so, recursively; arrays
+// element by element, of the same length). What the API server adds (a
+// default, a field of a newer version) does not make a slice differ -
+// else every sync would write a new generation.
+bool covers(const json& have, const json& want) {
+  if (want.is_object()) {
+    if (!have.is_object()) return false;
+    for (const auto& [k, v] : want.items())
+      if (!have.contains(k) || !covers(have[k], v)) return false;
+    return true;
+  }
+  if (want.is_array()) {
+    if (!have.is_array() || have.size() != want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (!covers(have[i], want[i])) return false;
+    return true;
+  }
+  return have == want;
+}
+
+// The devices' attributes are ours whole: one we no longer publish must go.
+bool same_attributes(const json& have, const json& want) {
+  const json& h = have["devices"];
+  const json& w = want["devices"];
+  if (!h.is_array() || h.size() != w.size()) return false;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (h[i].value("attributes", json::object()) != w[i]["attributes"]) return false;
+  return true;
+}
+
 }  // namespace
 
 SlicePublisher::SlicePublisher(ApiClient& api, std::string driver, std::string node)
@@ -116,8 +147,9 @@ bool SlicePublisher::publish(std::vector<SliceDevice> devices) {
     bool same = want.size() == existing.size();
     for (const json& w : want) {
       const auto it = by_name.find(w["metadata"]["name"].get<std::string>());
-      same = same && it != by_name.end() && it->second["spec"] == w["spec"] &&
-             it->second["metadata"].value("ownerReferences", json::array()) == w["metadata"]["ownerReferences"] &&
+      same = same && it != by_name.end() && covers(it->second["spec"], w["spec"]) &&
+             same_attributes(it->second["spec"], w["spec"]) &&
+             covers(it->second["metadata"].value("ownerReferences", json::array()), w["metadata"]["ownerReferences"]) &&
              !it->second["metadata"].contains("deletionTimestamp");
     }
     if (same) {

@@ -109,6 +109,24 @@ TEST_F(SlicesTest, SlicesDeletedBehindItsBackAreMadeAgain) {
   EXPECT_EQ(slices().size(), 2U);
 }
 
+TEST_F(SlicesTest, WhatTheServerAddsIsNotAChangeButAnAttributeDroppedIs) {
+  SlicePublisher pub(*api, "sriovd.io", "node-a");
+  ASSERT_TRUE(pub.publish(vfs(3)));
+  // A field the API server defaults (or a newer version has), written
+  // behind the publisher's back: still the same pool.
+  json slice = slices()[0];
+  slice["spec"]["devices"][0]["allowMultipleAllocations"] = false;
+  slice["spec"]["sharedCounters"] = json::array();
+  (void)api->replace(std::string(SlicePublisher::kSlices) + "/" + pub.slice_name(0), slice);
+  EXPECT_FALSE(pub.publish(vfs(3)));
+  EXPECT_EQ(pub.generation(), 1);
+  // An attribute no longer published is a change.
+  std::vector<SliceDevice> fewer = vfs(3);
+  fewer[1].attributes.erase("sriovd.io/pfName");
+  EXPECT_TRUE(pub.publish(fewer));
+  EXPECT_FALSE(slices()[0]["spec"]["devices"][1]["attributes"].contains("sriovd.io/pfName"));
+}
+
 TEST_F(SlicesTest, AConflictIsReadAgainAndRedone) {
   SlicePublisher pub(*api, "sriovd.io", "node-a");
   ASSERT_TRUE(pub.publish(vfs(3)));
