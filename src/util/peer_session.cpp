@@ -325,7 +325,7 @@ void PeerConnection::on_readable() {
       }
       const FramedReader::Status s = reader_.read(fd);
       if (s == FramedReader::Status::closed) {
-        end(kPeerClosed);
+        end(kPeerClosed, EndCause::peer_closed);
         return;
       }
       if (s == FramedReader::Status::again) {
@@ -348,10 +348,10 @@ void PeerConnection::on_readable() {
       return;
     }
   } catch (const FramingError& e) {
-    if (fd_.get() == fd) end(e.what(), true);
+    if (fd_.get() == fd) end(e.what(), EndCause::framing);
     return;
   } catch (const std::exception& e) {
-    if (fd_.get() == fd) end(e.what(), false);
+    if (fd_.get() == fd) end(e.what(), EndCause::local);
     return;
   }
   if (fd_.get() == fd && watch_) wait_readable();
@@ -374,7 +374,7 @@ void PeerConnection::arm_deadline() {
     if (seq != message_seq_ || !fd_ || !reader_.partial()) return;
     end("a message was not complete within " + std::to_string(deadline_.count()) + " ms (" +
             std::to_string(reader_.bytes()) + " of " + std::to_string(reader_.expected()) + " bytes)",
-        true);
+        EndCause::framing);
   });
 }
 
@@ -526,11 +526,11 @@ bool PeerConnection::read_blocking(std::chrono::steady_clock::time_point deadlin
   }
 }
 
-void PeerConnection::end(const std::string& why, bool framing) {
+void PeerConnection::end(const std::string& why, EndCause cause) {
   if (!fd_ || ending_) return;
   ending_ = true;
   try {
-    on_end_(why, framing);
+    on_end_(why, cause);
   } catch (const std::exception& e) {
     spdlog::error("ending a peer's connection: {}", e.what());
   }

@@ -17,6 +17,7 @@
 #include "sriovd/util/log_limit.hpp"
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_session.hpp"
+#include "sriovd/util/protocol_error.hpp"
 #include "sriovd/util/unix_socket.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/util/printable.hpp"
@@ -26,16 +27,9 @@ namespace sriovd::vfio_user {
 
 namespace {
 
-// Ends the connection: the message cannot be framed or answered.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // How long a whole message may take once its first byte came: a client
 // that stalls or trickles is cut off rather than blocking the control thread.
 constexpr int kMessageTimeoutMs = 1000;
-constexpr const char* kClientClosed = "client closed the connection";
 
 template <typename T>
 T load(const std::vector<uint8_t>& p, size_t at = 0) {
@@ -95,7 +89,7 @@ Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& de
                          return size_t{hdr.size - sizeof(Header)};
                        }),
           std::chrono::milliseconds(kMessageTimeoutMs), [this](FramedReader& r) { on_message(r); },
-          [this](const std::string& why, bool framing) { on_end(why, framing); }),
+          [this](const std::string& why, EndCause cause) { on_end(why, cause); }),
       listener_(make_listener(io, std::move(adopted), std::move(allowed_uids))) {
   if (Migratable* m = device_.migratable()) migration_ = std::make_unique<Migration>(*m, device_.name());
   spdlog::info("vfio-user: {} listening on {}", device_.name(), path_);
@@ -843,7 +837,10 @@ uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t
     const auto deadline = std::chrono::steady_clock::now() + conn_.deadline();
     for (;;) {
       Message m;
-      if (!conn_.read_blocking(deadline)) throw std::runtime_error(kClientClosed);
+      if (!conn_.read_blocking(deadline)) {
+        conn_.end(kPeerClosed, EndCause::peer_closed);
+        throw Error(EIO, std::string(command_name(command)) + ": " + kPeerClosed);
+      }
       take(conn_.reader(), m);
       if ((m.hdr.flags & kTypeMask) == kTypeCommand) {
         deferred_.push_back(std::move(m));
@@ -868,11 +865,11 @@ uint64_t Server::dma_transfer(uint16_t command, uint64_t iova, std::span<uint8_t
     }
   } catch (const ProtocolError& e) {
     const std::string why = e.what();
-    conn_.end(why, true);
+    conn_.end(why, EndCause::framing);
     throw Error(EIO, why);
   } catch (const FramingError& e) {
     const std::string why = e.what();
-    conn_.end(why, true);
+    conn_.end(why, EndCause::framing);
     throw Error(EIO, why);
   } catch (const Error&) {
     throw;
@@ -887,9 +884,9 @@ void Server::disconnect(const std::string& why) { conn_.end(why); }
 
 // The connection is ending (its socket still open): the client's windows,
 // interrupts and fds go with it, and the device is reset for the next one.
-void Server::on_end(const std::string& why, bool framing) {
-  if (framing) ++stats_.protocol_errors;
-  if (why == kClientClosed || why == kPeerClosed)
+void Server::on_end(const std::string& why, EndCause cause) {
+  if (cause == EndCause::framing) ++stats_.protocol_errors;
+  if (cause == EndCause::peer_closed)
     spdlog::info("vfio-user: {}: client disconnected", device_.name());
   else
     spdlog::warn("vfio-user: {}: client connection ended: {}", device_.name(), why);

@@ -16,6 +16,7 @@
 #include "sriovd/util/error.hpp"
 #include "sriovd/util/hex.hpp"
 #include "sriovd/util/log_limit.hpp"
+#include "sriovd/util/protocol_error.hpp"
 #include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/peer_mapping.hpp"
 #include "sriovd/util/peer_session.hpp"
@@ -73,11 +74,6 @@ constexpr uint64_t kOfferedProtocol = kProtoMq | kProtoReplyAck | kProtoMtu | kP
 constexpr uint64_t kMaxLogBytes = 1ULL << 30U;
 constexpr uint32_t kBackendConfigChange = 2;  // VHOST_USER_BACKEND_CONFIG_CHANGE_MSG
 constexpr uint32_t kConfigHeader = 12;        // offset, size, flags before the config bytes
-
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 template <typename T>
 T payload_as(const std::vector<uint8_t>& p) {
@@ -169,7 +165,7 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& 
                          return size_t{h.size};
                        }),
           kMessageDeadline, [this](FramedReader& r) { on_message(r); },
-          [this](const std::string& why, bool) { on_end(why); },
+          [this](const std::string& why, EndCause cause) { on_end(why, cause); },
           // The IOTLB updates of a burst become visible to the workers at once.
           [this] { publish_translations(); }) {
   memory_.set_quota(&quota_);
@@ -783,8 +779,8 @@ bool Backend::send_rarp(Message& m) {
 // The connection ended (PeerConnection: the peer closed, a malformed
 // message, a deadline, a handler that threw): the device stops and
 // forgets the session.
-void Backend::on_end(const std::string& why) {
-  if (why == kPeerClosed) {
+void Backend::on_end(const std::string& why, EndCause cause) {
+  if (cause == EndCause::peer_closed) {
     spdlog::info("vhost-user: {}: front-end disconnected", device_.name());
   } else {
     ++stats_.protocol_errors;

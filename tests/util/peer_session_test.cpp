@@ -209,7 +209,7 @@ TEST(PeerConnection, MessagesReadAheadAreServedWithoutMoreData) {
         r.take(h, payload, fds);
         ++messages;
       },
-      [](const std::string&, bool) {});
+      [](const std::string&, EndCause) {});
   PeerConnection& conn = *owned;
   loop.on_loop([&] {
     conn.adopt(std::move(p.ours));
@@ -234,7 +234,7 @@ TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {
   Loop loop;
   Pair p;
   std::atomic<int> messages{0};
-  std::promise<std::pair<std::string, bool>> ended;
+  std::promise<std::pair<std::string, EndCause>> ended;
   auto owned = std::make_unique<PeerConnection>(
       loop.io, reader(), 300ms,
       [&](FramedReader& r) {
@@ -244,8 +244,8 @@ TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {
         r.take(h, payload, fds);
         ++messages;
       },
-      [&](const std::string& why, bool framing) {
-        ended.set_value({why, framing});
+      [&](const std::string& why, EndCause cause) {
+        ended.set_value({why, cause});
       });
   PeerConnection& conn = *owned;
   loop.on_loop([&] {
@@ -260,8 +260,8 @@ TEST(PeerConnection, AHalfMessageEndsAtItsDeadlineWithoutHoldingTheLoop) {
   EXPECT_TRUE(loop.on_loop([&] { return conn.connected(); })) << "the loop waited for the rest of the message";
   auto end = ended.get_future();
   ASSERT_EQ(end.wait_for(10s), std::future_status::ready);
-  const auto [why, framing] = end.get();
-  EXPECT_TRUE(framing);
+  const auto [why, cause] = end.get();
+  EXPECT_EQ(cause, EndCause::framing);
   EXPECT_NE(why.find("not complete within 300 ms (6 of 18 bytes)"), std::string::npos) << why;
   EXPECT_TRUE(closed_by_peer(p.theirs.get()));
   loop.on_loop([&] {
@@ -277,8 +277,8 @@ TEST(PeerConnection, AHandlerThatThrowsEndsTheConnection) {
   std::promise<std::string> ended;
   auto owned = std::make_unique<PeerConnection>(
       loop.io, reader(), 1s, [&](FramedReader&) { throw std::runtime_error("refused by the handler"); },
-      [&](const std::string& why, bool framing) {
-        EXPECT_FALSE(framing);
+      [&](const std::string& why, EndCause cause) {
+        EXPECT_EQ(cause, EndCause::local);
         ended.set_value(why);
       });
   PeerConnection& conn = *owned;
@@ -497,7 +497,7 @@ struct Replier {
               const iovec iov[1] = {{reply.data(), reply.size()}};
               conn.send(iov, {});
             },
-            [this](const std::string& why, bool) {
+            [this](const std::string& why, EndCause) {
               std::lock_guard lock(mutex);
               ended = why;
             }) {}

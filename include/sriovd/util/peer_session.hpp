@@ -224,6 +224,13 @@ class FramedReader {
 // What on_end hears when the peer closed its end.
 inline constexpr const char* kPeerClosed = "the peer closed the connection";
 
+// Why a connection ended.
+enum class EndCause {
+  peer_closed,  // the peer closed its end
+  framing,      // the peer's bytes broke the protocol: a malformed message, one not complete in time
+  local,        // this side ended it: a handler that threw, a refusal, a stop
+};
+
 class PeerConnection {
  public:
   // The reader has a whole message: take() it and handle it. Throwing ends
@@ -232,10 +239,10 @@ class PeerConnection {
   // After each batch of messages, when the socket has no more for now.
   using OnIdle = std::function<void()>;
   // The connection ended (closed by the peer, a read error, a framing
-  // error, a deadline, a handler that threw): `why` says which, `framing`
-  // whether the peer's bytes were at fault. The socket is still open so the
-  // server can clean up; it is closed when this returns.
-  using OnEnd = std::function<void(const std::string& why, bool framing)>;
+  // error, a deadline, a handler that threw): `why` says it in words,
+  // `cause` which of those it was. The socket is still open so the server
+  // can clean up; it is closed when this returns.
+  using OnEnd = std::function<void(const std::string& why, EndCause cause)>;
 
   PeerConnection(asio::io_context& io, FramedReader reader, std::chrono::milliseconds message_deadline,
                  OnMessage on_message, OnEnd on_end, OnIdle on_idle = {});
@@ -247,7 +254,7 @@ class PeerConnection {
   // (limit_send_wait), watched on the io_context.
   void adopt(UniqueFd fd);
   // Ends the connection now (on_end is called with `why`).
-  void end(const std::string& why, bool framing = false);
+  void end(const std::string& why, EndCause cause = EndCause::local);
   [[nodiscard]] bool connected() const { return fd_.valid(); }
   // For a one-client server asked to admit another: when the peer has
   // closed its end, what it sent before is served now and the connection

@@ -158,7 +158,7 @@ class Server {
   void take_over(ServerHandover& h);
   void abandon_takeover();
   void on_message(FramedReader& reader);
-  void on_end(const std::string& why, bool framing);
+  void on_end(const std::string& why, EndCause cause);
   void take(FramedReader& reader, Message& m);
   void dispatch(Message& m);
   // One entry per served command: what it must carry and the method that

@@ -159,7 +159,7 @@ class Backend {
   void try_connect();
   void adopt(UniqueFd fd);
   void on_message(FramedReader& reader);
-  void on_end(const std::string& why);
+  void on_end(const std::string& why, EndCause cause);
   void release_session();
   // One entry of the request table (request_of): the shape every message
   // of it must have (-1: its handler checks) and the handler, which
