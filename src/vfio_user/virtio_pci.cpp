@@ -377,6 +377,21 @@ std::string VirtioPci::in_unmapped_window(uint64_t iova) const {
   return {};
 }
 
+// What an enabled queue needs from the transport, whether the device
+// starts it afresh or resumes it from a state: its rings in memory shared
+// with an fd, its doorbell, its vector's route and its dirty log.
+void VirtioPci::connect_queue(unsigned i) {
+  const QueueRegs& q = queues_[i];
+  for (const uint64_t at : {q.desc, q.driver, q.device})
+    if (const std::string why = in_unmapped_window(at); !why.empty())
+      throw Error(EFAULT, "queue " + std::to_string(i) + " at " + hex(at) + " " + why);
+  UniqueFd kick(::dup(kicks_[i].get()));
+  if (!kick) throw_errno(name_ + ": dup of a doorbell");
+  device_.set_queue_kick(i, std::move(kick));
+  device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
+  wire_queue_log(i);
+}
+
 void VirtioPci::start_device() {
   device_.stop();
   rebuild_memory();
@@ -384,17 +399,10 @@ void VirtioPci::start_device() {
     const QueueRegs& q = queues_[i];
     device_.set_queue_enabled(i, false);
     if (!q.enabled) continue;
-    for (const uint64_t at : {q.desc, q.driver, q.device})
-      if (const std::string why = in_unmapped_window(at); !why.empty())
-        throw Error(EFAULT, "queue " + std::to_string(i) + " at " + hex(at) + " " + why);
+    connect_queue(i);
     device_.set_queue_size(i, q.size);
     device_.set_queue_rings(i, {q.desc, q.driver, q.device});
     device_.set_queue_base(i, 0);
-    UniqueFd kick(::dup(kicks_[i].get()));
-    if (!kick) throw_errno(name_ + ": dup of a doorbell");
-    device_.set_queue_kick(i, std::move(kick));
-    device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
-    wire_queue_log(i);
     device_.set_queue_enabled(i, true);
   }
   device_.start();
@@ -406,18 +414,8 @@ void VirtioPci::resume_device() {
   resume_pending_ = false;
   device_.stop();
   rebuild_memory();
-  for (unsigned i = 0; i < num_queues_; ++i) {
-    const QueueRegs& q = queues_[i];
-    if (!q.enabled) continue;
-    for (const uint64_t at : {q.desc, q.driver, q.device})
-      if (const std::string why = in_unmapped_window(at); !why.empty())
-        throw Error(EFAULT, "queue " + std::to_string(i) + " at " + hex(at) + " " + why);
-    UniqueFd kick(::dup(kicks_[i].get()));
-    if (!kick) throw_errno(name_ + ": dup of a doorbell");
-    device_.set_queue_kick(i, std::move(kick));
-    device_.set_queue_interrupt(i, q.msix_vector == kNoVector ? std::nullopt : std::optional(routes_[q.msix_vector]));
-    wire_queue_log(i);
-  }
+  for (unsigned i = 0; i < num_queues_; ++i)
+    if (queues_[i].enabled) connect_queue(i);
   device_.start();
   spdlog::info("virtio-pci {}: resumed from a saved state, features 0x{:x}", name_, device_.features());
   // The guest is somewhere else now: the network is told (its driver, or a RARP).

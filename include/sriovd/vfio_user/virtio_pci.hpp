@@ -124,6 +124,7 @@ class VirtioPci : public ExportedDevice, public Migratable {
   void config_write(uint32_t offset, unsigned size, uint32_t value);
   void set_status(uint8_t status);
   void start_device();
+  void connect_queue(unsigned i);
   // Kicks and interrupts of the enabled queues wired, the device started
   // (queue registers and bases are the device's own: a restored state's).
   void resume_device();
