@@ -24,15 +24,8 @@ void Loader::read_kubernetes(const YAML::Node& node) {
   Mapping m(ctx_, node, "kubernetes", {"device_plugin_dir", "cdi_dir", "pools", "dra"});
   if (!m.valid()) return;
   cfg_.kubernetes.enabled = true;
-  for (const char* key : {"device_plugin_dir", "cdi_dir"})
-    if (auto d = m.string(key)) {
-      if ((*d)[0] != '/') {
-        ctx_.error(m.where(key), m.path_of(key), "expected an absolute path, got '" + *d + "'");
-        continue;
-      }
-      while (d->size() > 1 && d->back() == '/') d->pop_back();
-      (std::string(key) == "cdi_dir" ? cfg_.kubernetes.cdi_dir : cfg_.kubernetes.device_plugin_dir) = *d;
-    }
+  if (auto d = absolute_path(ctx_, m, "device_plugin_dir")) cfg_.kubernetes.device_plugin_dir = *d;
+  if (auto d = absolute_path(ctx_, m, "cdi_dir")) cfg_.kubernetes.cdi_dir = *d;
   for_each_item(ctx_, m, "pools", [&](const YAML::Node& n, const std::string& p) { read_pool(n, p); });
   check_pool_members();
   if (m.has("dra")) read_dra(m.get("dra", false));
@@ -61,16 +54,9 @@ void Loader::read_dra(const YAML::Node& node) {
     else
       dra.node_name = *n;
   }
-  for (const char* key : {"kubeconfig", "registry_dir", "plugins_dir"})
-    if (auto d = m.string(key)) {
-      if ((*d)[0] != '/') {
-        ctx_.error(m.where(key), m.path_of(key), "expected an absolute path, got '" + *d + "'");
-        continue;
-      }
-      while (d->size() > 1 && d->back() == '/') d->pop_back();
-      const std::string k = key;
-      (k == "kubeconfig" ? dra.kubeconfig : k == "registry_dir" ? dra.registry_dir : dra.plugins_dir) = *d;
-    }
+  if (auto d = absolute_path(ctx_, m, "kubeconfig")) dra.kubeconfig = *d;
+  if (auto d = absolute_path(ctx_, m, "registry_dir")) dra.registry_dir = *d;
+  if (auto d = absolute_path(ctx_, m, "plugins_dir")) dra.plugins_dir = *d;
 }
 
 // One entry of a pool's vfs: a PF and the indexes of its VFs, each assigned

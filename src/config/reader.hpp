@@ -257,6 +257,18 @@ inline bool valid_identifier(const std::string& name) {
   });
 }
 
+// An absolute path (a directory's: trailing slashes dropped).
+inline std::optional<std::string> absolute_path(Context& ctx, Mapping& map, const std::string& key) {
+  auto path = map.string(key);
+  if (!path) return std::nullopt;
+  if ((*path)[0] != '/') {
+    ctx.error(map.where(key), map.path_of(key), "expected an absolute path, got '" + *path + "'");
+    return std::nullopt;
+  }
+  while (path->size() > 1 && path->back() == '/') path->pop_back();
+  return path;
+}
+
 // A Unix socket path the daemon can bind: absolute and short enough for sun_path.
 inline std::optional<std::string> socket_path(Context& ctx, Mapping& map, const std::string& key, bool required) {
   auto path = map.string(key, required);

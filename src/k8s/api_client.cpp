@@ -215,10 +215,7 @@ json ApiClient::request(const char* method, const std::string& path, const std::
     });
     ioc.restart();
     ioc.run_until(deadline);
-    if (!done)
-      throw ApiUnreachable(what + ": " + stage + ": no answer within " + std::to_string(config_.timeout.count()) +
-                           " ms");
-    if (ec == beast::error::timeout)
+    if (!done || ec == beast::error::timeout)
       throw ApiUnreachable(what + ": " + stage + ": no answer within " + std::to_string(config_.timeout.count()) +
                            " ms");
     if (ec) throw ApiUnreachable(what + ": " + stage + ": " + ec.message());
