@@ -240,6 +240,7 @@ void add_commands(CLI::App& app, Args& a) {
       {"stats", "counters of the control API, reloads and routes"},
       {"reload", "re-read the configuration file and apply the difference (a bad file changes nothing)"},
       {"plan", "show what a reload of the file on disk would change on the host, without acting"},
+      {"claims", "the Kubernetes DRA claims prepared on this node, their VFs and settings"},
       {"version", "daemon and client versions"}};
   for (const auto& [name, help] : plain) app.add_subcommand(name, help);
   auto* release = app.add_subcommand(
@@ -315,6 +316,23 @@ std::optional<json> request_for(const std::string& cmd, const Args& a) {
   return request;
 }
 
+// The DRA claims prepared: one line per device.
+void print_claims(const json& r) {
+  const json claims = r.value("claims", json::array());
+  if (claims.empty()) std::printf("(no claims prepared for %s)\n", field(r, "driver").c_str());
+  for (const json& c : claims)
+    for (const json& d : c.value("devices", json::array())) {
+      std::string settings;
+      if (d.contains("config") && d["config"].is_object())
+        for (auto it = d["config"].begin(); it != d["config"].end(); ++it)
+          if (it.key() != "apiVersion" && it.key() != "kind" && it.key() != "driver")
+            settings += (settings.empty() ? "" : " ") + it.key() + "=" + text(it.value());
+      std::printf("%s/%s %s: %s (PF %s VF %s) %s%s%s\n", field(c, "namespace").c_str(), field(c, "name").c_str(),
+                  field(c, "uid").c_str(), field(d, "device").c_str(), field(d, "pf").c_str(), field(d, "vf").c_str(),
+                  field(d, "driver").c_str(), settings.empty() ? "" : " ", settings.c_str());
+    }
+}
+
 // A successful reply's result, as text for a person (or udev).
 void print_result(const std::string& cmd, const json& result, const Args& a) {
   if (cmd == "status") {
@@ -323,6 +341,8 @@ void print_result(const std::string& cmd, const json& result, const Args& a) {
     print_devices(result);
   } else if (cmd == "routes") {
     print_routes(result);
+  } else if (cmd == "claims") {
+    print_claims(result);
   } else if (cmd == "version") {
     std::printf("sriovd %s (config schema %s), sriovctl %s\n", field(result, "version").c_str(),
                 field(result, "config_schema").c_str(), sriovd::kVersion);

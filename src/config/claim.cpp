@@ -69,6 +69,24 @@ ClaimVfConfig parse_claim_vf_config(std::string_view parameters, const std::stri
   return c;
 }
 
+std::string claim_vf_config_json(const ClaimVfConfig& c) {
+  const VfConfig& s = c.settings;
+  nlohmann::json j = {{"apiVersion", kVfConfigApiVersion}, {"kind", kVfConfigKind}};
+  if (s.mac) j["mac"] = s.mac->to_string();
+  if (s.vlan) {
+    j["vlan"] = *s.vlan;
+    if (s.qos) j["qos"] = s.qos;
+  }
+  if (s.trust) j["trust"] = *s.trust;
+  if (s.spoofchk) j["spoofchk"] = *s.spoofchk;
+  if (s.link_state) j["link_state"] = to_string(*s.link_state);
+  if (s.max_tx_rate) j["max_tx_rate"] = *s.max_tx_rate;
+  if (s.min_tx_rate) j["min_tx_rate"] = *s.min_tx_rate;
+  if (c.mtu) j["mtu"] = *c.mtu;
+  if (c.driver) j["driver"] = to_string(*c.driver);
+  return j.dump();
+}
+
 ClaimVfConfig merge(const ClaimVfConfig& base, const ClaimVfConfig& over) {
   ClaimVfConfig out = base;
   const VfConfig& o = over.settings;

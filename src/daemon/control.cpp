@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "control_server.hpp"
+#include "dra_driver.hpp"
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
 #include "metrics.hpp"
@@ -61,6 +62,7 @@ json Daemon::status_json() const {
       {"handover", handover_status_},
       {"udev_events", events},
       {"kubernetes", k8s_ ? k8s_->status() : json(nullptr)},
+      {"dra", dra_ ? dra_->status() : json(nullptr)},
       {"metrics", metrics_ ? json{{"listen", metrics_->listen()}, {"port", metrics_->port()}} : json(nullptr)},
   };
 }

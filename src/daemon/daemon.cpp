@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "control_server.hpp"
+#include "dra_driver.hpp"
 #include "daemon_internal.hpp"
 #include "handover.hpp"
 #include "host_service.hpp"
@@ -61,6 +62,7 @@ std::string summary(const config::Config& cfg) {
 
 Daemon::Daemon(Options options, config::Config config)
     : options_(std::move(options)),
+      yaml_(config),
       config_(std::move(config)),
       loop_(io_, std::chrono::microseconds(config_.control.poll_us)),
       signals_(io_, SIGTERM, SIGINT, SIGHUP),
@@ -91,6 +93,18 @@ Daemon::Daemon(Options options, config::Config config)
   // anything wrong with it and they start afresh. Read before the host is:
   // a simulated host goes on as its predecessor left it.
   std::optional<Handover> handed = take_handover();
+  // The DRA claims prepared before this start are the host's as much as
+  // the file's VFs are: what runs is the file's config with them.
+  const std::string records = config_.state_dir + "/dra-claims.json";
+  const std::vector<ClaimRecord> prepared = read_claim_records(records);
+  if (!prepared.empty() && yaml_.kubernetes.dra.enabled) {
+    std::vector<config::ClaimedVf> claims;
+    for (const ClaimRecord& r : prepared) claims.insert(claims.end(), r.vfs.begin(), r.vfs.end());
+    config_ = config::with_claims(yaml_, claims);
+  } else if (!prepared.empty()) {
+    spdlog::warn("dra: {} claim(s) were prepared and kubernetes.dra is no longer configured: their VFs are restored",
+                 prepared.size());
+  }
   try {
     host_ = std::make_unique<HostService>(config_, options_.sysfs_root, handed ? handed->simulated_host : "");
   } catch (const std::invalid_argument& e) {
@@ -104,7 +118,16 @@ Daemon::Daemon(Options options, config::Config config)
   virtio_ = std::make_unique<VirtioExports>(*sessions_, *irq_, retirer_, *host_);
   vf_exports_ = std::make_unique<VfExports>(*sessions_, *irq_, *host_, options_.sysfs_root);
   host_->set_release_check([this](const PciAddress& vf) { return vf_exports_->release_holders(vf); });
+  // Before the host changes: a DRA driver that cannot be set up (its
+  // kubeconfig, its sockets) fails the start with nothing touched.
+  if (yaml_.kubernetes.dra.enabled) dra_ = make_dra(prepared);
   host_->start(config_, options_.test_stop_before_step);
+  if (!prepared.empty() && !dra_) {
+    write_claim_records(records, {});
+    for (const ClaimRecord& r : prepared)
+      std::filesystem::remove(yaml_.kubernetes.cdi_dir + "/" + yaml_.kubernetes.dra.driver + "-claim-" + r.ref.uid +
+                              ".json");
+  }
   std::vector<std::string> handed_macvtaps;  // their links stay
   if (handed) {
     for (const HandedVirtio& v : handed->virtio)
@@ -120,16 +143,64 @@ Daemon::Daemon(Options options, config::Config config)
 
 Daemon::~Daemon() = default;
 
-std::string Daemon::not_served(const config::Config& config) {
-  // The DRA driver's parts are built and tested on their own (the
-  // kubelet's APIs, the API server client, ResourceSlices, a claim's
-  // VfConfig); the daemon does not serve claims with them yet (issue 38).
-  if (config.kubernetes.dra.enabled)
-    return "kubernetes.dra (line " + std::to_string(config.kubernetes.dra.where.line) +
-           "): this sriovd does not serve as a DRA driver yet; remove the section (the device plugin, "
-           "kubernetes.pools, "
-           "is served)";
+std::string Daemon::cannot_serve(const config::Config& config) {
+  if (!config.kubernetes.dra.enabled) return "";
+  try {
+    (void)dra_api_config(config.kubernetes.dra);
+  } catch (const std::exception& e) {
+    return "kubernetes.dra (line " + std::to_string(config.kubernetes.dra.where.line) + "): " + e.what();
+  }
   return "";
+}
+
+std::optional<config::Config> Daemon::kept_at_stop(const config::Config& yaml,
+                                                   const std::vector<config::ClaimedVf>& claims) {
+  if (claims.empty()) return std::nullopt;
+  config::Config kept = yaml;
+  for (auto& pf : kept.physical_functions) pf.vfs.clear();
+  kept.virtio_devices.clear();
+  kept.kubernetes.pools.clear();
+  return config::with_claims(kept, claims);
+}
+
+std::vector<host::Step> Daemon::converge_to(config::Config next, bool keep_released) {
+  vf_exports_->drop(&next, config_);
+  virtio_->drop(&next);
+  virtio_->wait_for_vf_ports();
+  std::vector<host::Step> steps;
+  try {
+    steps = keep_released ? host_->reconcile(next) : host_->apply(next);
+  } catch (...) {
+    vf_exports_->sync(config_);  // the host is as it was: so are the exports
+    virtio_->start(config_);
+    throw;
+  }
+  config_ = std::move(next);
+  vf_exports_->sync(config_);
+  virtio_->start(config_);
+  return steps;
+}
+
+std::unique_ptr<DraDriver> Daemon::make_dra(std::vector<ClaimRecord> prepared) {
+  DraDriver::Hooks hooks;
+  // A claim's VFs go through the same journalled apply as the file's.
+  hooks.apply_claims = [this](const std::vector<config::ClaimedVf>& claims) {
+    converge_to(config::with_claims(yaml_, claims), true);
+    update_k8s();
+  };
+  return std::make_unique<DraDriver>(io_, yaml_, std::move(prepared), std::move(hooks));
+}
+
+void Daemon::update_dra() {
+  if (!yaml_.kubernetes.dra.enabled) {
+    if (dra_) {
+      dra_->remove_slices();
+      dra_.reset();
+    }
+    return;
+  }
+  if (!dra_) dra_ = make_dra(read_claim_records(yaml_.state_dir + "/dra-claims.json"));
+  dra_->update(yaml_, devices_json(), host_->simulated() ? host_->simulated()->root() : options_.sysfs_root);
 }
 
 std::optional<Handover> Daemon::take_handover() {
@@ -428,6 +499,7 @@ void Daemon::shutdown(const char* why) {
     upgrading_.reset();
     thaw_handover();  // the exports end as at any stop
   }
+  if (dra_) dra_->stop();  // no claim is prepared or unprepared from here on
   const bool handed = std::string_view(why) == "SIGTERM" && hand_over_to_fd_store();
   notifier_->stopping();
   if (handed) {
@@ -451,8 +523,17 @@ void Daemon::shutdown(const char* why) {
   virtio_->drop(nullptr);
   virtio_->wait_for_vf_ports();
   try {
-    const auto steps = host_->release_all();
-    spdlog::info("host released: {} change(s) undone", steps.size());
+    // A prepared DRA claim outlives sriovd: its pod or VM keeps the VF, its
+    // settings and its driver until the kubelet unprepares it.
+    const std::vector<config::ClaimedVf> claims = dra_ ? dra_->claimed() : std::vector<config::ClaimedVf>();
+    if (const auto kept = kept_at_stop(yaml_, claims)) {
+      const auto steps = host_->reconcile(*kept);
+      spdlog::info("host released: {} change(s) undone; {} VF(s) of prepared DRA claims keep theirs", steps.size(),
+                   claims.size());
+    } else {
+      const auto steps = host_->release_all();
+      spdlog::info("host released: {} change(s) undone", steps.size());
+    }
   } catch (const std::exception& e) {
     // The release transaction rolled itself back: the host stays as
     // configured and the journal keeps what to undo at the next start.
@@ -473,7 +554,14 @@ json Daemon::reload(const std::string& trigger) {
   json result;
   try {
     config::Config next = config::load(options_.config_path);
-    if (const std::string no = not_served(next); !no.empty()) throw std::runtime_error(no);
+    if (const std::string no = cannot_serve(next); !no.empty()) throw std::runtime_error(no);
+    const std::vector<config::ClaimedVf> claims = dra_ ? dra_->claimed() : std::vector<config::ClaimedVf>();
+    if (!next.kubernetes.dra.enabled && !claims.empty())
+      throw std::runtime_error("kubernetes.dra is removed while " + std::to_string(claims.size()) +
+                               " VF(s) of prepared claims are held (sriovctl claims): the kubelet unprepares them "
+                               "first, or a restart restores them");
+    if (next.kubernetes.dra.enabled && yaml_.kubernetes.dra.enabled && next.kubernetes.dra != yaml_.kubernetes.dra)
+      throw std::runtime_error("kubernetes.dra (driver, node, kubeconfig, directories) changes: that needs a restart");
     if (next.host != config_.host)
       throw std::runtime_error(std::string("host changes from ") + config::to_string(config_.host) + " to " +
                                config::to_string(next.host) + ": that needs a restart");
@@ -492,28 +580,24 @@ json Daemon::reload(const std::string& trigger) {
       throw std::runtime_error("metrics (listen address) changes: that needs a restart");
     if (next.control.session_threads != config_.control.session_threads)
       throw std::runtime_error("control.session_threads changes: that needs a restart");
-    vf_exports_->drop(&next, config_);
-    virtio_->drop(&next);
-    virtio_->wait_for_vf_ports();
-    std::vector<host::Step> steps;
-    try {
-      steps = host_->apply(next);
-    } catch (...) {
-      vf_exports_->sync(config_);  // the host is as it was: so are the exports
-      virtio_->start(config_);
-      throw;
-    }
-    apply_peer_limits(next.peer_limits);
-    control_->update_access(next.control);
-    loop_.set_max_window(std::chrono::microseconds(next.control.poll_us));
-    sessions_->set_poll_window(std::chrono::microseconds(next.control.poll_us));
-    if (!options_.log_level) set_log_level(next.log_level);
-    config_ = std::move(next);
-    vf_exports_->sync(config_);
-    virtio_->start(config_);
+    // A reload that would take a prepared claim's VF is refused here,
+    // naming the claim.
+    config::Config with = config::with_claims(next, claims);
+    const std::vector<host::Step> steps = converge_to(std::move(with), false);
+    yaml_ = std::move(next);
+    apply_peer_limits(config_.peer_limits);
+    control_->update_access(config_.control);
+    loop_.set_max_window(std::chrono::microseconds(config_.control.poll_us));
+    sessions_->set_poll_window(std::chrono::microseconds(config_.control.poll_us));
+    if (!options_.log_level) set_log_level(config_.log_level);
     ++reloads_.ok;
     reloads_.last_error.clear();
     update_k8s();
+    try {
+      update_dra();
+    } catch (const std::exception& e) {
+      spdlog::error("dra: {}", e.what());
+    }
     spdlog::info("reloaded: {}", summary(config_));
     result = control::make_result({{"reloaded", true}, {"summary", summary(config_)}, {"changes", steps_json(steps)}});
   } catch (const config::ConfigError& e) {
@@ -561,6 +645,10 @@ void Daemon::register_commands() {
   commands_["simulate-link"] = [this](const json& req, const PeerCredentials&) { return simulate_link(req); };
   commands_["simulate-interrupt"] = [this](const json& req, const PeerCredentials&) { return simulate_interrupt(req); };
   commands_["upgrade"] = [this](const json& req, const PeerCredentials&) { return upgrade(req); };
+  commands_["claims"] = [this](const json&, const PeerCredentials&) {
+    if (!dra_) return control::make_error(control::errc::kBadRequest, "claims: kubernetes.dra is not configured");
+    return control::make_result({{"driver", yaml_.kubernetes.dra.driver}, {"claims", dra_->claims_json()}});
+  };
 }
 
 json Daemon::handle(const json& request, const PeerCredentials& peer) {

@@ -7,6 +7,9 @@
 
 #include "sriovd/daemon/daemon.hpp"
 
+#include "dra_driver.hpp"
+#include "host_service.hpp"
+
 namespace sriovd::daemon {
 
 namespace {
@@ -73,7 +76,15 @@ std::vector<k8s::Pool> Daemon::k8s_pools() const {
 }
 
 void Daemon::update_k8s() {
-  if (!config_.kubernetes.enabled) {
+  if (dra_) {
+    try {
+      dra_->update(yaml_, devices_json(), host_->simulated() ? host_->simulated()->root() : options_.sysfs_root);
+    } catch (const std::exception& e) {
+      spdlog::error("dra: {}", e.what());
+    }
+  }
+  // The device plugin: for its pools (a DRA driver alone needs none).
+  if (!config_.kubernetes.enabled || (config_.kubernetes.pools.empty() && config_.kubernetes.dra.enabled)) {
     k8s_.reset();
     return;
   }

@@ -67,7 +67,7 @@ std::string check_on_this_host(const sriovd::config::Config& cfg, const std::str
 int check_config(const std::string& check_path, const std::string& sysfs_root) {
   try {
     const auto cfg = sriovd::config::load(check_path);
-    if (const std::string no = sriovd::daemon::Daemon::not_served(cfg); !no.empty()) {
+    if (const std::string no = sriovd::daemon::Daemon::cannot_serve(cfg); !no.empty()) {
       std::fprintf(stderr, "%s: valid, but %s\n", check_path.c_str(), no.c_str());
       return kExitConfig;
     }
@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
     spdlog::critical("invalid configuration, nothing was changed:\n{}", e.what());
     return kExitConfig;
   }
-  if (const std::string no = sriovd::daemon::Daemon::not_served(cfg); !no.empty()) {
+  if (const std::string no = sriovd::daemon::Daemon::cannot_serve(cfg); !no.empty()) {
     spdlog::critical("{}: {}; nothing was changed", config_path, no);
     return kExitConfig;
   }

@@ -900,20 +900,23 @@ TEST(SriovdCli, CheckConfigVersionAndUsage) {
   auto r = test::run({SRIOVD_BIN, "--check-config", bad});
   EXPECT_EQ(r.exit_code, 78);
   EXPECT_THAT(r.output, HasSubstr(bad + ":3:12: log_level: expected one of"));
-  // A valid section this sriovd does not serve yet: refused by name, at
-  // the check and at the start, never ignored.
+  // A DRA driver without a way to the API server: refused by name, at the
+  // check and at the start, with nothing changed.
   std::ifstream demo(std::string(SRIOVD_SOURCE_DIR) + "/config/demo.yaml");
   std::stringstream text;
   text << demo.rdbuf();
   std::string with_dra = text.str();
   with_dra += with_dra.find("\nkubernetes:") == std::string::npos ? "kubernetes:\n  dra: {}\n" : "";
   const std::string dra = dir.write("dra.yaml", with_dra);
-  auto d = test::run({SRIOVD_BIN, "--check-config", dra});
+  auto d = test::run(
+      {"/usr/bin/env", "-u", "KUBECONFIG", "-u", "KUBERNETES_SERVICE_HOST", SRIOVD_BIN, "--check-config", dra});
   EXPECT_EQ(d.exit_code, 78) << d.output;
-  EXPECT_THAT(d.output, HasSubstr("does not serve as a DRA driver yet")) << d.output;
-  auto s = test::run({SRIOVD_BIN, "--config", dra, "--foreground"});
+  EXPECT_THAT(d.output, HasSubstr("kubernetes.dra (line ")) << d.output;
+  EXPECT_THAT(d.output, HasSubstr("no kubeconfig (kubernetes.dra.kubeconfig, $KUBECONFIG)")) << d.output;
+  auto s = test::run(
+      {"/usr/bin/env", "KUBECONFIG=" + dir.file("no-such-kubeconfig"), SRIOVD_BIN, "--config", dra, "--foreground"});
   EXPECT_EQ(s.exit_code, 78) << s.output;
-  EXPECT_THAT(s.output, HasSubstr("does not serve as a DRA driver yet;")) << s.output;
+  EXPECT_THAT(s.output, HasSubstr(dir.file("no-such-kubeconfig"))) << s.output;
   EXPECT_THAT(s.output, HasSubstr("; nothing was changed")) << s.output;
   auto v = test::run({SRIOVD_BIN, "--version"});
   EXPECT_EQ(v.exit_code, 0);

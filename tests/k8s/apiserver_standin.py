@@ -10,12 +10,17 @@ deletes whose resourceVersion precondition is stale answered 409 Conflict,
 every answer a Kubernetes object or a Status. A ResourceSlice
 (resource.k8s.io/v1) written is checked against upstream's validation
 rules (422 Invalid naming the field otherwise); lists take a
-fieldSelector (spec.driver, spec.nodeName for slices).
+fieldSelector (spec.driver, spec.nodeName for slices). A ResourceClaim's
+status is written only through its /status subresource (a create or an
+update of the claim itself keeps the status it had), as the API server
+does; a test allocates a claim that way.
 
     apiserver_standin.py --cert C --key K --port-file F [--token T] [--client-ca CA]
-                         [--node NAME:UID]... [--hang]
+                         [--node NAME:UID]... [--hang] [--port N] [--state FILE]
 
 --hang: accept connections and never answer (a server that is away).
+--state: the objects kept in FILE (read at the start, written after each
+change), as etcd keeps them across an API server's restart.
 The port it listens on (127.0.0.1) is written to --port-file when ready.
 """
 
@@ -118,12 +123,22 @@ class Store:
         self.objects = {}  # path -> object
         self.version = 1000
         self.conflict_next = 0  # test knob: that many PUTs answered 409
+        self.state_file = None
 
     def next_version(self):
         self.version += 1
         return str(self.version)
 
     def handle(self, method, target, body):
+        code, obj = self.handle_locked(method, target, body)
+        if self.state_file and method != "GET" and code < 300:
+            with self.lock:
+                with open(self.state_file + ".tmp", "w") as f:
+                    json.dump({"version": self.version, "objects": self.objects}, f)
+                os.rename(self.state_file + ".tmp", self.state_file)
+        return code, obj
+
+    def handle_locked(self, method, target, body):
         url = urllib.parse.urlsplit(target)
         path = url.path
         query = urllib.parse.parse_qs(url.query)
@@ -136,6 +151,27 @@ class Store:
                 errs = slice_errors(body if isinstance(body, dict) else {}, old)
                 if errs:
                     return status(422, "Invalid", "ResourceSlice is invalid: " + "; ".join(errs))
+            if "/resourceclaims/" in path and path.endswith("/status"):
+                path = path[:-len("/status")]
+                if path not in self.objects:
+                    return status(404, "NotFound", f"{path} not found")
+                if method == "GET":
+                    return 200, self.objects[path]
+                if method != "PUT":
+                    return status(405, "MethodNotAllowed", method + " on a status")
+                meta = body.get("metadata") if isinstance(body, dict) else None
+                current = self.objects[path]
+                if not isinstance(meta, dict) or meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                    return status(409, "Conflict",
+                                  "the object has been modified; please apply your changes to the latest version")
+                current["status"] = body.get("status", {})
+                current["metadata"]["resourceVersion"] = self.next_version()
+                return 200, current
+            if method in ("POST", "PUT") and "/resourceclaims" in path and isinstance(body, dict):
+                old = self.objects.get(path, {})
+                body.pop("status", None)
+                if "status" in old:
+                    body["status"] = old["status"]
             if method == "GET":
                 if path in self.objects:
                     return 200, self.objects[path]
@@ -190,6 +226,12 @@ class Store:
 
 def serve(args):
     store = Store()
+    if args.state:
+        store.state_file = args.state
+        if os.path.exists(args.state):
+            with open(args.state) as f:
+                saved = json.load(f)
+            store.version, store.objects = saved["version"], saved["objects"]
     for node in args.node or []:
         name, _, uid = node.partition(":")
         store.objects[f"/api/v1/nodes/{name}"] = {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -236,7 +278,8 @@ def serve(args):
     if args.client_ca:
         ctx.verify_mode = ssl.CERT_OPTIONAL
         ctx.load_verify_locations(args.client_ca)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=True)
     return server
 
@@ -250,6 +293,8 @@ def main():
     p.add_argument("--client-ca")
     p.add_argument("--node", action="append")
     p.add_argument("--hang", action="store_true")
+    p.add_argument("--state", help="keep the objects in this file across restarts")
+    p.add_argument("--port", type=int, default=0, help="listen on this port (a restarted server's)")
     args = p.parse_args()
     if args.hang:
         s = socket.socket()

@@ -43,6 +43,10 @@ struct ClaimVfConfig {
 // problem: an unknown field, a wrong apiVersion or kind, a bad value.
 ClaimVfConfig parse_claim_vf_config(std::string_view parameters, const std::string& source);
 
+// `c` as the parameters that parse_claim_vf_config reads back to it (the
+// DRA driver's record of a prepared claim keeps them so).
+std::string claim_vf_config_json(const ClaimVfConfig& c);
+
 // `over` applied on `base`: each field `over` sets replaces `base`'s
 // (DRA's order: the class's configs first, then the claim's, later ones
 // winning). qos goes with the vlan it tags.

@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "sriovd/config/claim.hpp"
 #include "sriovd/config/config.hpp"
+#include "sriovd/host/reconciler.hpp"
 #include "sriovd/control/protocol.hpp"
 #include "sriovd/irq/engine.hpp"
 #include "sriovd/k8s/device_plugin.hpp"
@@ -26,6 +28,8 @@ namespace sriovd::daemon {
 // The daemon's own parts (src/daemon/): the control socket's server, the
 // host service and sd_notify.
 class ControlServer;
+class DraDriver;
+struct ClaimRecord;
 class HostService;
 class MetricsServer;
 class SystemdNotifier;
@@ -62,10 +66,16 @@ class Daemon {
   Daemon(Options options, config::Config config);
   ~Daemon();
 
-  // What a valid config asks that this sriovd does not do yet, "" when
-  // nothing: refused at --check-config, at start and at a reload, so that
-  // it is never silently ignored.
-  static std::string not_served(const config::Config& config);
+  // Why a valid config cannot be served as it is, "" when it can: the DRA
+  // driver's way to the API server (a kubeconfig that cannot be read, no
+  // service account). Refused at --check-config, at start and at a reload,
+  // with nothing changed.
+  static std::string cannot_serve(const config::Config& config);
+  // The configs a stop leaves the host at: PFs keep their VFs, only the
+  // prepared claims' VFs keep their settings and drivers (a stop never
+  // undoes a claim); none when nothing is prepared (all is released).
+  static std::optional<config::Config> kept_at_stop(const config::Config& yaml,
+                                                    const std::vector<config::ClaimedVf>& claims);
 
   int run();
 
@@ -77,6 +87,15 @@ class Daemon {
   void arm_watchdog();
   void arm_housekeeping();
   void shutdown(const char* why);
+
+  // The host, the exports and the virtio devices converged to `next` (the
+  // file's config with the prepared claims in it); on failure all is as it
+  // was and this throws. keep_released: VFs released by `sriovctl release`
+  // stay released (a claim's apply), else a reload's fresh start.
+  std::vector<host::Step> converge_to(config::Config next, bool keep_released);
+  // The DRA driver (kubernetes.dra) as `yaml_` asks: made, kept, or gone.
+  void update_dra();
+  std::unique_ptr<DraDriver> make_dra(std::vector<ClaimRecord> prepared);
 
   // Re-reads the config file; a file that fails validation, or that changes
   // what cannot change while running, leaves everything as it was.
@@ -118,6 +137,9 @@ class Daemon {
   void thaw_handover();
 
   Options options_;
+  // The file's config, and what runs: it with the prepared DRA claims' VFs
+  // (config::with_claims).
+  config::Config yaml_;
   config::Config config_;
   asio::io_context io_;
   PollingLoop loop_;  // runs io_ (control.poll_us)
@@ -167,6 +189,9 @@ class Daemon {
   std::unique_ptr<k8s::NodeAgent> k8s_;  // with a kubernetes section
   unsigned k8s_ticks_ = 0;
   mutable std::map<std::pair<std::string, uint16_t>, std::string> k8s_ids_;  // (PF, VF index) -> address last seen
+  // The DRA driver: after the host and the exports (its claims' applies
+  // use them), before the metrics.
+  std::unique_ptr<DraDriver> dra_;
   // Last, so it goes first: its scrapes read everything above.
   std::unique_ptr<MetricsServer> metrics_;
 };

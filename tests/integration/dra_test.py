@@ -1,0 +1,610 @@
+#!/usr/bin/python3
+"""sriovd as a Kubernetes DRA driver, against a kubelet stand-in and an
+API-server stand-in, on the simulated host.
+
+No kubelet or kube-apiserver is packaged for Debian, so this script brings
+both peers. The kubelet stand-in is a real gRPC peer (Debian's
+python3-grpcio, the messages from the project's upstream .proto files
+compiled with protoc): its plugin watcher finds the registration socket in
+its registry directory, checks GetInfo as the kubelet does (type
+DRAPlugin, the driver's name, a service socket under the plugins
+directory, v1.DRAPlugin among the versions), answers
+NotifyRegistrationStatus, then calls NodePrepareResources /
+NodeUnprepareResources and watches DRAResourceHealth (v1alpha1). The API
+server stand-in (tests/k8s/apiserver_standin.py) speaks HTTPS with a bearer
+token, checks every ResourceSlice against upstream's validation, and serves
+the ResourceClaims this script allocates (status through /status).
+
+Scenarios: registration and re-registration after the kubelet wipes its
+directory; slices for the simulated host, re-made when deleted behind the
+driver's back; prepare and unprepare with every setting read back from the
+host (class and claim configs in upstream's precedence); a repeated
+prepare; a bad VfConfig, a claim of another driver, a missing claim and a
+UID that differs, each that claim's error while the others in the same
+call succeed; a reload that would take a prepared VF refused; SIGTERM and
+SIGKILL between prepare and unprepare (the claim kept, an unprepare after
+the restart restores); a claim deleted while sriovd was away unprepared at
+its start; the API server down and back; health on PF link down; an
+upgrade in place registering again with the claims kept.
+
+    tests/integration/dra_test.py BUILD_DIR
+Exit 0: all passed; 1: a check failed; 77: cannot run here (says why).
+"""
+
+import base64
+import ctypes
+import importlib
+import struct
+import json
+import os
+import queue
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+try:
+    import grpc
+except ImportError:
+    print("SKIP: python3-grpcio is not installed (apt-get install python3-grpcio python3-protobuf)", file=sys.stderr)
+    sys.exit(77)
+if not os.path.exists("/usr/bin/openssl"):
+    print("SKIP: openssl is not installed (the API server stand-in's certificates)", file=sys.stderr)
+    sys.exit(77)
+
+BUILD = os.path.abspath(sys.argv[1])
+SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SRIOVD = os.path.join(BUILD, "src", "sriovd")
+SRIOVCTL = os.path.join(BUILD, "src", "sriovctl")
+DRIVER = "sriovd.io"
+NODE, NODE_UID = "node-a", "7d0f1a52-0c59-4f37-9d64-3b1b7a2c0a11"
+TOKEN = "dra-test-token-never-logged"
+PF = "0000:3b:00.0"
+
+work = tempfile.mkdtemp(prefix="sriovd-dra.")
+registry = os.path.join(work, "plugins_registry")
+plugins = os.path.join(work, "plugins")
+cdi_dir = os.path.join(work, "cdi")
+for d in (registry, plugins, cdi_dir):
+    os.makedirs(d)
+procs = []
+failures = 0
+
+
+def check(name, ok, detail=""):
+    global failures
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + str(detail)), flush=True)
+    if not ok:
+        failures += 1
+    return ok
+
+
+def wait_until(fn, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    return fn()
+
+
+# --- the kubelet's APIs, from the project's upstream .proto files ---
+gen = os.path.join(work, "gen")
+os.makedirs(gen)
+protos = ["pluginregistration_v1.proto", "dra_v1.proto", "dra_health_v1alpha1.proto"]
+subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "src", "k8s"), "--python_out=" + gen, *protos],
+               check=True)
+sys.path.insert(0, gen)
+reg = importlib.import_module("pluginregistration_v1_pb2")
+dra = importlib.import_module("dra_v1_pb2")
+health = importlib.import_module("dra_health_v1alpha1_pb2")
+
+# --- the API server stand-in, with certificates of this run ---
+pki = os.path.join(work, "pki")
+os.makedirs(pki)
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+        f"{pki}/ca.key", "-out", f"{pki}/ca.crt", "-subj", "/CN=ca", "-days", "2")
+with open(f"{pki}/server.ext", "w") as f:
+    f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+        f"{pki}/server.key", "-out", f"{pki}/server.csr", "-subj", "/CN=server")
+openssl("x509", "-req", "-in", f"{pki}/server.csr", "-CA", f"{pki}/ca.crt", "-CAkey", f"{pki}/ca.key",
+        "-CAcreateserial", "-out", f"{pki}/server.crt", "-days", "2", "-extfile", f"{pki}/server.ext")
+
+
+class ApiServer:
+    def __init__(self):
+        self.proc = None
+        self.port = 0
+
+    def start(self):
+        port_file = os.path.join(work, "apiserver.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        log = open(os.path.join(work, "apiserver.log"), "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(SRC, "tests", "k8s", "apiserver_standin.py"), "--cert",
+             f"{pki}/server.crt", "--key", f"{pki}/server.key", "--port-file", port_file, "--token", TOKEN,
+             "--node", f"{NODE}:{NODE_UID}", "--port", str(self.port), "--state", os.path.join(work, "etcd.json")],
+            stdout=log, stderr=log)
+        procs.append(self.proc)
+        if not wait_until(lambda: os.path.exists(port_file), 20):
+            raise RuntimeError("the API server stand-in did not start")
+        with open(port_file) as f:
+            self.port = int(f.read())
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(10)
+
+    def call(self, method, path, body=None):
+        ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
+        req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+        req.add_header("Authorization", "Bearer " + TOKEN)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def slices(self):
+        code, body = self.call("GET", "/apis/resource.k8s.io/v1/resourceslices")
+        return [s for s in body.get("items", []) if s["spec"]["driver"] == DRIVER] if code == 200 else []
+
+    def claim(self, ns, name, results, configs=()):
+        """A ResourceClaim, allocated as the scheduler would (status through /status)."""
+        path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        code, obj = self.call("POST", path, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                             "metadata": {"name": name, "namespace": ns},
+                                             "spec": {"devices": {"requests": [{"name": "vf"}]}}})
+        assert code == 201, obj
+        obj["status"] = {"allocation": {"devices": {"results": results, "config": list(configs)}}}
+        code, obj = self.call("PUT", f"{path}/{name}/status", obj)
+        assert code == 200, obj
+        return obj["metadata"]["uid"]
+
+
+def vf_config(source, params, requests=None):
+    c = {"source": source, "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "sriovd.io/v1alpha1", "kind": "VfConfig", **params}}}
+    if requests is not None:
+        c["requests"] = requests
+    return c
+
+
+def result(device, driver=DRIVER, pool=NODE, request="vf"):
+    return {"request": request, "driver": driver, "pool": pool, "device": device}
+
+
+# --- the kubelet stand-in ---
+class Kubelet:
+    """The kubelet's plugin watcher and its DRA client, as strict as the kubelet."""
+
+    IN_CREATE, IN_MOVED_TO, IN_DELETE_SELF, IN_IGNORED = 0x100, 0x80, 0x400, 0x8000
+
+    def __init__(self):
+        self.registered = queue.Queue()
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_CLOEXEC)
+        self.watch_dir()
+        # What is there already (the watcher's first scan), then events:
+        # a socket made again under the same name (an upgrade keeps the PID
+        # the name carries; tmpfs reuses inode numbers) is a new plugin.
+        for n in os.listdir(registry):
+            self.found(n)
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def watch_dir(self):
+        if self.libc.inotify_add_watch(self.fd, registry.encode(),
+                                       self.IN_CREATE | self.IN_MOVED_TO | self.IN_DELETE_SELF) < 0:
+            raise OSError(ctypes.get_errno(), "inotify_add_watch " + registry)
+
+    def watch(self):
+        while True:
+            buf = os.read(self.fd, 65536)
+            i = 0
+            while i < len(buf):
+                _, mask, _, length = struct.unpack_from("iIII", buf, i)
+                name = buf[i + 16:i + 16 + length].rstrip(b"\0").decode()
+                i += 16 + length
+                if mask & (self.IN_DELETE_SELF | self.IN_IGNORED):
+                    # The kubelet's directory wiped: watch the new one.
+                    wait_until(lambda: os.path.isdir(registry), 30)
+                    self.watch_dir()
+                    for n in os.listdir(registry):
+                        self.found(n)
+                elif mask & (self.IN_CREATE | self.IN_MOVED_TO):
+                    self.found(name)
+
+    def found(self, name):
+        if not name.endswith("-reg.sock"):
+            return
+        try:
+            self.registered.put(self.register(os.path.join(registry, name)))
+        except Exception as e:  # a refusal the test looks at
+            self.registered.put({"error": str(e), "socket": name})
+
+    def register(self, path):
+        ch = grpc.insecure_channel("unix://" + path)
+        info = ch.unary_unary("/pluginregistration.Registration/GetInfo", reg.InfoRequest.SerializeToString,
+                              reg.PluginInfo.FromString)(reg.InfoRequest(), timeout=10)
+        ok, why = True, ""
+        if info.type != "DRAPlugin":
+            ok, why = False, f"type {info.type!r} is not DRAPlugin"
+        elif info.name != DRIVER:
+            ok, why = False, f"name {info.name!r}"
+        elif not info.endpoint.startswith(os.path.join(plugins, DRIVER) + "/") or not os.path.exists(info.endpoint):
+            ok, why = False, f"endpoint {info.endpoint!r} is not a socket under {plugins}/{DRIVER}"
+        elif "v1.DRAPlugin" not in info.supported_versions:
+            ok, why = False, f"versions {list(info.supported_versions)}"
+        ch.unary_unary("/pluginregistration.Registration/NotifyRegistrationStatus",
+                       reg.RegistrationStatus.SerializeToString, reg.RegistrationStatusResponse.FromString)(
+            reg.RegistrationStatus(plugin_registered=ok, error=why), timeout=10)
+        ch.close()
+        return {"ok": ok, "why": why, "endpoint": info.endpoint, "socket": os.path.basename(path),
+                "versions": list(info.supported_versions)}
+
+    def take(self, seconds=15):
+        """The first registration since the last forget()."""
+        try:
+            return self.registered.get(timeout=seconds)
+        except queue.Empty:
+            return None
+
+    def forget(self):
+        """What the watcher saw so far (a socket's create and rename are two events)."""
+        while not self.registered.empty():
+            self.registered.get()
+
+    def plugin(self, endpoint):
+        return DraClient(endpoint)
+
+
+class DraClient:
+    def __init__(self, endpoint):
+        self.channel = grpc.insecure_channel("unix://" + endpoint)
+        m = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+        self._prepare = self.channel.unary_unary(m + "NodePrepareResources",
+                                                 dra.NodePrepareResourcesRequest.SerializeToString,
+                                                 dra.NodePrepareResourcesResponse.FromString)
+        self._unprepare = self.channel.unary_unary(m + "NodeUnprepareResources",
+                                                   dra.NodeUnprepareResourcesRequest.SerializeToString,
+                                                   dra.NodeUnprepareResourcesResponse.FromString)
+        self.watch_health = self.channel.unary_stream("/v1alpha1.DRAResourceHealth/NodeWatchResources",
+                                                      health.NodeWatchResourcesRequest.SerializeToString,
+                                                      health.NodeWatchResourcesResponse.FromString)
+
+    def prepare(self, *claims):
+        r = self._prepare(dra.NodePrepareResourcesRequest(
+            claims=[dra.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]), timeout=45)
+        return {uid: (v.error, [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                                for d in v.devices]) for uid, v in r.claims.items()}
+
+    def unprepare(self, *claims):
+        r = self._unprepare(dra.NodeUnprepareResourcesRequest(
+            claims=[dra.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]), timeout=45)
+        return {uid: v.error for uid, v in r.claims.items()}
+
+
+# --- sriovd ---
+def ctl(*args):
+    r = subprocess.run([SRIOVCTL, "-s", os.path.join(work, "control.sock"), "--json", *args],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
+    except ValueError:
+        return r.returncode, {}, r.stdout + r.stderr
+
+
+def kubeconfig():
+    with open(f"{pki}/ca.crt", "rb") as f:
+        ca = base64.b64encode(f.read()).decode()
+    path = os.path.join(work, "kubeconfig")
+    with open(path, "w") as f:
+        f.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: test, cluster: {{server: "https://127.0.0.1:{api.port}", certificate-authority-data: {ca}}}}}]
+users: [{{name: sriovd, user: {{token: {TOKEN}}}}}]
+contexts: [{{name: test, context: {{cluster: test, user: sriovd}}}}]
+current-context: test
+""")
+    return path
+
+
+def write_config(extra_vf=""):
+    with open(os.path.join(work, "sriovd.yaml"), "w") as f:
+        f.write(f"""version: 1
+host: simulated
+state_dir: {work}/state
+simulated:
+  physical_functions:
+    - {{address: "{PF}", netdev: drapf{os.getpid() % 100000}}}
+control:
+  socket: {work}/control.sock
+physical_functions:
+  - address: "{PF}"
+    num_vfs: 4
+    vfs:
+      - {{index: 0, assign: {{owner: yaml-vm, export: none}}}}
+{extra_vf}
+kubernetes:
+  cdi_dir: {cdi_dir}
+  dra:
+    driver: {DRIVER}
+    node_name: {NODE}
+    kubeconfig: {os.path.join(work, "kubeconfig")}
+    registry_dir: {registry}
+    plugins_dir: {plugins}
+""")
+
+
+daemon = None
+
+
+def start_daemon():
+    global daemon
+    log = open(os.path.join(work, "sriovd.log"), "a")
+    daemon = subprocess.Popen([SRIOVD, "--config", os.path.join(work, "sriovd.yaml")], stdout=log, stderr=log)
+    procs.append(daemon)
+    if not wait_until(lambda: ctl("status")[0] == 0, 30):
+        raise RuntimeError("sriovd did not start: " + open(os.path.join(work, "sriovd.log")).read()[-3000:])
+
+
+def stop_daemon(sig=signal.SIGTERM):
+    daemon.send_signal(sig)
+    daemon.wait(60)
+
+
+def vf(index):
+    """VF `index` of the PF as `sriovctl devices` reads it back from the host."""
+    code, out, err = ctl("devices")
+    for p in out.get("physical_functions", []):
+        for v in p.get("vfs", []):
+            if v["index"] == index:
+                return v
+    return {}
+
+
+def device_name(index):
+    return "vf-" + vf(index)["address"].replace(":", "-").replace(".", "-")
+
+
+def log_text():
+    with open(os.path.join(work, "sriovd.log")) as f:
+        return f.read()
+
+
+api = ApiServer()
+try:
+    api.start()
+    kubeconfig()
+    write_config()
+    kubelet = Kubelet()
+    start_daemon()
+
+    # --- registration ---
+    r = kubelet.take()
+    check("registers with the kubelet's plugin watcher (GetInfo checked)", r and r.get("ok"), r)
+    endpoint = r["endpoint"]
+    check("per-instance sockets (rolling-update naming)",
+          r["socket"].startswith(DRIVER + "-") and r["socket"].endswith("-reg.sock") and
+          os.path.basename(endpoint).startswith("dra-"), r)
+    client = kubelet.plugin(endpoint)
+
+    # --- the kubelet restarts: its directories wiped and made again ---
+    kubelet.forget()
+    subprocess.run(["rm", "-rf", registry, plugins], check=True)
+    os.makedirs(registry)
+    os.makedirs(plugins)
+    r = kubelet.take()
+    check("registers again after the kubelet wiped its directories", r and r.get("ok"), r)
+    check("...with its service socket made again", r and os.path.exists(r["endpoint"]), r)
+
+    # --- slices ---
+    names = {i: device_name(i) for i in range(4)}
+    slices = wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 3], 15)
+    check("a ResourceSlice with the 3 VFs the YAML does not list", slices, api.slices())
+    if slices:
+        s = slices[0]
+        devs = {d["name"]: d for d in s["spec"]["devices"]}
+        check("devices named after the VFs, VF 0 (the YAML's) not offered",
+              sorted(devs) == sorted(names[i] for i in (1, 2, 3)), sorted(devs))
+        a = devs.get(names[1], {}).get("attributes", {})
+        check("attributes under the driver's domain",
+              a.get(DRIVER + "/pciAddress", {}).get("string") == vf(1)["address"] and
+              a.get(DRIVER + "/vfIndex", {}).get("int") == 1 and DRIVER + "/pfName" in a and
+              DRIVER + "/vendorID" in a and DRIVER + "/numaNode" in a, a)
+        check("pool named after the node, owned by the Node",
+              s["spec"]["pool"]["name"] == NODE and s["spec"]["nodeName"] == NODE and
+              s["metadata"]["ownerReferences"][0]["uid"] == NODE_UID, s["spec"]["pool"])
+
+    # --- health ---
+    health_updates = queue.Queue()
+    stream = client.watch_health(health.NodeWatchResourcesRequest())
+
+    def follow():
+        try:
+            for resp in stream:
+                health_updates.put({d.device.device_name: d.health for d in resp.devices})
+        except grpc.RpcError:
+            pass
+    threading.Thread(target=follow, daemon=True).start()
+
+    def health_until(pred, seconds):
+        end = time.monotonic() + seconds
+        last = None
+        while time.monotonic() < end:
+            try:
+                last = health_updates.get(timeout=max(0.01, end - time.monotonic()))
+                if pred(last):
+                    return True, last
+            except queue.Empty:
+                break
+        return False, last
+    HEALTHY, UNHEALTHY = health.HealthStatus.Value("HEALTHY"), health.HealthStatus.Value("UNHEALTHY")
+    ok, last = health_until(lambda h: h.get(names[1]) == HEALTHY, 10)
+    check("health stream: VFs Healthy", ok, last)
+
+    # --- prepare with settings ---
+    uid_a = api.claim("default", "vm-a", [result(names[1])], [
+        vf_config("FromClass", {"mac": "02:00:00:00:0a:01", "vlan": 100, "trust": True}),
+        vf_config("FromClaim", {"vlan": 200, "qos": 3, "spoofchk": False, "max_tx_rate": 500}, ["vf"])])
+    out = client.prepare(("default", "vm-a", uid_a))
+    err, devices = out.get(uid_a, ("missing", []))
+    check("prepare: the claim prepared", err == "" and len(devices) == 1, out)
+    want_cdi = f"{DRIVER}/vf={uid_a}-{names[1]}"
+    check("prepare: device, pool and CDI id", devices == [(["vf"], NODE, names[1], [want_cdi])], devices)
+    settings = vf(1).get("settings", {})
+    check("prepare: settings read back from the host (the claim's config over the class's)",
+          settings.get("mac") == "02:00:00:00:0a:01" and settings.get("vlan") == 200 and
+          settings.get("qos") == 3 and settings.get("trust") is True and settings.get("spoofchk") is False and
+          settings.get("max_tx_rate") == 500, settings)
+    check("prepare: the VF bound to vfio-pci", vf(1).get("driver") == "vfio-pci", vf(1))
+    cdi_file = os.path.join(cdi_dir, f"{DRIVER}-claim-{uid_a}.json")
+    spec = json.load(open(cdi_file)) if os.path.exists(cdi_file) else {}
+    nodes = [n["path"] for d in spec.get("devices", []) for n in d["containerEdits"].get("deviceNodes", [])]
+    check("prepare: a CDI spec named after the claim's UID with /dev/vfio",
+          spec.get("kind") == DRIVER + "/vf" and "/dev/vfio/vfio" in nodes and
+          f"/dev/vfio/{vf(1).get('iommu_group')}" in nodes, spec)
+    again = client.prepare(("default", "vm-a", uid_a))
+    check("prepare again: the same answer", again == out, again)
+    code, claims, _ = ctl("claims")
+    check("sriovctl claims lists it", [c["uid"] for c in claims.get("claims", [])] == [uid_a], claims)
+
+    # --- one claim's error never fails the others ---
+    uid_bad = api.claim("default", "bad", [result(names[2])], [vf_config("FromClaim", {"vlan": 5000, "colour": 1})])
+    uid_other = api.claim("default", "other", [result("gpu-0", driver="gpu.example.com")])
+    uid_c = api.claim("default", "vm-c", [result(names[3])],
+                      [vf_config("FromClaim", {"driver": "netdev", "mac": "02:00:00:00:0c:01"})])
+    out = client.prepare(("default", "bad", uid_bad), ("default", "other", uid_other),
+                         ("default", "missing", "0000-uid"), ("default", "vm-c", "not-its-uid"),
+                         ("default", "vm-c", uid_c))
+    e = out.get(uid_bad, ("", []))[0]
+    check("a bad VfConfig: that claim's error naming claim and fields",
+          "default/bad" in e and "vlan" in e and "colour" in e, out.get(uid_bad))
+    check("a claim of another driver: its error",
+          "no device of driver " + DRIVER in out.get(uid_other, ("", []))[0], out.get(uid_other))
+    check("a missing claim: its error", "does not exist" in out.get("0000-uid", ("", []))[0], out.get("0000-uid"))
+    check("a UID that differs: its error", "has UID" in out.get("not-its-uid", ("", []))[0], out.get("not-its-uid"))
+    check("the good claim in the same call prepared", out.get(uid_c, ("x", []))[0] == "", out.get(uid_c))
+    check("netdev: the VF on its own driver with its MAC",
+          vf(3).get("driver") not in ("vfio-pci", "") and vf(3).get("settings", {}).get("mac") == "02:00:00:00:0c:01",
+          vf(3))
+    check("the bad claim changed nothing", vf(2).get("settings", {}).get("vlan", 0) == 0, vf(2))
+
+    # --- a reload that would take a prepared VF ---
+    write_config("      - {index: 1, mac: \"02:00:00:00:ff:01\"}")
+    code, out, err = ctl("reload")
+    check("a reload taking a prepared VF is refused, naming the claim",
+          code != 0 and "default/vm-a" in (json.dumps(out) + err), (code, out, err))
+    check("...and the VF keeps the claim's settings", vf(1).get("settings", {}).get("vlan") == 200, vf(1))
+    write_config()
+
+    # --- the slices deleted behind the driver's back ---
+    for s in api.slices():
+        api.call("DELETE", "/apis/resource.k8s.io/v1/resourceslices/" + s["metadata"]["name"])
+    check("slices deleted behind the driver's back are made again",
+          wait_until(lambda: len(api.slices()) == 1, 15), api.slices())
+
+    # --- health on PF link down ---
+    ctl("simulate-link", PF, "down")
+    ok, last = health_until(lambda h: h.get(names[1]) == UNHEALTHY and h.get(names[2]) == UNHEALTHY, 5)
+    check("PF link down: its VFs Unhealthy", ok, last)
+    ctl("simulate-link", PF, "up")
+    ok, last = health_until(lambda h: h.get(names[1]) == HEALTHY, 5)
+    check("PF link up: Healthy again", ok, last)
+    stream.cancel()
+
+    # --- SIGTERM keeps the claims; the restart takes them up ---
+    stop_daemon(signal.SIGTERM)
+    check("SIGTERM: the stop keeps the prepared claims' VFs", "of prepared DRA claims keep theirs" in log_text(),
+          log_text()[-1500:])
+    check("SIGTERM: the instance's sockets removed", not os.listdir(registry), os.listdir(registry))
+    kubelet.forget()
+    start_daemon()
+    r = kubelet.take()
+    check("registers again after a restart", r and r.get("ok"), r)
+    client = kubelet.plugin(r["endpoint"])
+    check("after the restart: the claim's settings on its VF", vf(1).get("settings", {}).get("vlan") == 200, vf(1))
+    again = client.prepare(("default", "vm-a", uid_a))
+    check("after the restart: prepare answers the same", again.get(uid_a) == ("", devices), again)
+
+    # --- SIGKILL; a claim deleted while sriovd is away ---
+    stop_daemon(signal.SIGKILL)
+    api.call("DELETE", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/vm-c")
+    kubelet.forget()
+    start_daemon()
+    r = kubelet.take()
+    client = kubelet.plugin(r["endpoint"])
+    check("after SIGKILL: the claim's settings on its VF", vf(1).get("settings", {}).get("vlan") == 200, vf(1))
+    check("a claim deleted while sriovd was away is unprepared at its start",
+          wait_until(lambda: [c["uid"] for c in ctl("claims")[1].get("claims", [])] == [uid_a], 15),
+          ctl("claims")[1])
+    check("...its CDI spec removed", not os.path.exists(os.path.join(cdi_dir, f"{DRIVER}-claim-{uid_c}.json")))
+
+    # --- the API server away and back (etcd keeps its objects) ---
+    slices_rv = max(int(s["metadata"]["resourceVersion"]) for s in api.slices())
+    api.stop()
+    # While it is away its slices go (the kubelet's start deletes a node's):
+    # the driver must make them again once it answers.
+    etcd = json.load(open(os.path.join(work, "etcd.json")))
+    etcd["objects"] = {k: v for k, v in etcd["objects"].items() if "/resourceslices/" not in k}
+    with open(os.path.join(work, "etcd.json"), "w") as f:
+        json.dump(etcd, f)
+    uid_d = "uid-while-away"
+    out = client.prepare(("default", "vm-d", uid_d))
+    check("API server away: the claim's error says so", "cannot be reached" in out.get(uid_d, ("", []))[0], out)
+    again = client.prepare(("default", "vm-a", uid_a))
+    check("API server away: a prepared claim still answers", again.get(uid_a) == ("", devices), again)
+    api.start()
+    check("API server back: the slices made again", wait_until(
+        lambda: any(int(s["metadata"]["resourceVersion"]) > slices_rv for s in api.slices()), 40), api.slices())
+
+    # --- an upgrade in place registers again, the claims kept ---
+    kubelet.forget()
+    code, out, err = ctl("upgrade")
+    check("sriovctl upgrade", code == 0, (out, err))
+    r = kubelet.take(30)
+    check("the upgraded sriovd registers again", r and r.get("ok"), r)
+    client = kubelet.plugin(r["endpoint"])
+    again = client.prepare(("default", "vm-a", uid_a))
+    check("after the upgrade: prepare answers the same", again.get(uid_a) == ("", devices), again)
+
+    # --- unprepare restores ---
+    out = client.unprepare(("default", "vm-a", uid_a))
+    check("unprepare", out == {uid_a: ""}, out)
+    s = vf(1).get("settings", {})
+    check("unprepare: the VF's settings restored", s.get("vlan", 0) == 0 and s.get("mac") != "02:00:00:00:0a:01" and
+          s.get("trust") is not True, s)
+    check("unprepare: the CDI spec removed", not os.path.exists(cdi_file))
+    check("unprepare again: nothing to do, no error", client.unprepare(("default", "vm-a", uid_a)) == {uid_a: ""})
+    check("no claim left", ctl("claims")[1].get("claims") == [], ctl("claims")[1])
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if failures:
+        print("--- sriovd log (tail) ---")
+        try:
+            print(log_text()[-6000:])
+        except OSError:
+            pass
+    subprocess.run(["rm", "-rf", work])
+
+print(f"{failures} failure(s)")
+sys.exit(1 if failures else 0)
