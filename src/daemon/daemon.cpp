@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -163,13 +164,14 @@ std::optional<config::Config> Daemon::kept_at_stop(const config::Config& yaml,
   return config::with_claims(kept, claims);
 }
 
-std::vector<host::Step> Daemon::converge_to(config::Config next, bool keep_released) {
+std::vector<host::Step> Daemon::converge_to(config::Config next, bool keep_released,
+                                            std::optional<size_t> stop_before_step) {
   vf_exports_->drop(&next, config_);
   virtio_->drop(&next);
   virtio_->wait_for_vf_ports();
   std::vector<host::Step> steps;
   try {
-    steps = keep_released ? host_->reconcile(next) : host_->apply(next);
+    steps = keep_released ? host_->reconcile(next, stop_before_step) : host_->apply(next);
   } catch (...) {
     vf_exports_->sync(config_);  // the host is as it was: so are the exports
     virtio_->start(config_);
@@ -185,7 +187,7 @@ std::unique_ptr<DraDriver> Daemon::make_dra(std::vector<ClaimRecord> prepared) {
   DraDriver::Hooks hooks;
   // A claim's VFs go through the same journalled apply as the file's.
   hooks.apply_claims = [this](const std::vector<config::ClaimedVf>& claims) {
-    converge_to(config::with_claims(yaml_, claims), true);
+    converge_to(config::with_claims(yaml_, claims), true, std::exchange(options_.test_stop_before_claim_step, {}));
     update_k8s();
   };
   return std::make_unique<DraDriver>(io_, yaml_, std::move(prepared), std::move(hooks));

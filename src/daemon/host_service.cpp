@@ -54,16 +54,25 @@ void HostService::keep_for_successor() {
   if (sim_) sim_->keep_for_successor();
 }
 
+namespace {
+
+// Crash tests: the process stops itself (SIGSTOP) before step n, so that a
+// test can SIGKILL it in the middle of a transaction.
+std::function<void(const host::Step&, size_t)> stop_before(std::optional<size_t> n) {
+  if (!n) return nullptr;
+  return [n = *n](const host::Step& step, size_t i) {
+    if (i != n) return;
+    spdlog::warn("host: stopping myself before step {} ({}) as a --test-stop option asked", i, step.describe());
+    ::raise(SIGSTOP);
+  };
+}
+
+}  // namespace
+
 void HostService::start(const config::Config& cfg, std::optional<size_t> stop_before_step) {
   recovered_ = reconciler_->recover();
   for (const auto& s : recovered_) spdlog::warn("host: recovered: undid {}", s);
-  if (stop_before_step) {
-    reconciler_->before_step = [n = *stop_before_step](const host::Step& step, size_t i) {
-      if (i != n) return;
-      spdlog::warn("host: stopping myself before step {} ({}) as --test-stop-before-step asked", i, step.describe());
-      ::raise(SIGSTOP);
-    };
-  }
+  reconciler_->before_step = stop_before(stop_before_step);
   const auto steps = reconciler_->converge(cfg, released_);
   reconciler_->before_step = nullptr;
   spdlog::info("host: {} change(s) applied", steps.size());
@@ -74,8 +83,16 @@ std::vector<host::Step> HostService::apply(const config::Config& cfg) {
   return reconciler_->converge(cfg, released_);
 }
 
-std::vector<host::Step> HostService::reconcile(const config::Config& cfg) {
-  return reconciler_->converge(cfg, released_);
+std::vector<host::Step> HostService::reconcile(const config::Config& cfg, std::optional<size_t> stop_before_step) {
+  reconciler_->before_step = stop_before(stop_before_step);
+  try {
+    auto steps = reconciler_->converge(cfg, released_);
+    reconciler_->before_step = nullptr;
+    return steps;
+  } catch (...) {
+    reconciler_->before_step = nullptr;
+    throw;
+  }
 }
 
 // What a reload would do: a reload forgets released VFs.

@@ -36,7 +36,8 @@ class HostService {
   // Converges to a new config; on failure the host is as it was before.
   std::vector<host::Step> apply(const config::Config& cfg);
   // Converges to the same config again (released VFs stay released).
-  std::vector<host::Step> reconcile(const config::Config& cfg);
+  // stop_before_step: crash tests, as start's.
+  std::vector<host::Step> reconcile(const config::Config& cfg, std::optional<size_t> stop_before_step = std::nullopt);
   [[nodiscard]] std::vector<host::Step> plan(const config::Config& cfg);
   // Gives one VF back to the host (until the next reload).
   // Gives the VFs back to the host until the next reload.

@@ -141,6 +141,10 @@ int main(int argc, char** argv) {
   app.add_option("--test-stop-before-step", test_stop_before_step,
                  "crash tests: SIGSTOP before step N of the first apply")
       ->group("");  // hidden
+  int test_stop_claim_step = -1;
+  app.add_option("--test-stop-before-claim-step", test_stop_claim_step,
+                 "crash tests: SIGSTOP before step N of the first DRA claim's prepare or unprepare")
+      ->group("");  // hidden
   int handover_fd = -1;
   app.add_option("--handover-fd", handover_fd, "an upgrade in place: the predecessor's handover manifest")
       ->group("");  // hidden: given by the predecessor's exec
@@ -199,6 +203,7 @@ int main(int argc, char** argv) {
     options.sysfs_root = sysfs_root;
     if (test_stop_before_step >= 0) options.test_stop_before_step = static_cast<size_t>(test_stop_before_step);
     if (handover_fd >= 0) options.handover_fd = handover_fd;
+    if (test_stop_claim_step >= 0) options.test_stop_before_claim_step = static_cast<size_t>(test_stop_claim_step);
     options.test_stop_before_takeover = stop_before_takeover;
     options.binary = self_binary();
     options.argv.assign(argv, argv + argc);

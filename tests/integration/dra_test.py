@@ -337,7 +337,7 @@ control:
   socket: {work}/control.sock
 physical_functions:
   - address: "{PF}"
-    num_vfs: 4
+    num_vfs: 6
     vfs:
       - {{index: 0, assign: {{owner: yaml-vm, export: none}}}}
 {extra_vf}
@@ -355,10 +355,10 @@ kubernetes:
 daemon = None
 
 
-def start_daemon():
+def start_daemon(*extra):
     global daemon
     log = open(os.path.join(work, "sriovd.log"), "a")
-    daemon = subprocess.Popen([SRIOVD, "--config", os.path.join(work, "sriovd.yaml")], stdout=log, stderr=log)
+    daemon = subprocess.Popen([SRIOVD, "--config", os.path.join(work, "sriovd.yaml"), *extra], stdout=log, stderr=log)
     procs.append(daemon)
     if not wait_until(lambda: ctl("status")[0] == 0, 30):
         raise RuntimeError("sriovd did not start: " + open(os.path.join(work, "sriovd.log")).read()[-3000:])
@@ -377,6 +377,13 @@ def vf(index):
             if v["index"] == index:
                 return v
     return {}
+
+
+def safe(fn):
+    try:
+        return fn()
+    except Exception as e:
+        return e
 
 
 def device_name(index):
@@ -415,14 +422,14 @@ try:
     check("...with its service socket made again", r and os.path.exists(r["endpoint"]), r)
 
     # --- slices ---
-    names = {i: device_name(i) for i in range(4)}
-    slices = wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 3], 15)
-    check("a ResourceSlice with the 3 VFs the YAML does not list", slices, api.slices())
+    names = {i: device_name(i) for i in range(6)}
+    slices = wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 5], 15)
+    check("a ResourceSlice with the 5 VFs the YAML does not list", slices, api.slices())
     if slices:
         s = slices[0]
         devs = {d["name"]: d for d in s["spec"]["devices"]}
         check("devices named after the VFs, VF 0 (the YAML's) not offered",
-              sorted(devs) == sorted(names[i] for i in (1, 2, 3)), sorted(devs))
+              sorted(devs) == sorted(names[i] for i in range(1, 6)), sorted(devs))
         a = devs.get(names[1], {}).get("attributes", {})
         check("attributes under the driver's domain",
               a.get(DRIVER + "/pciAddress", {}).get("string") == vf(1)["address"] and
@@ -506,6 +513,28 @@ try:
           vf(3))
     check("the bad claim changed nothing", vf(2).get("settings", {}).get("vlan", 0) == 0, vf(2))
 
+    # --- vfio-user and virtio: sriovd serves the VF on a socket the CDI spec mounts ---
+    uid_u = api.claim("default", "vm-u", [result(names[2])], [vf_config("FromClaim", {"driver": "vfio-user"})])
+    uid_v = api.claim("default", "pod-v", [result(names[4])],
+                      [vf_config("FromClaim", {"driver": "virtio", "mac": "02:00:00:00:0b:04", "mtu": 1400})])
+    out = client.prepare(("default", "vm-u", uid_u), ("default", "pod-v", uid_v))
+    check("vfio-user and virtio claims prepared", out.get(uid_u, ("x",))[0] == "" and
+          out.get(uid_v, ("x",))[0] == "", out)
+    claims = {c["uid"]: c for c in ctl("claims")[1].get("claims", [])}
+    sock_u = claims.get(uid_u, {}).get("devices", [{}])[0].get("socket", "")
+    sock_v = claims.get(uid_v, {}).get("devices", [{}])[0].get("socket", "")
+    check("vfio-user: the VF exported on its socket (on vfio-pci)",
+          sock_u and wait_until(lambda: os.path.exists(sock_u), 10) and vf(2).get("export") == "vfio-user" and
+          vf(2).get("driver") == "vfio-pci", (sock_u, vf(2)))
+    spec_u = json.load(open(os.path.join(cdi_dir, f"{DRIVER}-claim-{uid_u}.json")))
+    check("vfio-user: the CDI spec mounts the socket",
+          spec_u["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == sock_u, spec_u)
+    virtio = [d for d in ctl("devices")[1].get("virtio_devices", []) if d.get("socket") == sock_v]
+    check("virtio: a vhost-user virtio-net device bridged to the VF, the claim's MAC on the VF",
+          sock_v and wait_until(lambda: os.path.exists(sock_v), 10) and virtio and
+          virtio[0]["backend"].get("vf") == 4 and vf(4).get("settings", {}).get("mac") == "02:00:00:00:0b:04",
+          (sock_v, virtio, vf(4)))
+
     # --- a reload that would take a prepared VF ---
     write_config("      - {index: 1, mac: \"02:00:00:00:ff:01\"}")
     code, out, err = ctl("reload")
@@ -552,7 +581,8 @@ try:
     client = kubelet.plugin(r["endpoint"])
     check("after SIGKILL: the claim's settings on its VF", vf(1).get("settings", {}).get("vlan") == 200, vf(1))
     check("a claim deleted while sriovd was away is unprepared at its start",
-          wait_until(lambda: [c["uid"] for c in ctl("claims")[1].get("claims", [])] == [uid_a], 15),
+          wait_until(lambda: sorted(c["uid"] for c in ctl("claims")[1].get("claims", [])) ==
+                     sorted([uid_a, uid_u, uid_v]), 15),
           ctl("claims")[1])
     check("...its CDI spec removed", not os.path.exists(os.path.join(cdi_dir, f"{DRIVER}-claim-{uid_c}.json")))
 
@@ -583,6 +613,37 @@ try:
     client = kubelet.plugin(r["endpoint"])
     again = client.prepare(("default", "vm-a", uid_a))
     check("after the upgrade: prepare answers the same", again.get(uid_a) == ("", devices), again)
+
+    # --- SIGKILL in the middle of a prepare: the host converges after the restart ---
+    stop_daemon(signal.SIGTERM)
+    kubelet.forget()
+    start_daemon("--test-stop-before-claim-step", "1")
+    client = kubelet.plugin(kubelet.take()["endpoint"])
+    uid_k = api.claim("default", "vm-k", [result(names[5])], [vf_config("FromClaim", {"vlan": 55, "trust": True})])
+    late = []
+    threading.Thread(target=lambda: late.append(safe(lambda: client.prepare(("default", "vm-k", uid_k)))),
+                     daemon=True).start()
+
+    def stopped():
+        with open(f"/proc/{daemon.pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("T")
+    check("prepare stopped in the middle of its host transaction", wait_until(stopped, 20))
+    daemon.kill()
+    daemon.wait(10)
+    kubelet.forget()
+    start_daemon()
+    client = kubelet.plugin(kubelet.take()["endpoint"])
+    check("after SIGKILL mid-prepare: the host converged to the recorded claim",
+          vf(5).get("settings", {}).get("vlan") == 55 and vf(5).get("settings", {}).get("trust") is True, vf(5))
+    out = client.prepare(("default", "vm-k", uid_k))
+    check("...and the kubelet's prepare again finishes it", out.get(uid_k, ("x",))[0] == "", out)
+    out = client.unprepare(("default", "vm-k", uid_k), ("default", "vm-u", uid_u), ("default", "pod-v", uid_v))
+    check("unprepare vm-k, vm-u and pod-v", out == {uid_k: "", uid_u: "", uid_v: ""}, out)
+    check("...vm-k's VF restored", vf(5).get("settings", {}).get("vlan", 0) == 0, vf(5))
+    check("...vm-u's socket gone, its VF back on its own driver",
+          wait_until(lambda: not os.path.exists(sock_u), 10) and vf(2).get("driver") != "vfio-pci", vf(2))
+    check("...pod-v's virtio device gone",
+          not [d for d in ctl("devices")[1].get("virtio_devices", []) if d.get("socket") == sock_v])
 
     # --- unprepare restores ---
     out = client.unprepare(("default", "vm-a", uid_a))

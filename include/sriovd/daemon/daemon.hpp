@@ -44,6 +44,9 @@ struct Options {
   // Crash tests: the daemon stops itself (SIGSTOP) before this step of its
   // first apply, so a test can SIGKILL it mid-transaction.
   std::optional<size_t> test_stop_before_step;
+  // ... and before this step of the first DRA claim's apply (a prepare or
+  // an unprepare).
+  std::optional<size_t> test_stop_before_claim_step;
   // An upgrade in place: the predecessor's handover manifest (handover.hpp).
   std::optional<int> handover_fd;
   // Crash tests: a successor stops itself (SIGSTOP) before it takes over.
@@ -92,7 +95,8 @@ class Daemon {
   // file's config with the prepared claims in it); on failure all is as it
   // was and this throws. keep_released: VFs released by `sriovctl release`
   // stay released (a claim's apply), else a reload's fresh start.
-  std::vector<host::Step> converge_to(config::Config next, bool keep_released);
+  std::vector<host::Step> converge_to(config::Config next, bool keep_released,
+                                      std::optional<size_t> stop_before_step = std::nullopt);
   // The DRA driver (kubernetes.dra) as `yaml_` asks: made, kept, or gone.
   void update_dra();
   std::unique_ptr<DraDriver> make_dra(std::vector<ClaimRecord> prepared);
