@@ -63,6 +63,8 @@ SRIOVCTL = os.path.join(BUILD, "src", "sriovctl")
 DRIVER = "sriovd.io"
 NODE, NODE_UID = "node-a", "7d0f1a52-0c59-4f37-9d64-3b1b7a2c0a11"
 TOKEN = "dra-test-token-never-logged"
+ADMIN = "dra-test-admin-token"  # the test's own requests: RBAC applies to sriovd's token only
+MANIFESTS = os.path.join(SRC, "config", "kubernetes")
 PF = "0000:3b:00.0"
 
 work = tempfile.mkdtemp(prefix="sriovd-dra.")
@@ -136,7 +138,8 @@ class ApiServer:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(SRC, "tests", "k8s", "apiserver_standin.py"), "--cert",
              f"{pki}/server.crt", "--key", f"{pki}/server.key", "--port-file", port_file, "--token", TOKEN,
-             "--node", f"{NODE}:{NODE_UID}", "--port", str(self.port), "--state", os.path.join(work, "etcd.json")],
+             "--node", f"{NODE}:{NODE_UID}", "--port", str(self.port), "--state", os.path.join(work, "etcd.json"),
+             "--rbac", os.path.join(MANIFESTS, "dra-driver.yaml"), "--admin-token", ADMIN],
             stdout=log, stderr=log)
         procs.append(self.proc)
         if not wait_until(lambda: os.path.exists(port_file), 20):
@@ -148,11 +151,11 @@ class ApiServer:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(10)
 
-    def call(self, method, path, body=None):
+    def call(self, method, path, body=None, token=ADMIN):
         ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
         req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode())
-        req.add_header("Authorization", "Bearer " + TOKEN)
+        req.add_header("Authorization", "Bearer " + token)
         if body is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -337,7 +340,7 @@ control:
   socket: {work}/control.sock
 physical_functions:
   - address: "{PF}"
-    num_vfs: 6
+    num_vfs: 7
     vfs:
       - {{index: 0, assign: {{owner: yaml-vm, export: none}}}}
 {extra_vf}
@@ -422,14 +425,14 @@ try:
     check("...with its service socket made again", r and os.path.exists(r["endpoint"]), r)
 
     # --- slices ---
-    names = {i: device_name(i) for i in range(6)}
-    slices = wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 5], 15)
-    check("a ResourceSlice with the 5 VFs the YAML does not list", slices, api.slices())
+    names = {i: device_name(i) for i in range(7)}
+    slices = wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 6], 15)
+    check("a ResourceSlice with the 6 VFs the YAML does not list", slices, api.slices())
     if slices:
         s = slices[0]
         devs = {d["name"]: d for d in s["spec"]["devices"]}
         check("devices named after the VFs, VF 0 (the YAML's) not offered",
-              sorted(devs) == sorted(names[i] for i in range(1, 6)), sorted(devs))
+              sorted(devs) == sorted(names[i] for i in range(1, 7)), sorted(devs))
         a = devs.get(names[1], {}).get("attributes", {})
         check("attributes under the driver's domain",
               a.get(DRIVER + "/pciAddress", {}).get("string") == vf(1)["address"] and
@@ -512,6 +515,43 @@ try:
           vf(3).get("driver") not in ("vfio-pci", "") and vf(3).get("settings", {}).get("mac") == "02:00:00:00:0c:01",
           vf(3))
     check("the bad claim changed nothing", vf(2).get("settings", {}).get("vlan", 0) == 0, vf(2))
+
+    # --- the shipped DeviceClass and claim template, as the scheduler allocates them ---
+    import yaml  # python3-yaml
+    docs = {d["kind"]: d for d in yaml.safe_load_all(open(os.path.join(MANIFESTS, "dra-deviceclass.yaml")))}
+    class_cfg = dict(docs["DeviceClass"]["spec"]["config"][0], source="FromClass")
+    claim_cfg = dict(docs["ResourceClaimTemplate"]["spec"]["spec"]["devices"]["config"][0], source="FromClaim")
+    check("the DeviceClass selects this driver's devices",
+          f'device.driver == "{DRIVER}"' in docs["DeviceClass"]["spec"]["selectors"][0]["cel"]["expression"])
+    uid_x = api.claim("default", "dpdk-app-vf", [result(names[6])], [class_cfg, claim_cfg])
+    out = client.prepare(("default", "dpdk-app-vf", uid_x))
+    want = claim_cfg["opaque"]["parameters"]
+    got = vf(6).get("settings", {})
+    check("the shipped examples' configs prepared and on the VF",
+          out.get(uid_x, ("x",))[0] == "" and got.get("mac") == want["mac"] and got.get("vlan") == want["vlan"] and
+          got.get("qos") == want["qos"] and got.get("trust") is True and got.get("spoofchk") is True and
+          got.get("max_tx_rate") == want["max_tx_rate"], (out, got))
+    check("...unprepared", client.unprepare(("default", "dpdk-app-vf", uid_x)) == {uid_x: ""})
+
+    # --- the ClusterRole is all sriovd may do (and all it needs: everything above used it) ---
+    code, _ = api.call("GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", token=TOKEN)
+    code2, _ = api.call("DELETE", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/vm-a", token=TOKEN)
+    check("RBAC: listing or deleting claims is forbidden to sriovd's account", code == 403 and code2 == 403,
+          (code, code2))
+    ds = [d for d in yaml.safe_load_all(open(os.path.join(MANIFESTS, "dra-driver.yaml"))) if d]
+    conf = yaml.safe_load([d for d in ds if d["kind"] == "ConfigMap"][0]["data"]["sriovd.yaml"])
+    host_paths = {v["hostPath"]["path"] for d in ds if d["kind"] == "DaemonSet"
+                  for v in d["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    dra_conf = conf["kubernetes"]["dra"]
+    want_paths = {dra_conf["registry_dir"], dra_conf["plugins_dir"], conf["kubernetes"]["cdi_dir"], conf["state_dir"],
+                  "/run/sriovd", "/dev/vfio", "/sys"}
+    check("the DaemonSet mounts every directory its config names", want_paths <= host_paths, want_paths - host_paths)
+    with open(os.path.join(work, "shipped.yaml"), "w") as f:
+        f.write([d for d in ds if d["kind"] == "ConfigMap"][0]["data"]["sriovd.yaml"])
+    r = subprocess.run([SRIOVD, "--check-config", os.path.join(work, "shipped.yaml")], capture_output=True,
+                       text=True, env=dict(os.environ, KUBECONFIG=os.path.join(work, "kubeconfig")))
+    check("the shipped config is valid (this host has no ens1f0 to apply it to)",
+          r.returncode == 0 or "valid, but this host cannot apply it" in r.stderr, r.stdout + r.stderr)
 
     # --- vfio-user and virtio: sriovd serves the VF on a socket the CDI spec mounts ---
     uid_u = api.claim("default", "vm-u", [result(names[2])], [vf_config("FromClaim", {"driver": "vfio-user"})])

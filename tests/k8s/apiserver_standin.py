@@ -17,8 +17,13 @@ does; a test allocates a claim that way.
 
     apiserver_standin.py --cert C --key K --port-file F [--token T] [--client-ca CA]
                          [--node NAME:UID]... [--hang] [--port N] [--state FILE]
+                         [--rbac MANIFEST --admin-token T]
 
 --hang: accept connections and never answer (a server that is away).
+--rbac: the token's requests are authorized by the ClusterRole in
+MANIFEST, as the API server's RBAC authorizer does (verb, API group,
+resource and subresource; anything else 403 Forbidden); the admin token
+may do anything (the test's own requests).
 --state: the objects kept in FILE (read at the start, written after each
 change), as etcd keeps them across an API server's restart.
 The port it listens on (127.0.0.1) is written to --port-file when ready.
@@ -110,6 +115,36 @@ def field_matches(obj, selector):
         if value != want:
             return False
     return True
+
+
+def request_attributes(method, path, query):
+    """The RBAC attributes of a request: (verb, API group, resource[/subresource])."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    if not rest:
+        return None
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    verb = {"GET": "get" if name else ("watch" if query.get("watch") == ["true"] else "list"),
+            "POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete" if name else "deletecollection"}.get(method)
+    return verb, group, resource + ("/" + sub if sub else "")
+
+
+def rbac_allows(rules, attrs):
+    verb, group, resource = attrs
+    for r in rules:
+        if (group in r.get("apiGroups", []) or "*" in r.get("apiGroups", [])) and \
+                (resource in r.get("resources", []) or "*" in r.get("resources", [])) and \
+                (verb in r.get("verbs", []) or "*" in r.get("verbs", [])):
+            return True
+    return False
 
 
 def status(code, reason, message):
@@ -226,6 +261,14 @@ class Store:
 
 def serve(args):
     store = Store()
+    rules = None
+    if args.rbac:
+        import yaml  # python3-yaml: only for --rbac
+        with open(args.rbac) as f:
+            roles = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "ClusterRole"]
+        if len(roles) != 1:
+            sys.exit(f"{args.rbac}: expected one ClusterRole, found {len(roles)}")
+        rules = roles[0].get("rules", [])
     if args.state:
         store.state_file = args.state
         if os.path.exists(args.state):
@@ -252,15 +295,28 @@ def serve(args):
             self.wfile.write(data)
 
         def authenticated(self):
-            if args.token and self.headers.get("Authorization") == "Bearer " + args.token:
-                return True
-            return bool(args.client_ca and self.connection.getpeercert())
+            """Who is asking: "admin", "driver" (the token or a client certificate), or None."""
+            auth = self.headers.get("Authorization")
+            if args.admin_token and auth == "Bearer " + args.admin_token:
+                return "admin"
+            if args.token and auth == "Bearer " + args.token:
+                return "driver"
+            return "driver" if args.client_ca and self.connection.getpeercert() else None
 
         def any(self):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            if not self.authenticated():
+            who = self.authenticated()
+            if not who:
                 return self.reply(*status(401, "Unauthorized", "Unauthorized"))
+            if rules is not None and who != "admin":
+                url = urllib.parse.urlsplit(self.path)
+                attrs = request_attributes(self.command, url.path, urllib.parse.parse_qs(url.query))
+                if attrs is None or not rbac_allows(rules, attrs):
+                    verb, group, resource = attrs or (self.command, "?", url.path)
+                    return self.reply(*status(403, "Forbidden", f'User "system:serviceaccount:sriovd:sriovd" '
+                                                                f'cannot {verb} resource "{resource}" in API group '
+                                                                f'"{group}"'))
             body = None
             if raw:
                 if self.headers.get("Content-Type") != "application/json":
@@ -293,6 +349,8 @@ def main():
     p.add_argument("--client-ca")
     p.add_argument("--node", action="append")
     p.add_argument("--hang", action="store_true")
+    p.add_argument("--rbac", help="authorize the token by the ClusterRole in this manifest")
+    p.add_argument("--admin-token", help="a token that may do anything")
     p.add_argument("--state", help="keep the objects in this file across restarts")
     p.add_argument("--port", type=int, default=0, help="listen on this port (a restarted server's)")
     args = p.parse_args()
