@@ -175,6 +175,8 @@ igb_run() {
   mon=$(mktemp -u /tmp/sriovd-igb-mon.XXXXXX)
   vm_log "booting $(cat "$kernel/version") on $("$IGB_QEMU/usr/bin/qemu-system-x86_64" --version | head -n 1 | awk '{print $4}') with $(basename "$scenario") (timeout ${VM_TIMEOUT}s)"
   local rc=0
+  # IGB_QEMU_EXTRA: more devices (several arguments, split on spaces).
+  # shellcheck disable=SC2086
   timeout --kill-after=10 "$VM_TIMEOUT" "$IGB_QEMU/usr/bin/qemu-system-x86_64" \
     -L "$IGB_QEMU/usr/share/qemu" -L "$IGB_QEMU/usr/share/seabios" \
     -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 2 \
@@ -183,6 +185,7 @@ igb_run() {
     -netdev hubport,id=w0,hubid=0 -netdev hubport,id=w1,hubid=0 \
     -device igb,netdev=w0,bus=rp1,romfile=,mac=52:54:00:00:01:00,id=pf0 \
     -device igb,netdev=w1,bus=rp2,romfile=,mac=52:54:00:00:02:00,id=wire \
+    ${IGB_QEMU_EXTRA:-} \
     -kernel "$kernel/vmlinuz" -initrd "$initrd" \
     -append "console=ttyS0 intel_iommu=on iommu=pt quiet loglevel=3 panic=-1 vmtest_watchdog=$((VM_TIMEOUT - 45))" \
     -display none -serial stdio -monitor "unix:$mon,server=on,wait=off" -no-reboot </dev/null >"$log" 2>&1 &

@@ -1,0 +1,91 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
+# sriovd as a DRA driver on a real SR-IOV NIC driver (igb, igbvf): a claim
+# sets MAC, VLAN and trust on an igb VF and binds it to vfio-pci; a stop
+# keeps it (the claim's pod holds the VF); the restarted sriovd answers the
+# kubelet's prepare again the same; unprepare gives the VF back exactly as
+# it was. The API server is the host's stand-in, reached over QEMU's user
+# network on the third igb port (tests/vm/igb_dra).
+set -u
+CFG=/etc/sriovd/sriovd.yaml
+PID=
+# shellcheck source=../guest-lib.sh
+. /guest-lib.sh
+
+PF=0000:01:00.0
+SYS=/sys/bus/pci/devices/$PF
+PFN=$(ls "$SYS/net")
+API=$(ls /sys/bus/pci/devices/0000:03:00.0/net)
+[ -n "$PFN" ] && [ -n "$API" ] || { fail "igb netdevs: PF [$PFN] API [$API]"; exit 1; }
+vfip link set "$PFN" up
+ip link set "$API" up
+ip addr add 10.0.2.15/24 dev "$API"
+i=0; while [ $i -lt 100 ] && [ "$(cat "/sys/class/net/$API/carrier" 2>/dev/null)" != 1 ]; do sleep 0.1; i=$((i + 1)); done
+drv() { if [ -e "/sys/bus/pci/devices/$1/driver" ]; then basename "$(readlink "/sys/bus/pci/devices/$1/driver")"; else echo none; fi; }
+vfaddr() { basename "$(readlink "$SYS/virtfn$1")"; }
+vfline() { vfip link show "$PFN" | grep "^ *vf $1 " | sed 's/, link-state [a-z]*//'; }
+REG=/var/lib/kubelet/plugins_registry
+KUBECONFIG_FILE=/bin/kubeconfig
+
+mkdir -p /etc/sriovd /var/lib/sriovd
+cat >"$CFG" <<CONF
+version: 1
+host: system
+state_dir: /var/lib/sriovd
+physical_functions:
+  - netdev: $PFN
+    num_vfs: 2
+kubernetes:
+  cdi_dir: /run/cdi
+  dra:
+    driver: sriovd.io
+    node_name: node-a
+    kubeconfig: $KUBECONFIG_FILE
+    registry_dir: $REG
+    plugins_dir: /var/lib/kubelet/plugins
+CONF
+
+if start_daemon; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
+expect_eq "numvfs-2" "$(cat "$SYS/sriov_numvfs")" 2
+wait_for 100 sh -c "ls $REG | grep -q -- -reg.sock" && pass "registration-socket" || fail "registration-socket"
+# The slices on the API server (the driver published them over the user network).
+wait_for 200 sh -c "sriovctl --json status | grep -q '\"slices_published\": *true'" && pass "slices-published" ||
+  fail "slices-published: $(sriovctl --json status | grep -A12 '\"dra\"')"
+VF=$(vfaddr 1)
+DEV=vf-$(echo "$VF" | tr ':.' '--')
+BEFORE=$(vfline 1)
+BEFORE_DRV=$(drv "$VF")
+echo "before: $BEFORE ($BEFORE_DRV)"
+
+UID_A=$(vm_dra_kubelet "$KUBECONFIG_FILE" claim default vm-a sriovd.io node-a "$DEV" \
+  '{"apiVersion":"sriovd.io/v1alpha1","kind":"VfConfig","mac":"02:00:00:00:d0:01","vlan":42,"qos":1,"trust":true}' 2>&1)
+echo "claim: $UID_A"
+out=$(vm_dra_kubelet "$REG" prepare default vm-a "$UID_A" 2>&1); echo "$out"
+case $out in *"device $DEV cdi sriovd.io/vf=$UID_A-$DEV"*ok) pass "prepare";; *) fail "prepare: $out";; esac
+l=$(vfline 1); echo "$l"
+case $l in *"02:00:00:00:d0:01"*"vlan 42, qos 1"*) pass "claim-mac-vlan-on-igb";; *) fail "claim-mac-vlan-on-igb: $l";; esac
+case $l in *"trust on"*) pass "claim-trust-on-igb";; *) fail "claim-trust-on-igb: $l";; esac
+expect_eq "claim-vf-on-vfio-pci" "$(drv "$VF")" vfio-pci
+[ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ] && pass "cdi-spec" || fail "cdi-spec"
+
+# A stop keeps the claim: the VF, its settings and its driver stay.
+stop_daemon
+expect_eq "sigterm-exit-0" "$?" 0
+expect_eq "stop-keeps-numvfs" "$(cat "$SYS/sriov_numvfs")" 2
+expect_eq "stop-keeps-claim-settings" "$(vfline 1)" "$l"
+expect_eq "stop-keeps-vfio-pci" "$(drv "$VF")" vfio-pci
+
+if start_daemon; then pass "daemon-restarts"; else fail "daemon-restarts: $(tail -n 20 /tmp/sriovd.log)"; fi
+wait_for 100 sh -c "ls $REG | grep -q -- -reg.sock" || true
+out=$(vm_dra_kubelet "$REG" prepare default vm-a "$UID_A" 2>&1); echo "$out"
+case $out in *"device $DEV"*ok) pass "prepare-again-after-restart";; *) fail "prepare-again-after-restart: $out";; esac
+expect_eq "restart-changed-nothing" "$(vfline 1)" "$l"
+
+# Unprepare: the VF as it was before the claim.
+out=$(vm_dra_kubelet "$REG" unprepare default vm-a "$UID_A" 2>&1); echo "$out"
+expect_eq "unprepare" "$out" ok
+expect_eq "unprepare-restores-settings" "$(vfline 1)" "$BEFORE"
+expect_eq "unprepare-restores-driver" "$(drv "$VF")" "$BEFORE_DRV"
+[ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ] && fail "cdi-spec-removed" || pass "cdi-spec-removed"
+stop_daemon
+expect_eq "final-stop-restores-numvfs" "$(cat "$SYS/sriov_numvfs")" 0
+grep -E 'error|warn|dra' /tmp/sriovd.log | head -n 40
