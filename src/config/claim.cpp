@@ -164,10 +164,11 @@ Config with_claims(const Config& yaml, const std::vector<ClaimedVf>& claims) {
         throw std::runtime_error(who + ": " + vf_name + " is already held by claim " + other->claim);
     held.push_back({&c, {pf.ref.to_string(), c.index}});
     const ClaimDriver driver = c.config.driver.value_or(ClaimDriver::vfio_pci);
-    if (c.config.mtu && driver != ClaimDriver::virtio)
+    if (c.config.mtu && (driver == ClaimDriver::vfio_pci || driver == ClaimDriver::vfio_user))
       throw std::runtime_error(who +
-                               ": mtu is for a VF bridged to a virtio device (driver: virtio); this sriovd does "
-                               "not set a VF netdev's MTU");
+                               ": mtu is for a VF with a netdev (driver: netdev) or a virtio device (driver: "
+                               "virtio); a VF given to a guest (" +
+                               to_string(driver) + ") has its MTU set by the guest");
     if ((driver == ClaimDriver::vfio_user || driver == ClaimDriver::virtio) && c.socket.empty())
       throw std::runtime_error(who + ": no socket for its " + to_string(driver) + " device");
 
@@ -182,6 +183,7 @@ Config with_claims(const Config& yaml, const std::vector<ClaimedVf>& claims) {
     if (s.link_state) vf["link_state"] = to_string(*s.link_state);
     if (s.max_tx_rate) vf["max_tx_rate"] = *s.max_tx_rate;
     if (s.min_tx_rate) vf["min_tx_rate"] = *s.min_tx_rate;
+    if (c.config.mtu && driver == ClaimDriver::netdev) vf["mtu"] = *c.config.mtu;
     if (driver == ClaimDriver::vfio_pci) {
       vf["assign"]["owner"] = "claim-" + c.uid;
       vf["assign"]["export"] = "none";

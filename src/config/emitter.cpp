@@ -38,6 +38,7 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
   if (vf.link_state) out << YAML::Key << "link_state" << YAML::Value << to_string(*vf.link_state);
   if (vf.max_tx_rate) out << YAML::Key << "max_tx_rate" << YAML::Value << *vf.max_tx_rate;
   if (vf.min_tx_rate) out << YAML::Key << "min_tx_rate" << YAML::Value << *vf.min_tx_rate;
+  if (vf.mtu) out << YAML::Key << "mtu" << YAML::Value << *vf.mtu;
   if (vf.assign) {
     const auto& a = *vf.assign;
     out << YAML::Key << "assign" << YAML::Value << YAML::BeginMap;

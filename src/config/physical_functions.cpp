@@ -67,7 +67,8 @@ void Loader::read_pf(const YAML::Node& node, const std::string& path) {
 
 void Loader::read_vf(const YAML::Node& node, const std::string& path, PfConfig& pf, const SimulatedPf* sim) {
   Mapping m(ctx_, node, path,
-            {"index", "mac", "vlan", "qos", "trust", "spoofchk", "link_state", "max_tx_rate", "min_tx_rate", "assign"});
+            {"index", "mac", "vlan", "qos", "trust", "spoofchk", "link_state", "max_tx_rate", "min_tx_rate", "mtu",
+             "assign"});
   if (!m.valid()) return;
   VfConfig vf;
   vf.where = m.where();
@@ -88,7 +89,11 @@ void Loader::read_vf(const YAML::Node& node, const std::string& path, PfConfig& 
       index = -1;
     }
   read_vf_settings(ctx_, m, vf);
+  if (auto mtu = m.unsigned_in("mtu", 68, 65535)) vf.mtu = static_cast<uint16_t>(*mtu);
   if (m.has("assign")) vf.assign = read_assign(m.get("assign", false), m.path_of("assign"), sim);
+  if (vf.mtu && vf.assign)
+    ctx_.error(m.where("mtu"), m.path_of("mtu"),
+               "mtu is the MTU of the VF's own netdev; an assigned VF has none on the host (its guest sets its MTU)");
   if (index < 0) return;
   vf.index = static_cast<uint16_t>(index);
   pf.vfs.push_back(std::move(vf));

@@ -241,6 +241,11 @@ json HostService::devices_json(const config::Config& cfg, bool read_settings) {
       vf["device_id"] = vf_info->device;
       vf["numa_node"] = vf_info->numa_node >= 0 ? vf_info->numa_node : info->numa_node;
       vf["netdevs"] = vf_info->netdevs;
+      // Its netdev's MTU, as the kernel has it (a VF on its own driver).
+      if (!vf_info->netdevs.empty())
+        if (const auto mtu = control_->sysfs().read("bus/pci/devices/" + vf_info->address.to_string() + "/net/" +
+                                                    vf_info->netdevs.front() + "/mtu"))
+          vf["mtu"] = std::strtoul(mtu->c_str(), nullptr, 10);
       if (vf_info->msix) vf["msix_vectors"] = vf_info->msix->vectors;
       // What the PF's driver holds for the VF now (IFLA_VF_*), read back -
       // not what the config asks: an operator or a test sees what it has.

@@ -112,6 +112,11 @@ json HostControl::get(const Key& key) {
     }
     case KeyKind::binding: return get_binding(target(key));
     case KeyKind::group_check: return iommu_group(target(key)).viable();
+    case KeyKind::vf_mtu: {
+      const auto text = sysfs_.read(vf_netdev_path(key, "mtu"));
+      if (!text) throw std::runtime_error(key.to_string() + ": its netdev has no mtu");
+      return json{{"mtu", std::stoul(*text)}};
+    }
   }
   return nullptr;
 }
@@ -127,6 +132,9 @@ void HostControl::set(const Key& key, const json& value) {
         reload_vf_driver(target(key));
       return;
     case KeyKind::binding: set_binding(target(key), value); return;
+    case KeyKind::vf_mtu:
+      sysfs_.write(vf_netdev_path(key, "mtu"), std::to_string(value.at("mtu").get<unsigned>()));
+      return;
     case KeyKind::group_check: {
       const PciAddress dev = target(key);
       const GroupReport report = iommu_group(dev);
@@ -303,6 +311,17 @@ void HostControl::probe_own_driver(const PciAddress& dev) {
                              ": drivers_probe succeeded but the device is " +
                              (bound.empty() ? std::string("bound to no driver") : "bound to " + bound) +
                              (why.empty() ? "" : " (" + why + ")"));
+}
+
+// A file of the netdev of the VF `key` names (its own driver's): throws
+// when the VF has none (on vfio-pci, no driver, not there).
+std::string HostControl::vf_netdev_path(const Key& key, const std::string& file) {
+  const PciAddress vf = target(key);
+  const auto names = sysfs_.list(dev_path(vf, "net"));
+  if (names.empty())
+    throw std::runtime_error("VF " + vf.to_string() + " has no netdev (driver '" + driver(vf) +
+                             "'): its MTU is set on its own driver");
+  return dev_path(vf, "net/" + names.front() + "/" + file);
 }
 
 json HostControl::get_binding(const PciAddress& dev) {

@@ -36,9 +36,10 @@ int apply_rank(KeyKind k) {
     case KeyKind::numvfs: return 1;
     case KeyKind::vf_settings: return 2;
     case KeyKind::binding: return 3;
-    case KeyKind::group_check: return 4;
+    case KeyKind::vf_mtu: return 4;  // on the netdev the binding made
+    case KeyKind::group_check: return 5;
   }
-  return 5;
+  return 6;
 }
 
 // Does the host already hold `want`? For settings, only the fields wanted.
@@ -126,6 +127,10 @@ void Reconciler::desire_pf(const config::PfConfig& pf_cfg, PciAddress pf, const 
   for (const auto& vf : pf_cfg.vfs) {
     json s = settings_json(vf);
     if (!s.empty()) desired[Key{KeyKind::vf_settings, pf, vf.index}] = s;
+    // Only a VF on its own driver has a netdev (the loader refuses mtu on
+    // an assigned one); a released VF is on its own driver too.
+    if (vf.mtu && (!vf.assign || released.count({pf, vf.index})))
+      desired[Key{KeyKind::vf_mtu, pf, vf.index}] = json{{"mtu", *vf.mtu}};
   }
   for (unsigned i = 0; i < pf_cfg.num_vfs; ++i) {
     const config::VfConfig* vf = nullptr;

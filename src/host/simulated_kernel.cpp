@@ -152,6 +152,7 @@ SimulatedKernel::SimulatedKernel(std::string dir, const std::string& saved) : re
       x.vf_index = d.at("vf_index").get<unsigned>();
       x.msix_vectors = d.at("msix_vectors").get<uint16_t>();
       x.materialized = d.at("materialized").get<bool>();
+      x.mtu = d.value("mtu", kDefaultMtu);
       devices_[x.address] = x;
     }
     for (const auto& v : j.at("vf_settings"))
@@ -205,7 +206,8 @@ std::string SimulatedKernel::save() const {
                         {"settle_ms", d.settle.count()},
                         {"vf_index", d.vf_index},
                         {"msix_vectors", d.msix_vectors},
-                        {"materialized", d.materialized}};
+                        {"materialized", d.materialized},
+                        {"mtu", d.mtu}};
     if (d.physfn) x["physfn"] = d.physfn->to_string();
     devices.push_back(std::move(x));
   }
@@ -412,6 +414,24 @@ void SimulatedKernel::write(const std::string& path, const std::string& raw) {
     unbind(d);
     return;
   }
+  if (leaf == "mtu" && p.parent_path().parent_path().filename() == "net") {
+    // devices/<addr>/net/<netdev>/mtu: the netdev's MTU, as its driver
+    // takes it (igbvf: 68 to 9216).
+    const std::string addr = p.parent_path().parent_path().parent_path().filename().string();
+    Device& d = device_at(addr, path);
+    if (d.driver.empty() || d.driver != d.native_driver) fail(ENOENT, "write to " + path + ": no such netdev");
+    unsigned long n = 0;
+    try {
+      n = std::stoul(value);
+    } catch (const std::exception&) {
+      fail(EINVAL, "write '" + value + "' to " + path);
+    }
+    if (n < 68 || n > kMaxMtu)
+      fail(EINVAL, "write '" + value + "' to " + path + ": MTU out of range 68 to " + std::to_string(kMaxMtu));
+    d.mtu = static_cast<uint16_t>(n);
+    write_device(d);
+    return;
+  }
   fail(EACCES, "write to " + path + ": not a writable attribute in the simulated kernel");
 }
 
@@ -507,6 +527,7 @@ void SimulatedKernel::set_driver_loaded(const std::string& driver, bool loaded) 
 
 void SimulatedKernel::bind(Device& d, const std::string& driver) {
   d.driver = driver;
+  if (d.physfn && driver == d.native_driver) d.mtu = kDefaultMtu;  // a new netdev
   write_device(d);
 }
 
@@ -688,6 +709,7 @@ std::string SimulatedKernel::snapshot() const {
     s << addr.to_string() << " driver=" << (d.driver.empty() ? "-" : d.driver)
       << " override=" << (d.override.empty() ? "-" : d.override);
     if (d.total_vfs > 0) s << " numvfs=" << d.num_vfs << " autoprobe=" << d.autoprobe;
+    if (d.physfn && !d.driver.empty() && d.driver == d.native_driver) s << " mtu=" << d.mtu;
     s << "\n";
   }
   for (const auto& [addr, d] : devices_)
@@ -785,6 +807,7 @@ void SimulatedKernel::write_device(const Device& d) {
   if (!netdev.empty() && d.driver == d.native_driver) {
     fs::create_directories(dev / "net" / netdev);
     put_file(dev / "net" / netdev / "carrier", std::string(d.link_up ? "1" : "0") + "\n");
+    put_file(dev / "net" / netdev / "mtu", std::to_string(d.mtu) + "\n");
     put_link(dev / "net" / netdev / "device", "../../../" + a);
     put_link(fs::path(dir_) / "class/net" / netdev, "../../" + std::string(kBusDir) + "/" + a + "/net/" + netdev);
   }

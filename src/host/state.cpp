@@ -23,12 +23,14 @@ const char* kind_name(KeyKind k) {
     case KeyKind::vf_settings: return "vf_settings";
     case KeyKind::binding: return "binding";
     case KeyKind::group_check: return "group_check";
+    case KeyKind::vf_mtu: return "vf_mtu";
   }
   return "?";
 }
 
 KeyKind kind_from(const std::string& s) {
-  for (KeyKind k : {KeyKind::autoprobe, KeyKind::numvfs, KeyKind::vf_settings, KeyKind::binding, KeyKind::group_check})
+  for (KeyKind k : {KeyKind::autoprobe, KeyKind::numvfs, KeyKind::vf_settings, KeyKind::binding, KeyKind::group_check,
+                    KeyKind::vf_mtu})
     if (s == kind_name(k)) return k;
   throw std::runtime_error("journal: unknown key kind '" + s + "'");
 }
@@ -89,6 +91,9 @@ std::string Step::describe() const {
     }
     case KeyKind::binding: return where + ": driver " + value_text(before) + " -> " + value_text(after);
     case KeyKind::group_check: return where + ": check that its IOMMU group is viable";
+    case KeyKind::vf_mtu:
+      return where + ": netdev MTU " + (before.is_object() ? std::to_string(before.value("mtu", 0)) : "?") + " -> " +
+             std::to_string(after.value("mtu", 0));
   }
   return where;
 }

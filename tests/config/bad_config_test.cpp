@@ -153,7 +153,12 @@ const BadCase kCases[] = {
    "physical_functions[0].vfs[1].index: VF 0 of PF 0000:3b:00.0 is already configured at line 13"},
   {"UnknownVfKey", kSimulated + kPf + "        vlna: 5\n", 14, 9,
    "physical_functions[0].vfs[0]: unknown key 'vlna' (expected one of: index, mac, vlan, qos, trust, "
-   "spoofchk, link_state, max_tx_rate, min_tx_rate, assign)"},
+   "spoofchk, link_state, max_tx_rate, min_tx_rate, mtu, assign)"},
+  {"MtuOnAnAssignedVf", kSimulated + kPf + "        mtu: 9000\n        assign: {owner: vm, export: none}\n", 14, 14,
+   "physical_functions[0].vfs[0].mtu: mtu is the MTU of the VF's own netdev; an assigned VF has none on the host "
+   "(its guest sets its MTU)"},
+  {"VfMtuTooSmall", kSimulated + kPf + "        mtu: 40\n", 14, 14,
+   "physical_functions[0].vfs[0].mtu: expected an integer from 68 to 65535, got '40'"},
   {"MalformedMac", kSimulated + kPf + "        mac: 02:00:00:00:00\n", 14, 14,
    "physical_functions[0].vfs[0].mac: expected a MAC address like 02:00:00:00:00:01, got '02:00:00:00:00'"},
   {"MulticastMac", kSimulated + kPf + "        mac: 01:00:5e:00:00:01\n", 14, 14,

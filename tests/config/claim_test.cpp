@@ -192,7 +192,18 @@ TEST(ClaimedVfs, AVfTheDriverDoesNotOfferIsRefusedNamingTheClaim) {
   EXPECT_NE(error_of({claimed("vm-a", 6, "")}).find("is not below its num_vfs 6"), std::string::npos);
   EXPECT_NE(error_of({claimed("vm-a", 2, ""), claimed("vm-b", 2, "")}).find("already held by claim default/vm-a"),
             std::string::npos);
-  EXPECT_NE(error_of({claimed("vm-a", 2, R"(, "mtu": 9000)")}).find("mtu is for a VF bridged"), std::string::npos);
+  EXPECT_NE(error_of({claimed("vm-a", 2, R"(, "mtu": 9000)")}).find("has its MTU set by the guest"), std::string::npos);
+  {
+    // A VF on its own driver takes the claim's MTU on its netdev.
+    const Config c =
+        with_claims(parse(kBase, "base.yaml"), {claimed("vm-a", 2, R"(, "driver": "netdev", "mtu": 9000)")});
+    const VfConfig* vf = nullptr;
+    for (const auto& v : c.physical_functions[0].vfs)
+      if (v.index == 2) vf = &v;
+    ASSERT_NE(vf, nullptr);
+    EXPECT_EQ(vf->mtu, 9000);
+    EXPECT_FALSE(vf->assign.has_value());
+  }
   EXPECT_NE(error_of({claimed("vm-a", 2, R"(, "driver": "vfio-user")")}).find("no socket"), std::string::npos);
   // What only the loader knows: a MAC the YAML already gives a device.
   EXPECT_NE(error_of({claimed("vm-a", 2, R"(, "mac": "02:00:00:00:00:10")")}).find("do not fit the config"),

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "sim_fixture.hpp"
@@ -51,6 +52,38 @@ TEST(Reconciler, AppliesTheConfigAndReleaseRestoresTheHostExactly) {
   r->release_all();
   EXPECT_EQ(h.kernel.snapshot(), initial);
   EXPECT_TRUE(r->ledger().empty());
+}
+
+// The MTU of a VF on its own driver: set on its netdev after the binding,
+// given back when the config drops it, refused by the driver as a step
+// that rolls the whole apply back.
+TEST(Reconciler, AVfNetdevMtuIsSetAndGivenBack) {
+  SimHost h;
+  const std::string initial = h.kernel.snapshot();
+  auto r = h.reconciler();
+  const std::string with_mtu = std::string(kThreeVfs) + "        mtu: 9000\n";
+  const auto steps = r->converge(SimHost::config(with_mtu.c_str()));
+  const Key mtu{KeyKind::vf_mtu, kPf, 2};
+  EXPECT_EQ(h.control.get(mtu), (json{{"mtu", 9000}}));
+  EXPECT_TRUE(std::any_of(steps.begin(), steps.end(), [&](const Step& s) { return s.key == mtu; }));
+  EXPECT_TRUE(r->plan(SimHost::config(with_mtu.c_str())).empty());
+  // The config without it: the netdev's MTU as it was.
+  r->converge(SimHost::config(kThreeVfs));
+  EXPECT_EQ(h.control.get(mtu), (json{{"mtu", 1500}}));
+  // One the driver refuses: the apply fails naming it, and the host is as before.
+  const std::string before = h.kernel.snapshot();
+  const std::string too_big = std::string(kThreeVfs) + "        mtu: 12000\n";
+  try {
+    r->converge(SimHost::config(too_big.c_str()));
+    ADD_FAILURE() << "an MTU above the driver's maximum was applied";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("netdev MTU 1500 -> 12000")) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("out of range")) << e.what();
+  }
+  EXPECT_EQ(h.kernel.snapshot(), before);
+  r->converge(SimHost::config(with_mtu.c_str()));
+  r->release_all();
+  EXPECT_EQ(h.kernel.snapshot(), initial);
 }
 
 TEST(Reconciler, PlanDoesNotTouchTheHost) {

@@ -499,7 +499,7 @@ try:
     uid_bad = api.claim("default", "bad", [result(names[2])], [vf_config("FromClaim", {"vlan": 5000, "colour": 1})])
     uid_other = api.claim("default", "other", [result("gpu-0", driver="gpu.example.com")])
     uid_c = api.claim("default", "vm-c", [result(names[3])],
-                      [vf_config("FromClaim", {"driver": "netdev", "mac": "02:00:00:00:0c:01"})])
+                      [vf_config("FromClaim", {"driver": "netdev", "mac": "02:00:00:00:0c:01", "mtu": 9000})])
     out = client.prepare(("default", "bad", uid_bad), ("default", "other", uid_other),
                          ("default", "missing", "0000-uid"), ("default", "vm-c", "not-its-uid"),
                          ("default", "vm-c", uid_c))
@@ -511,9 +511,9 @@ try:
     check("a missing claim: its error", "does not exist" in out.get("0000-uid", ("", []))[0], out.get("0000-uid"))
     check("a UID that differs: its error", "has UID" in out.get("not-its-uid", ("", []))[0], out.get("not-its-uid"))
     check("the good claim in the same call prepared", out.get(uid_c, ("x", []))[0] == "", out.get(uid_c))
-    check("netdev: the VF on its own driver with its MAC",
-          vf(3).get("driver") not in ("vfio-pci", "") and vf(3).get("settings", {}).get("mac") == "02:00:00:00:0c:01",
-          vf(3))
+    check("netdev: the VF on its own driver with its MAC and its netdev's MTU",
+          vf(3).get("driver") not in ("vfio-pci", "") and vf(3).get("settings", {}).get("mac") == "02:00:00:00:0c:01"
+          and vf(3).get("mtu") == 9000, vf(3))
     check("the bad claim changed nothing", vf(2).get("settings", {}).get("vlan", 0) == 0, vf(2))
 
     # --- the shipped DeviceClass and claim template, as the scheduler allocates them ---

@@ -134,6 +134,9 @@ struct VfConfig {
   std::optional<LinkState> link_state;
   std::optional<uint32_t> max_tx_rate;  // Mbit/s, 0 = unlimited
   std::optional<uint32_t> min_tx_rate;  // Mbit/s
+  // The MTU of the VF's own netdev (a VF not assigned: on its kernel
+  // driver); an assigned VF's is its guest's.
+  std::optional<uint16_t> mtu;
   std::optional<VfAssign> assign;
   SourceLocation where;
 };

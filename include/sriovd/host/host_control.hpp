@@ -65,6 +65,7 @@ class HostControl {
  private:
   PciAddress target(const Key& key);
   std::string dev_path(const PciAddress& dev, const std::string& attr) const;
+  std::string vf_netdev_path(const Key& key, const std::string& file);
   json get_binding(const PciAddress& dev);
   void set_binding(const PciAddress& dev, const json& value);
   bool set_vf_settings(const PciAddress& pf, unsigned vf, const VfSettings& want);

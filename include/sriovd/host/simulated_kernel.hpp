@@ -103,6 +103,8 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
   [[nodiscard]] std::string snapshot() const;
 
  private:
+  static constexpr uint16_t kDefaultMtu = 1500;
+  static constexpr uint16_t kMaxMtu = 9216;  // igbvf's
   struct Device {
     PciAddress address;
     uint16_t vendor = 0;
@@ -113,6 +115,9 @@ class SimulatedKernel : public SysfsIo, public VfLinkControl {
     std::string override;
     int group = 0;
     bool busy = false;
+    // Its netdev's (while its network driver holds it; a new netdev starts
+    // at the default).
+    uint16_t mtu = kDefaultMtu;
     // PF
     uint16_t total_vfs = 0;
     uint16_t num_vfs = 0;

@@ -22,6 +22,7 @@ enum class KeyKind {
   vf_settings,  // VF network settings through the PF: VfSettings as JSON
   binding,      // a device's driver: {"driver": name|""|"*", "override": name|""}
   group_check,  // not state: the VF's IOMMU group must be viable
+  vf_mtu,       // the MTU of the VF's own netdev (its kernel driver bound): {"mtu": n}
 };
 
 // device is the PF; vf is the VF index, or -1 for the PF itself.

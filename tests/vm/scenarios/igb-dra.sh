@@ -67,6 +67,24 @@ case $l in *"trust on"*) pass "claim-trust-on-igb";; *) fail "claim-trust-on-igb
 expect_eq "claim-vf-on-vfio-pci" "$(drv "$VF")" vfio-pci
 [ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ] && pass "cdi-spec" || fail "cdi-spec"
 
+# driver: netdev: the VF on igbvf with the claim's MAC, its netdev's MTU set.
+VF0=$(vfaddr 0)
+DEV0=vf-$(echo "$VF0" | tr ':.' '--')
+NET0=$(ls "/sys/bus/pci/devices/$VF0/net" 2>/dev/null)
+MTU0=$(cat "/sys/class/net/$NET0/mtu" 2>/dev/null)
+UID_N=$(vm_dra_kubelet "$KUBECONFIG_FILE" claim default pod-n sriovd.io node-a "$DEV0" \
+  '{"apiVersion":"sriovd.io/v1alpha1","kind":"VfConfig","driver":"netdev","mac":"02:00:00:00:d0:00","mtu":9000}' 2>&1)
+out=$(vm_dra_kubelet "$REG" prepare default pod-n "$UID_N" 2>&1); echo "$out"
+case $out in *ok) pass "prepare-netdev";; *) fail "prepare-netdev: $out";; esac
+expect_eq "netdev-claim-on-igbvf" "$(drv "$VF0")" igbvf
+NET0=$(ls "/sys/bus/pci/devices/$VF0/net" 2>/dev/null)
+expect_eq "netdev-claim-mtu" "$(cat "/sys/class/net/$NET0/mtu" 2>/dev/null)" 9000
+expect_eq "netdev-claim-mac" "$(cat "/sys/class/net/$NET0/address" 2>/dev/null)" 02:00:00:00:d0:00
+out=$(vm_dra_kubelet "$REG" unprepare default pod-n "$UID_N" 2>&1)
+expect_eq "unprepare-netdev" "$out" ok
+NET0=$(ls "/sys/bus/pci/devices/$VF0/net" 2>/dev/null)
+expect_eq "unprepare-restores-mtu" "$(cat "/sys/class/net/$NET0/mtu" 2>/dev/null)" "$MTU0"
+
 # A stop keeps the claim: the VF, its settings and its driver stay.
 stop_daemon
 expect_eq "sigterm-exit-0" "$?" 0
