@@ -1,6 +1,11 @@
 #include "sriovd/k8s/dra.hpp"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <atomic>
 #include <condition_variable>
@@ -45,6 +50,36 @@ Clock::time_point call_deadline(const grpc::ServerContext* ctx, std::chrono::mil
   if (theirs == std::chrono::system_clock::time_point::max()) return mine;
   return std::min(
       mine, Clock::now() + std::chrono::duration_cast<Clock::duration>(theirs - std::chrono::system_clock::now()));
+}
+
+// A socket nobody serves any more: a connect is refused (its instance was
+// killed and could not remove it). One that answers, or that cannot be
+// told, is left alone: it may be a live instance's (an upgrade's other
+// half).
+bool is_dead_socket(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return false;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const bool refused =
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 && errno == ECONNREFUSED;
+  ::close(fd);
+  return refused;
+}
+
+// The sockets of this driver's instances that died without removing them:
+// the kubelet's plugin watcher would try each forever.
+void remove_dead_instances(const std::string& dir, const std::string& prefix, const std::string& suffix) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 || !name.ends_with(suffix)) continue;
+    if (!is_socket(e.path().string()) || !is_dead_socket(e.path().string())) continue;
+    spdlog::info("kubernetes DRA: removing {}, the socket of an instance that is gone", e.path().string());
+    fs::remove(e.path(), ec);
+  }
 }
 
 }  // namespace
@@ -283,6 +318,8 @@ DraPlugin::DraPlugin(Options options, ClaimHandler& handler)
   if (o.driver.empty() || o.instance.empty() || o.driver.find('/') != std::string::npos ||
       o.instance.find('/') != std::string::npos)
     throw std::runtime_error("DRA driver: driver name '" + o.driver + "' or instance '" + o.instance + "' unusable");
+  remove_dead_instances(o.registry_dir, o.driver + "-", "-reg.sock");
+  remove_dead_instances(o.plugins_dir + "/" + o.driver, "dra-", ".sock");
   {
     std::lock_guard s(impl_->servers_mu);
     impl_->make_service_server();

@@ -328,7 +328,7 @@ current-context: test
     return path
 
 
-def write_config(extra_vf=""):
+def write_config(extra_vf="", num_vfs=7, dra=True):
     with open(os.path.join(work, "sriovd.yaml"), "w") as f:
         f.write(f"""version: 1
 host: simulated
@@ -340,11 +340,11 @@ control:
   socket: {work}/control.sock
 physical_functions:
   - address: "{PF}"
-    num_vfs: 7
+    num_vfs: {num_vfs}
     vfs:
       - {{index: 0, assign: {{owner: yaml-vm, export: none}}}}
 {extra_vf}
-kubernetes:
+""" + ("" if not dra else f"""kubernetes:
   cdi_dir: {cdi_dir}
   dra:
     driver: {DRIVER}
@@ -352,7 +352,7 @@ kubernetes:
     kubeconfig: {os.path.join(work, "kubeconfig")}
     registry_dir: {registry}
     plugins_dir: {plugins}
-""")
+"""))
 
 
 daemon = None
@@ -694,6 +694,18 @@ try:
     check("unprepare: the CDI spec removed", not os.path.exists(cdi_file))
     check("unprepare again: nothing to do, no error", client.unprepare(("default", "vm-a", uid_a)) == {uid_a: ""})
     check("no claim left", ctl("claims")[1].get("claims") == [], ctl("claims")[1])
+
+    # --- a reload that changes num_vfs republishes; one without the driver removes its slices ---
+    write_config(num_vfs=8)
+    code, out, err = ctl("reload")
+    check("reload to 8 VFs", code == 0, (out, err))
+    check("the slices follow: 7 devices",
+          wait_until(lambda: [s for s in api.slices() if len(s["spec"].get("devices", [])) == 7], 15), api.slices())
+    write_config(num_vfs=8, dra=False)
+    code, out, err = ctl("reload")
+    check("reload without kubernetes.dra", code == 0, (out, err))
+    check("the driver's slices deleted", wait_until(lambda: not api.slices(), 15), api.slices())
+    check("its registration socket removed", not os.listdir(registry), os.listdir(registry))
 finally:
     for p in procs:
         if p.poll() is None:

@@ -3,6 +3,11 @@
 #include "sriovd/k8s/dra.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -212,6 +217,35 @@ TEST_F(DraPluginTest, TwoInstancesDuringAnUpgradeEachRemoveTheirOwnSockets) {
     EXPECT_EQ(info.endpoint(), new_one.service_socket());
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.file("plugins_registry")));
+}
+
+// A socket file whose server is gone (its process was killed): bound, then closed.
+void dead_socket(const std::string& path) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0) << path;
+  ::close(fd);
+}
+
+TEST_F(DraPluginTest, AKilledInstancesSocketsGoAndALiveOnesStay) {
+  const auto o = options("live");
+  DraPlugin live(o, handler);
+  const std::string dead_reg = o.registry_dir + "/" + o.driver + "-dead-reg.sock";
+  const std::string dead_svc = o.plugins_dir + "/" + o.driver + "/dra-dead.sock";
+  const std::string other_driver = o.registry_dir + "/other.example.com-dead-reg.sock";
+  dead_socket(dead_reg);
+  dead_socket(dead_svc);
+  dead_socket(other_driver);
+  DraPlugin next(options("next"), handler);
+  EXPECT_EQ(inode(dead_reg), 0U);
+  EXPECT_EQ(inode(dead_svc), 0U);
+  EXPECT_NE(inode(other_driver), 0U);                // not this driver's to remove
+  EXPECT_NE(inode(live.registration_socket()), 0U);  // it answers: an upgrade's other half
+  EXPECT_NE(inode(live.service_socket()), 0U);
 }
 
 template <typename Stub, typename Request, typename Response>
