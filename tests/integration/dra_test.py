@@ -438,6 +438,8 @@ try:
               a.get(DRIVER + "/pciAddress", {}).get("string") == vf(1)["address"] and
               a.get(DRIVER + "/vfIndex", {}).get("int") == 1 and DRIVER + "/pfName" in a and
               DRIVER + "/vendorID" in a and DRIVER + "/numaNode" in a, a)
+        check("the standard PCIe root attribute",
+              a.get("resource.kubernetes.io/pcieRoot", {}).get("string") == "pci0000:00", a)
         check("pool named after the node, owned by the Node",
               s["spec"]["pool"]["name"] == NODE and s["spec"]["nodeName"] == NODE and
               s["metadata"]["ownerReferences"][0]["uid"] == NODE_UID, s["spec"]["pool"])
