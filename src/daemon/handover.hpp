@@ -33,8 +33,10 @@
 namespace sriovd::daemon {
 
 // What this sriovd writes; it reads this and every older one (1: vhost-user
-// devices only; 2: virtio-pci over vfio-user too).
-inline constexpr uint32_t kHandoverVersion = 2;
+// devices only; 2: virtio-pci over vfio-user too; 3: device states of
+// frame version 2 - part versions and a checksum - which an sriovd that
+// reads at most 2 cannot parse).
+inline constexpr uint32_t kHandoverVersion = 3;
 inline constexpr uint32_t kOldestHandoverRead = 1;
 // `--handover-version`'s answer: the versions read, space-separated ("1 2").
 std::string handover_versions_read();

@@ -20,6 +20,9 @@ namespace sriovd::vfio_user {
 
 namespace {
 
+// What save_state writes into DeviceState::transport: raised when it changes.
+constexpr uint32_t kTransportStateVersion = 1;
+
 // Device status bits (§2.1).
 constexpr uint8_t kDriverOk = 4;
 constexpr uint8_t kFeaturesOk = 8;
@@ -449,11 +452,15 @@ virtio::DeviceState VirtioPci::save_state() {
   w.blob(std::span(config_->bytes()).first(kConfigSaved));
   write_msix(w, msix_->snapshot());
   state.transport = w.take();
+  state.transport_version = kTransportStateVersion;
   return state;
 }
 
 void VirtioPci::restore_state(const virtio::DeviceState& state) {
   if (status_ != 0) throw std::logic_error(name_ + ": restoring a state under a driver (status " + hex(status_) + ")");
+  if (state.transport_version != kTransportStateVersion)
+    throw std::invalid_argument(name_ + ": its virtio-pci part is version " + std::to_string(state.transport_version) +
+                                ", this sriovd reads version " + std::to_string(kTransportStateVersion));
   virtio::StateReader r(state.transport, name_ + ": virtio-pci state");
   const uint32_t dfs = r.u32(), drfs = r.u32();
   const uint64_t driver_features = r.u64();

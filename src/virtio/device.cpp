@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include <boost/crc.hpp>
 #include <spdlog/spdlog.h>
 
 #include "sriovd/util/error.hpp"
@@ -56,6 +57,12 @@ void StateReader::end() const {
 
 void StateReader::fail(const std::string& why) const { throw std::invalid_argument(what_ + ": " + why); }
 
+uint32_t DeviceState::checksum(std::span<const uint8_t> bytes) {
+  boost::crc_32_type crc;
+  crc.process_bytes(bytes.data(), bytes.size());
+  return crc.checksum();
+}
+
 std::vector<uint8_t> DeviceState::serialize() const {
   StateWriter w;
   w.u32(kStateMagic);
@@ -71,16 +78,37 @@ std::vector<uint8_t> DeviceState::serialize() const {
     w.u64(q.rings.device);
     w.u32(q.base);
   }
+  w.u32(device_version);
   w.blob(device);
+  w.u32(transport_version);
   w.blob(transport);
-  return w.take();
+  std::vector<uint8_t> out = w.take();
+  const uint32_t crc = checksum(out);
+  for (unsigned i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(crc >> (8U * i)));
+  return out;
 }
 
 DeviceState DeviceState::parse(std::span<const uint8_t> bytes, const std::string& what) {
+  StateReader head(bytes, what);
+  if (head.u32() != kStateMagic) head.fail("not a device state");
+  const uint32_t version = head.u32();
+  if (version < kOldestRead || version > kVersion)
+    head.fail("state version " + std::to_string(version) + " (this sriovd reads " + std::to_string(kOldestRead) +
+              " to " + std::to_string(kVersion) + ")");
+  if (version >= 2) {
+    // Checked before anything else is read: a damaged state is named as
+    // such, not by the first field that happens to look wrong.
+    if (bytes.size() < 12) head.fail("ends at byte " + std::to_string(bytes.size()) + " before its checksum");
+    const auto body = bytes.first(bytes.size() - 4);
+    uint32_t have = 0;
+    for (unsigned i = 0; i < 4; ++i) have |= uint32_t{bytes[body.size() + i]} << (8U * i);
+    if (const uint32_t want = checksum(body); have != want)
+      head.fail("checksum " + hex(have) + " does not match its bytes (" + hex(want) + "): damaged");
+    bytes = body;
+  }
   StateReader r(bytes, what);
-  if (r.u32() != kStateMagic) r.fail("not a device state");
-  if (const uint32_t v = r.u32(); v != kVersion)
-    r.fail("state version " + std::to_string(v) + " (this sriovd reads " + std::to_string(kVersion) + ")");
+  (void)r.u32();
+  (void)r.u32();
   DeviceState s;
   s.device_id = r.u16();
   s.features = r.u64();
@@ -99,7 +127,9 @@ DeviceState DeviceState::parse(std::span<const uint8_t> bytes, const std::string
     q.base = r.u32();
     s.queues.push_back(q);
   }
+  if (version >= 2) s.device_version = r.u32();
   s.device = r.blob(kMaxBlob);
+  if (version >= 2) s.transport_version = r.u32();
   s.transport = r.blob(kMaxBlob);
   r.end();
   return s;
@@ -335,6 +365,7 @@ DeviceState QueueDevice::save_state() {
   s.features = features_;
   for (const Queue& q : queues_) s.queues.push_back({q.size, q.enabled, q.rings_set, q.rings, q.base});
   s.device = save_device();
+  s.device_version = device_state_version();
   return s;
 }
 
@@ -354,6 +385,9 @@ void QueueDevice::restore_state(const DeviceState& s) {
     if (s.queues[i].size > max_queue_size_)
       throw std::invalid_argument(what + ": queue " + std::to_string(i) + " size " + std::to_string(s.queues[i].size) +
                                   " (at most " + std::to_string(max_queue_size_) + ")");
+  if (s.device_version != device_state_version())
+    throw std::invalid_argument(what + ": its device part is version " + std::to_string(s.device_version) +
+                                ", this sriovd's device reads version " + std::to_string(device_state_version()));
   restore_device(s.device);  // first: it throws before anything changed
   set_features(s.features);
   for (size_t i = 0; i < s.queues.size(); ++i) {

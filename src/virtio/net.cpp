@@ -25,7 +25,7 @@ constexpr unsigned kMaxChains = 64;  // buffers one received packet may take
 constexpr unsigned kSegsPerChain = 8;
 constexpr unsigned kTxSegs = 64;
 
-enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvTap = 3, kEvStop = 4, kEvCtrlKick = 5, kEvRoom = 6, kEvPoke = 7 };
+enum : uint64_t { kEvTxKick = 1, kEvRxKick = 2, kEvPort = 3, kEvStop = 4, kEvCtrlKick = 5, kEvRoom = 6, kEvPoke = 7 };
 
 // Control queue classes and commands (§5.1.6.5).
 constexpr uint8_t kCtrlRx = 0, kCtrlRxPromisc = 0, kCtrlRxAllmulti = 1;
@@ -91,10 +91,10 @@ constexpr unsigned kPassBudget = 256;
 
 struct NetDevice::Worker : QueueDevice::Worker {
   UniqueFd epoll;
-  int tap_fd = -1;
-  int room_fd = -1;           // the port's fd for room after a full transmit: tap_fd, or its own
+  int port_fd = -1;
+  int room_fd = -1;           // the port's fd for room after a full transmit: port_fd, or its own
   bool room_watched = false;  // room_fd (its own) in the epoll set
-  bool tap_armed = true;      // watching the port for received packets
+  bool port_armed = true;     // watching the port for received packets
   bool tx_blocked = false;    // the port had no room: watching it for room
   // Queues whose last pass ran out of budget: served again after the next
   // look at the stop event, without waiting for a kick.
@@ -116,15 +116,15 @@ NetDevice::NetDevice(NetConfig config, irq::Engine& engine, std::unique_ptr<Pack
     : QueueDevice(config.name, 2U * config.queue_pairs + (config.control_queue ? 1U : 0U), config.max_queue_size,
                   engine),
       config_(std::move(config)),
-      tap_(std::move(port)) {
+      port_(std::move(port)) {
   if (config_.mac) filter_.mac.store(mac_bits(config_.mac->octets));
-  if (tap_->queues() < config_.queue_pairs)
-    throw std::invalid_argument(config_.name + ": " + tap_->name() + " has " + std::to_string(tap_->queues()) +
+  if (port_->queues() < config_.queue_pairs)
+    throw std::invalid_argument(config_.name + ": " + port_->name() + " has " + std::to_string(port_->queues()) +
                                 " queue(s) for " + std::to_string(config_.queue_pairs) + " queue pairs");
   for (unsigned p = 0; p < config_.queue_pairs; ++p) rx_hold_.push_back(std::make_unique<RxHold>());
   // A multi-queue port starts with every queue attached; the driver has
   // none yet but the first pair.
-  if (!steer_port()) throw std::runtime_error(config_.name + ": " + tap_->name() + " cannot steer to one queue");
+  if (!steer_port()) throw std::runtime_error(config_.name + ": " + port_->name() + " cannot steer to one queue");
 }
 
 bool NetDevice::steer_port() {
@@ -139,7 +139,7 @@ bool NetDevice::steer_port() {
   }
   if (n == steered_pairs_) return true;
   try {
-    tap_->set_active_queues(n);
+    port_->set_active_queues(n);
   } catch (const std::exception&) {
     return false;
   }
@@ -159,7 +159,7 @@ void NetDevice::queue_enabled_changed(unsigned q) {
 std::unique_ptr<PacketPort> NetDevice::release_port() {
   stop();
   if (wedged_) return nullptr;
-  return std::move(tap_);
+  return std::move(port_);
 }
 
 uint64_t NetDevice::offered_features() const {
@@ -186,7 +186,7 @@ uint64_t NetDevice::offered_features() const {
 }
 
 bool NetDevice::poll_link() {
-  const bool up = tap_->link_up();
+  const bool up = port_->link_up();
   if (up == link_up_) return false;
   link_up_ = up;
   return true;
@@ -213,12 +213,12 @@ MacAddress NetDevice::mac() const {
 
 void NetDevice::set_features(uint64_t features) {
   features_ = features & offered_features();
-  // What the tap may hand us is what the guest said it can take.
+  // What the port may hand us is what the guest said it can take.
   unsigned tun = 0;
   if (features_ & kNetGuestCsum) tun |= TUN_F_CSUM;
   if ((features_ & kNetGuestTso4) && (tun & TUN_F_CSUM)) tun |= TUN_F_TSO4;
   if ((features_ & kNetGuestTso6) && (tun & TUN_F_CSUM)) tun |= TUN_F_TSO6;
-  tap_->set_offloads(tun & config_.tap_offloads);
+  port_->set_offloads(tun & config_.tap_offloads);
 }
 
 void NetDevice::start() {
@@ -239,8 +239,8 @@ void NetDevice::start() {
     w->group = p;
     w->rx = rx_hold_[p].get();
     w->log = memory_->dirty_log();
-    w->tap_fd = tap_->fd(p);
-    w->room_fd = tap_->room_fd(p);
+    w->port_fd = port_->fd(p);
+    w->room_fd = port_->room_fd(p);
     prepare_worker(*w);
     w->epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!w->epoll) throw_errno(config_.name + ": worker setup");
@@ -252,7 +252,7 @@ void NetDevice::start() {
     };
     watch(tx.kick.get(), kEvTxKick);
     watch(rx.kick.get(), kEvRxKick);
-    watch(w->tap_fd, kEvTap);
+    watch(w->port_fd, kEvPort);
     watch(w->stop.get(), kEvStop);
     watch(w->poke.get(), kEvPoke);
     if (p == 0 && (features_ & kNetCtrlVq)) {
@@ -387,11 +387,11 @@ void NetDevice::run_pair(Worker& w) {
           do_rx(w);
           break;
         case kEvRoom:
-        case kEvTap:
+        case kEvPort:
           // A socket's pending error (AF_PACKET: ENETDOWN when its netdev
           // goes down) is reported level-triggered until it is taken: left
           // there, it would wake this worker without end.
-          if (events[i].events & EPOLLERR) (void)tap_->take_error(w.group);
+          if (events[i].events & EPOLLERR) (void)port_->take_error(w.group);
           if ((events[i].events & EPOLLOUT) && w.tx_blocked) {
             w.tx_blocked = false;
             watch_port(w);
@@ -445,8 +445,8 @@ bool NetDevice::do_tx(Worker& w) {
       q.stats->dropped.fetch_add(1, std::memory_order_relaxed);
     } else {
       for (unsigned i = 0; i < c.readable; ++i) iov[i] = {segs[i].data, segs[i].len};
-      // The virtio-net header goes to the tap as it is (IFF_VNET_HDR, 12 bytes).
-      if (tap_->send(pair, iov.data(), c.readable) < 0) {
+      // The virtio-net header goes to the port as it is (a tap: IFF_VNET_HDR, 12 bytes).
+      if (port_->send(pair, iov.data(), c.readable) < 0) {
         if (errno == EAGAIN) {
           // The port is full: the buffer stays with us until it has room.
           q.ring->rewind(c);
@@ -462,7 +462,7 @@ bool NetDevice::do_tx(Worker& w) {
     }
     q.ring->add_used(c, 0);
   }
-  tap_->flush(pair);
+  port_->flush(pair);
   if (q.ring->broken()) fail_queue(2 * pair + 1, q);
   if (any) notify(q);
   return any;
@@ -472,10 +472,10 @@ bool NetDevice::do_tx(Worker& w) {
 // guest has no buffers for them, room when a transmit found none.
 void NetDevice::watch_port(Worker& w) {
   epoll_event ev{};
-  const bool own_room = w.room_fd != w.tap_fd;
-  ev.events = (w.tap_armed ? EPOLLIN : 0U) | (w.tx_blocked && !own_room ? EPOLLOUT : 0U);
-  ev.data.u64 = kEvTap;
-  ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.tap_fd, &ev);
+  const bool own_room = w.room_fd != w.port_fd;
+  ev.events = (w.port_armed ? EPOLLIN : 0U) | (w.tx_blocked && !own_room ? EPOLLOUT : 0U);
+  ev.data.u64 = kEvPort;
+  ::epoll_ctl(w.epoll.get(), EPOLL_CTL_MOD, w.port_fd, &ev);
   if (own_room && w.tx_blocked != w.room_watched) {
     // Watched only while a transmit waits: a socket waited on is woken
     // for every frame it sends.
@@ -498,7 +498,7 @@ NetDevice::RxTake NetDevice::take_rx_packet(Worker& w, Queue& q) {
     rx.data = rx.piece.data();
     if (rx.pending) return RxTake::packet;
   }
-  const ssize_t n = tap_->recv(w.group, rx.bounce.data(), rx.bounce.size());
+  const ssize_t n = port_->recv(w.group, rx.bounce.data(), rx.bounce.size());
   if (n <= static_cast<ssize_t>(kHeader)) return RxTake::none;  // EAGAIN, or nothing usable
   if ((features_ & kNetCtrlRx) && static_cast<size_t>(n) >= kHeader + 6 &&
       !filter_.accepts(rx.bounce.data() + kHeader)) {
@@ -594,7 +594,7 @@ bool NetDevice::do_rx(Worker& w) {
       if (!mergeable) break;
     }
     if (q.ring->broken()) {
-      tap_->rx_done(w.group);
+      port_->rx_done(w.group);
       q.ring->publish_used();  // what was delivered before
       fail_queue(2 * w.group, q);
       return delivered;
@@ -613,9 +613,9 @@ bool NetDevice::do_rx(Worker& w) {
       // Buffers that arrived meanwhile: try again before giving up (not
       // when waiting for an IOTLB answer: kick_all() brings us back).
       if (!stalled && q.ring->enable_kicks()) continue;
-      // Out of buffers: stop watching the tap until the guest kicks.
-      if (w.tap_armed) {
-        w.tap_armed = false;
+      // Out of buffers: stop watching the port until the guest kicks.
+      if (w.port_armed) {
+        w.port_armed = false;
         watch_port(w);
       }
       break;
@@ -623,10 +623,10 @@ bool NetDevice::do_rx(Worker& w) {
     deliver_rx(w, q, used);
     delivered = true;
   }
-  tap_->rx_done(w.group);
+  port_->rx_done(w.group);
   if (delivered) notify(q);
-  if (!w.tap_armed && w.rx->pending == 0) {
-    w.tap_armed = true;
+  if (!w.port_armed && w.rx->pending == 0) {
+    w.port_armed = true;
     watch_port(w);
   }
   return delivered;
@@ -680,13 +680,13 @@ void NetDevice::send_announcement(Worker& w) {
   }
   const iovec iov{frame.data(), frame.size()};
   Queue& tx = queues_[2 * w.group + 1];
-  if (tap_->send(w.group, &iov, 1) < 0) {
+  if (port_->send(w.group, &iov, 1) < 0) {
     tx.stats->dropped.fetch_add(1, std::memory_order_relaxed);
   } else {
     tx.stats->packets.fetch_add(1, std::memory_order_relaxed);
     tx.stats->bytes.fetch_add(frame.size() - kHeader, std::memory_order_relaxed);
   }
-  tap_->flush(w.group);
+  port_->flush(w.group);
 }
 
 // The control queue (§5.1.6.5): class, command, data in device-readable

@@ -935,8 +935,8 @@ TEST(SriovctlCli, BashCompletionOffersSubcommandsOptionsAndArguments) {
     return test::run({"/bin/bash", "-c", script}).output;
   };
   EXPECT_EQ(complete("''", 1),
-            "status devices routes stats reload plan version release simulate-fault simulate-interrupt simulate-link "
-            "upgrade udev-event\n");
+            "status devices routes stats reload plan claims version release simulate-fault simulate-interrupt "
+            "simulate-link upgrade udev-event\n");
   EXPECT_EQ(complete("de", 1), "devices\n");
   EXPECT_EQ(complete("upgrade --f", 2), "--force\n");
   EXPECT_EQ(complete("upgrade --b", 2), "--binary\n");
@@ -1580,12 +1580,12 @@ TEST_F(Daemon, AFailedHandoverLosesNothing) {
     ASSERT_TRUE(d.send(f.data(), f.size()));
     ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 1; }, 5s));
 
-    // A successor from the future: it reads version 3 only.
-    dir_.write("future-sriovd", "#!/bin/sh\n[ \"$1\" = --handover-version ] && echo 3 && exit 0\nexit 1\n");
+    // A successor from the future: it reads version 4 only.
+    dir_.write("future-sriovd", "#!/bin/sh\n[ \"$1\" = --handover-version ] && echo 4 && exit 0\nexit 1\n");
     ASSERT_EQ(::chmod(dir_.file("future-sriovd").c_str(), 0755), 0);
     const auto refused = ctl({"upgrade", "--binary", dir_.file("future-sriovd")});
     EXPECT_EQ(refused.exit_code, 1) << refused.output;
-    EXPECT_NE(refused.output.find("reads handovers of version 3; this sriovd writes version 2"), std::string::npos)
+    EXPECT_NE(refused.output.find("reads handovers of version 4; this sriovd writes version 3"), std::string::npos)
         << refused.output;
     ASSERT_TRUE(d.send(f.data(), f.size()));
     ASSERT_TRUE(test::wait_until([&] { return tx_packets() == 2; }, 5s)) << "serving on after the refusal";

@@ -218,9 +218,33 @@ std::string refusal(F fn) {
   return "";
 }
 
+// A version-2 state after a change: its checksum made again, as a sender
+// that meant it would.
+std::vector<uint8_t> resealed(std::vector<uint8_t> b) {
+  b.resize(b.size() - 4);
+  const uint32_t crc = DeviceState::checksum(b);
+  for (unsigned i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(crc >> (8U * i)));
+  return b;
+}
+
+// The same state as sriovd wrote it before part versions and checksums
+// (frame version 1).
+std::vector<uint8_t> as_version_1(const DeviceState& s) {
+  std::vector<uint8_t> v2 = s.serialize();
+  std::vector<uint8_t> b(v2.begin(), v2.end() - 4);  // no checksum
+  b[4] = 1;
+  const size_t queues_end = 22 + s.queues.size() * 31;  // magic, version, id, features, count; 31 bytes a queue
+  b.erase(b.begin() + static_cast<std::ptrdiff_t>(queues_end),
+          b.begin() + static_cast<std::ptrdiff_t>(queues_end + 4));  // the device part's version
+  const size_t transport_at = queues_end + 4 + s.device.size();
+  b.erase(b.begin() + static_cast<std::ptrdiff_t>(transport_at),
+          b.begin() + static_cast<std::ptrdiff_t>(transport_at + 4));  // the transport part's
+  return b;
+}
+
 TEST(DeviceState, EveryTruncationAndEveryBadHeaderIsRefused) {
-  const DeviceState s{
-      kDeviceIdNet, kVersion1, {QueueState{64, true, true, {0x1000, 0x2000, 0x3000}, 5}}, {1, 2, 3}, {4}};
+  const DeviceState s{kDeviceIdNet, kVersion1, {QueueState{64, true, true, {0x1000, 0x2000, 0x3000}, 5}}, {1, 2, 3}, 1,
+                      {4},          1};
   std::vector<uint8_t> bytes = s.serialize();
   EXPECT_EQ(DeviceState::parse(bytes, "st"), s);
   for (size_t n = 0; n < bytes.size(); ++n)
@@ -229,20 +253,45 @@ TEST(DeviceState, EveryTruncationAndEveryBadHeaderIsRefused) {
         << "cut at " << n;
   auto longer = bytes;
   longer.push_back(0);
-  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(longer, "st"); }), ::testing::HasSubstr("1 bytes left over"));
+  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(longer, "st"); }), ::testing::HasSubstr("damaged"));
+  longer.insert(longer.end() - 5, 0);
+  longer.pop_back();
+  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(resealed(longer), "st"); }),
+              ::testing::HasSubstr("1 bytes left over"));
   auto magic = bytes;
   magic[0] ^= 1;
   EXPECT_THAT(refusal([&] { (void)DeviceState::parse(magic, "st"); }), ::testing::HasSubstr("not a device state"));
   auto version = bytes;
-  version[4] = 2;
+  version[4] = 3;
   EXPECT_THAT(refusal([&] { (void)DeviceState::parse(version, "st"); }),
-              ::testing::HasSubstr("state version 2 (this sriovd reads 1)"));
+              ::testing::HasSubstr("state version 3 (this sriovd reads 1 to 2)"));
+  // Every bit flipped past the header is caught by the checksum.
+  for (size_t i = 8; i < bytes.size(); ++i) {
+    auto flipped = bytes;
+    flipped[i] ^= 0x10;
+    EXPECT_THAT(refusal([&] { (void)DeviceState::parse(flipped, "st"); }), ::testing::HasSubstr("damaged"))
+        << "byte " << i;
+  }
   auto queues = bytes;
   std::memset(queues.data() + 18, 0xff, 4);  // after magic, version, device id, features
-  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(queues, "st"); }), ::testing::HasSubstr("4294967295 queues"));
+  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(resealed(queues), "st"); }),
+              ::testing::HasSubstr("4294967295 queues"));
   auto flags = bytes;
   flags[24] = 0x80;  // the first queue's flags, after its size
-  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(flags, "st"); }), ::testing::HasSubstr("unknown flags 128"));
+  EXPECT_THAT(refusal([&] { (void)DeviceState::parse(resealed(flags), "st"); }),
+              ::testing::HasSubstr("unknown flags 128"));
+}
+
+TEST(DeviceState, AVersion1StateIsStillRead) {
+  const DeviceState s{kDeviceIdNet, kVersion1, {QueueState{64, true, true, {0x1000, 0x2000, 0x3000}, 5}}, {1, 2, 3}, 1,
+                      {4, 5},       1};
+  const std::vector<uint8_t> old = as_version_1(s);
+  EXPECT_EQ(old.size() + 12, s.serialize().size());
+  EXPECT_EQ(DeviceState::parse(old, "old"), s);  // its parts as their version 1
+  for (size_t n = 0; n < old.size(); ++n)
+    EXPECT_THAT(refusal([&] { (void)DeviceState::parse(std::span(old.data(), n), "old"); }),
+                ::testing::StartsWith("old: "))
+        << "cut at " << n;
 }
 
 TEST(DeviceState, AStateThatDoesNotFitIsRefusedNamingWhyAndChangesNothing) {
@@ -270,6 +319,10 @@ TEST(DeviceState, AStateThatDoesNotFitIsRefusedNamingWhyAndChangesNothing) {
   DeviceState pairs = fresh;
   pairs.device[10] = 5;  // after the MAC (8) and the RX mode (2): the pairs in use
   EXPECT_THAT(refused(pairs), ::testing::HasSubstr("5 queue pairs in use, the device has 1"));
+  DeviceState newer = fresh;
+  newer.device_version = 2;
+  EXPECT_THAT(refused(newer),
+              ::testing::HasSubstr("its device part is version 2, this sriovd's device reads version 1"));
   DeviceState cut = fresh;
   cut.device.pop_back();
   EXPECT_THAT(refused(cut), ::testing::HasSubstr("virtio-net state"));

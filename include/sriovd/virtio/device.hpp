@@ -62,21 +62,33 @@ struct QueueState {
 };
 
 // A device's whole state in one versioned, serialisable form: what a
-// device saved while stopped and a fresh one restores, for live migration.
-// What is not state is wiring the transport gives again: guest memory, kick
-// fds, interrupt routes, the port.
+// device saved while stopped and a fresh one restores, for live migration
+// and upgrades. What is not state is wiring the transport gives again:
+// guest memory, kick fds, interrupt routes, the port.
+//
+// Each part has its version: the device type's and the transport's own
+// bytes change with their code, not with this frame's, and each refuses a
+// version it does not read. Version 2 of the frame ends with a CRC-32 of
+// everything before it (a state crosses hosts and processes: a flipped bit
+// is refused, not restored); version 1 (no part versions, no checksum:
+// what sriovd wrote before) is still read, its parts as their version 1.
 struct DeviceState {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kOldestRead = 1;
   uint16_t device_id = 0;
   uint64_t features = 0;
   std::vector<QueueState> queues;
-  std::vector<uint8_t> device;     // the device type's own (virtio-net: MAC, RX filter, pairs, held packets)
+  std::vector<uint8_t> device;  // the device type's own (virtio-net: MAC, RX filter, pairs, held packets)
+  uint32_t device_version = 1;
   std::vector<uint8_t> transport;  // the transport's (virtio-pci: common configuration, MSI-X table and PBA)
+  uint32_t transport_version = 1;
 
   [[nodiscard]] std::vector<uint8_t> serialize() const;
   // Throws std::invalid_argument naming what is wrong (`what` first): the
   // bytes may come from another host.
   static DeviceState parse(std::span<const uint8_t> bytes, const std::string& what);
+  // The CRC-32 (IEEE) a version-2 state ends with, of `bytes`.
+  static uint32_t checksum(std::span<const uint8_t> bytes);
   friend bool operator==(const DeviceState&, const DeviceState&) = default;
 };
 
@@ -344,6 +356,9 @@ class QueueDevice : public Device {
   virtual void queue_enabled_changed(unsigned /*q*/) {}
   virtual void reset_device() {}
   [[nodiscard]] virtual std::vector<uint8_t> save_device() const { return {}; }
+  // The version of what save_device writes (and restore_device reads):
+  // raised when its bytes change.
+  [[nodiscard]] virtual uint32_t device_state_version() const { return 1; }
   virtual void restore_device(std::span<const uint8_t> /*bytes*/) {}
   virtual void add_device_stats(DeviceStats& /*s*/) const {}
 

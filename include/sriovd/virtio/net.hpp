@@ -139,8 +139,8 @@ class NetDevice : public QueueDevice {
   // control thread: util/retirer.hpp). Null when a worker is stuck and may
   // still use the port, which then goes with the device.
   std::unique_ptr<PacketPort> release_port();
-  [[nodiscard]] const PacketPort& port() const { return *tap_; }
-  [[nodiscard]] PacketPort& port() { return *tap_; }
+  [[nodiscard]] const PacketPort& port() const { return *port_; }
+  [[nodiscard]] PacketPort& port() { return *port_; }
   // A RARP for `mac` on the wire (RFC 903: the guest is here now), sent by
   // the first pair's worker - the port's queue is its - when it next runs.
   // Only for the device's MAC: the configured one or the one its driver
@@ -175,7 +175,7 @@ class NetDevice : public QueueDevice {
   uint8_t control_command(uint8_t cls, uint8_t cmd, const uint8_t* data, size_t len);
 
   NetConfig config_;
-  std::unique_ptr<PacketPort> tap_;
+  std::unique_ptr<PacketPort> port_;
   std::vector<std::unique_ptr<RxHold>> rx_hold_;
   RxFilter filter_;
   std::atomic<unsigned> active_pairs_{1};

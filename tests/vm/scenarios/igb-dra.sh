@@ -15,7 +15,7 @@ PF=0000:01:00.0
 SYS=/sys/bus/pci/devices/$PF
 PFN=$(ls "$SYS/net")
 API=$(ls /sys/bus/pci/devices/0000:03:00.0/net)
-[ -n "$PFN" ] && [ -n "$API" ] || { fail "igb netdevs: PF [$PFN] API [$API]"; exit 1; }
+if [ -z "$PFN" ] || [ -z "$API" ]; then fail "igb netdevs: PF [$PFN] API [$API]"; exit 1; fi
 vfip link set "$PFN" up
 ip link set "$API" up
 ip addr add 10.0.2.15/24 dev "$API"
@@ -46,10 +46,10 @@ CONF
 
 if start_daemon; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
 expect_eq "numvfs-2" "$(cat "$SYS/sriov_numvfs")" 2
-wait_for 100 sh -c "ls $REG | grep -q -- -reg.sock" && pass "registration-socket" || fail "registration-socket"
+if wait_for 100 sh -c "ls $REG | grep -q -- -reg.sock"; then pass "registration-socket"; else fail "registration-socket"; fi
 # The slices on the API server (the driver published them over the user network).
-wait_for 200 sh -c "sriovctl --json status | grep -q '\"slices_published\": *true'" && pass "slices-published" ||
-  fail "slices-published: $(sriovctl --json status | grep -A12 '\"dra\"')"
+if wait_for 200 sh -c "sriovctl --json status | grep -q '\"slices_published\": *true'"; then pass "slices-published"
+else fail "slices-published: $(sriovctl --json status | grep -A12 '\"dra\"')"; fi
 VF=$(vfaddr 1)
 DEV=vf-$(echo "$VF" | tr ':.' '--')
 BEFORE=$(vfline 1)
@@ -65,7 +65,7 @@ l=$(vfline 1); echo "$l"
 case $l in *"02:00:00:00:d0:01"*"vlan 42, qos 1"*) pass "claim-mac-vlan-on-igb";; *) fail "claim-mac-vlan-on-igb: $l";; esac
 case $l in *"trust on"*) pass "claim-trust-on-igb";; *) fail "claim-trust-on-igb: $l";; esac
 expect_eq "claim-vf-on-vfio-pci" "$(drv "$VF")" vfio-pci
-[ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ] && pass "cdi-spec" || fail "cdi-spec"
+if [ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ]; then pass "cdi-spec"; else fail "cdi-spec"; fi
 
 # driver: netdev: the VF on igbvf with the claim's MAC, its netdev's MTU set.
 VF0=$(vfaddr 0)
@@ -103,7 +103,7 @@ out=$(vm_dra_kubelet "$REG" unprepare default vm-a "$UID_A" 2>&1); echo "$out"
 expect_eq "unprepare" "$out" ok
 expect_eq "unprepare-restores-settings" "$(vfline 1)" "$BEFORE"
 expect_eq "unprepare-restores-driver" "$(drv "$VF")" "$BEFORE_DRV"
-[ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ] && fail "cdi-spec-removed" || pass "cdi-spec-removed"
+if [ -f "/run/cdi/sriovd.io-claim-$UID_A.json" ]; then fail "cdi-spec-removed"; else pass "cdi-spec-removed"; fi
 stop_daemon
 expect_eq "final-stop-restores-numvfs" "$(cat "$SYS/sriov_numvfs")" 0
 grep -E 'error|warn|dra' /tmp/sriovd.log | head -n 40
