@@ -75,9 +75,10 @@ VirtioPci::VirtioPci(virtio::Device& device, irq::Engine& engine, std::string na
       vectors_(engine, routes_),
       sinks_(routes_.size()),
       queues_(num_queues_) {
-  if (device.config_size() > kDeviceSize)
+  if (device.config_size() > kDeviceWindow)
     throw std::invalid_argument(name_ + ": the device's configuration (" + std::to_string(device.config_size()) +
-                                " bytes) is larger than the transport's window (" + std::to_string(kDeviceSize) + ")");
+                                " bytes) is larger than the transport's window (" + std::to_string(kDeviceWindow) +
+                                ")");
   new_doorbells();
   // Config space (§4.1.2): a non-transitional virtio-net function.
   config_bytes_.assign(4096, 0);
@@ -102,7 +103,7 @@ VirtioPci::VirtioPci(virtio::Device& device, irq::Engine& engine, std::string na
   virtio_cap(c, kCapNotify, kCapIsr, 20, kNotifyCfg, 0, kNotifyOffset, num_queues_ * kNotifyMultiplier);
   put32(c, kCapNotify + 16, kNotifyMultiplier);
   virtio_cap(c, kCapIsr, kCapDevice, 16, kIsrCfg, 0, kIsrOffset, 4);
-  virtio_cap(c, kCapDevice, kCapPciCfg, 16, kDeviceCfg, 0, kDeviceOffset, kDeviceSize);
+  virtio_cap(c, kCapDevice, kCapPciCfg, 16, kDeviceCfg, 0, kDeviceOffset, device_config_length());
   virtio_cap(c, kCapPciCfg, 0, 20, kPciCfg, 0, 0, 0);
   msix_ = std::make_unique<msix::MsixState>(static_cast<uint16_t>(routes_.size()), vectors_);
   config_ = make_config();
@@ -240,7 +241,7 @@ uint64_t VirtioPci::bar0_read(uint64_t offset, unsigned size) {
   if (offset >= kCommonOffset && offset + size <= kCommonOffset + kCommonSize)
     return common_read(offset - kCommonOffset, size);
   if (offset == kIsrOffset) return 0;  // MSI-X in use: the ISR status is not used (§4.1.4.5)
-  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
+  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + device_.config_size()) {
     // The device type's configuration (virtio-net: §5.1.4), as the device keeps it.
     uint8_t bytes[8] = {};
     device_.read_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
@@ -264,13 +265,19 @@ void VirtioPci::bar0_write(uint64_t offset, unsigned size, uint64_t value) {
     device_.kick(static_cast<unsigned>((offset - kNotifyOffset) / kNotifyMultiplier));
     return;
   }
-  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + kDeviceSize) {
+  if (offset >= kDeviceOffset && offset + size <= kDeviceOffset + device_.config_size()) {
     // The device's configuration: writable where its type says so
     // (virtio-net has no writable field and ignores it).
     uint8_t bytes[8] = {};
     std::memcpy(bytes, &value, size);
-    device_.write_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
+    (void)device_.write_config(static_cast<uint32_t>(offset - kDeviceOffset), bytes, size);
   }
+}
+
+// The device configuration capability's length: the device type's own
+// size, in whole dwords (a driver reads it 4 bytes at a time).
+uint32_t VirtioPci::device_config_length() const {
+  return static_cast<uint32_t>((device_.config_size() + 3U) & ~size_t{3});
 }
 
 // struct virtio_pci_common_cfg as the driver sees it now, so an access of

@@ -584,7 +584,8 @@ bool Backend::mem_reg(Message& m) {
 }
 
 // GET_CONFIG / SET_CONFIG: struct { u32 offset, size, flags; u8
-// payload[size]; } over the virtio-net config space (§5.1.4).
+// payload[size]; } over the device type's configuration space (virtio-net:
+// §5.1.4), as the device keeps it and takes writes.
 bool Backend::config_request(Message& m) {
   if (m.payload.size() < kConfigHeader) throw ProtocolError(what(m) + " without offset and size");
   uint32_t offset = 0, size = 0;
@@ -594,7 +595,10 @@ bool Backend::config_request(Message& m) {
     throw ProtocolError(what(m) + " of " + std::to_string(size) + " bytes in a payload of " +
                         std::to_string(m.payload.size()));
   if (m.hdr.request == kSetConfig) {
-    ack(m, 1);  // virtio-net has no field the driver may write: refused, not fatal
+    // A write the device type does not take (virtio-net has no field the
+    // driver may write), or past its configuration: refused, not fatal.
+    const bool inside = uint64_t{offset} + size <= device_.config_size();
+    ack(m, inside && device_.write_config(offset, m.payload.data() + kConfigHeader, size) ? 0 : 1);
     return true;
   }
   std::vector<uint8_t> out = m.payload;

@@ -607,6 +607,19 @@ TEST_F(VirtioPciTest, ConfigSpaceIsWellFormed) {
   c.read(VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg);
   EXPECT_EQ(pci::capability_problems(cfg), std::vector<std::string>{});
   ASSERT_TRUE(pci::find_msix(cfg));
+  // The device configuration capability (cfg_type 4) is as long as the
+  // device type's configuration (virtio-net: 12 bytes), not a fixed window.
+  uint32_t device_cfg_length = 0, device_cfg_offset = 0;
+  for (unsigned p = cfg[0x34]; p != 0 && p < 0xff; p = cfg[p + 1])
+    if (cfg[p] == 0x09 && cfg[p + 3] == 4) {
+      std::memcpy(&device_cfg_offset, &cfg[p + 8], 4);
+      std::memcpy(&device_cfg_length, &cfg[p + 12], 4);
+    }
+  EXPECT_EQ(device_cfg_offset, VirtioPci::kDeviceOffset);
+  EXPECT_EQ(device_cfg_length, net->config_size());
+  EXPECT_EQ(device_cfg_length, 12U);
+  // Past it, the window reads as zero.
+  EXPECT_EQ(c.read32(0, VirtioPci::kDeviceOffset + 12), 0U);
 }
 
 // What of a client's memory the server still has: mappings and fds of

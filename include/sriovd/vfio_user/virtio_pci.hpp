@@ -35,7 +35,9 @@ class VirtioPci : public ExportedDevice, public Migratable {
   static constexpr uint64_t kCommonSize = 0x40;
   static constexpr uint64_t kIsrOffset = 0x1000;
   static constexpr uint64_t kDeviceOffset = 0x2000;
-  static constexpr uint64_t kDeviceSize = 0x20;  // room for the device's configuration
+  // Room for a device type's configuration; the capability names the
+  // device's own size (config_size), whatever its type.
+  static constexpr uint64_t kDeviceWindow = 0x1000;
   static constexpr uint64_t kNotifyOffset = 0x3000;
   static constexpr uint32_t kNotifyMultiplier = 4;
   // BAR1: MSI-X.
@@ -116,6 +118,7 @@ class VirtioPci : public ExportedDevice, public Migratable {
     bool enabled = false;
     uint64_t desc = 0, driver = 0, device = 0;
   };
+  [[nodiscard]] uint32_t device_config_length() const;
   uint64_t bar0_read(uint64_t offset, unsigned size);
   void bar0_write(uint64_t offset, unsigned size, uint64_t value);
   uint64_t common_read(uint64_t offset, unsigned size);

@@ -184,9 +184,10 @@ class Device {
   [[nodiscard]] virtual uint64_t features() const = 0;
   [[nodiscard]] virtual size_t config_size() const = 0;
   virtual void read_config(uint32_t offset, uint8_t* out, size_t size) const = 0;
-  // A driver's write into the configuration space (ignored where the type
-  // has no writable field).
-  virtual void write_config(uint32_t offset, const uint8_t* data, size_t size) = 0;
+  // A driver's write into the configuration space: whether the type took
+  // it (false where it has no writable field there - a transport that can
+  // say so, vhost-user's SET_CONFIG, answers it as refused).
+  virtual bool write_config(uint32_t offset, const uint8_t* data, size_t size) = 0;
 
   // --- queue set-up by the transport (device stopped) ---
   virtual void set_memory(GuestMemory* memory) = 0;
@@ -257,7 +258,7 @@ class QueueDevice : public Device {
   [[nodiscard]] unsigned num_queues() const override { return static_cast<unsigned>(queues_.size()); }
   [[nodiscard]] uint16_t max_queue_size() const override { return max_queue_size_; }
   [[nodiscard]] uint64_t features() const override { return features_; }
-  void write_config(uint32_t, const uint8_t*, size_t) override {}
+  bool write_config(uint32_t, const uint8_t*, size_t) override { return false; }
 
   void set_memory(GuestMemory* memory) override { memory_ = memory; }
   void set_queue_size(unsigned q, uint16_t size) override;
