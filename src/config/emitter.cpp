@@ -59,7 +59,7 @@ void emit_vf(YAML::Emitter& out, const VfConfig& vf) {
 void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   out << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << dev.name;
-  out << YAML::Key << "type" << YAML::Value << "net";
+  out << YAML::Key << "type" << YAML::Value << to_string(dev.type);
   out << YAML::Key << "transport" << YAML::Value << to_string(dev.transport);
   out << YAML::Key << "socket" << YAML::Value << dev.socket;
   out << YAML::Key << "socket_mode" << YAML::Value << to_string(dev.socket_mode);

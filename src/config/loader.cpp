@@ -32,6 +32,12 @@ const char* to_string(MsixPolicy v) {
 
 const char* to_string(BarAccess v) { return v == BarAccess::mmap ? "mmap" : "trapped"; }
 const char* to_string(Transport v) { return v == Transport::vhost_user ? "vhost-user" : "vfio-user"; }
+const char* to_string(VirtioType v) {
+  switch (v) {
+    case VirtioType::net: return "net";
+  }
+  return "?";
+}
 const char* to_string(PackedRing v) {
   switch (v) {
     case PackedRing::off: return "off";

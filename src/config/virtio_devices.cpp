@@ -65,7 +65,10 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   bool ok = true;
   const auto name = read_device_name(m);
   ok &= name.has_value();
-  ok &= m.choice<std::string>("type", {{"net", "net"}}, true).has_value();
+  if (auto t = m.choice<VirtioType>("type", {{"net", VirtioType::net}}, true))
+    dev.type = *t;
+  else
+    ok = false;
   if (auto t = m.choice<Transport>("transport",
                                    {{"vhost-user", Transport::vhost_user}, {"vfio-user", Transport::vfio_user}}, true))
     dev.transport = *t;

@@ -439,6 +439,7 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
         });
       }
     json j = {{"name", dev.name},
+              {"type", config::to_string(dev.type)},
               {"transport", config::to_string(dev.transport)},
               {"socket", dev.socket},
               {"queue_pairs", dev.queue_pairs},

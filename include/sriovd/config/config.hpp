@@ -29,6 +29,8 @@ enum class MsixPolicy { direct, relay, adaptive };
 // (mmap: zero-copy, and a kernel object the VMM then holds - README).
 enum class BarAccess { trapped, mmap };
 enum class Transport { vhost_user, vfio_user };
+// A virtio device's type (virtio 1.2 §5): what the device factory makes.
+enum class VirtioType { net };
 enum class PackedRing { off, on, automatic };
 enum class BackendKind { tap, vf };
 
@@ -38,6 +40,7 @@ const char* to_string(ExportKind);
 const char* to_string(MsixPolicy);
 const char* to_string(BarAccess);
 const char* to_string(Transport);
+const char* to_string(VirtioType);
 const char* to_string(PackedRing);
 const char* to_string(BackendKind);
 
@@ -193,6 +196,7 @@ const char* to_string(SocketMode);
 
 struct VirtioDevice {
   std::string name;
+  VirtioType type = VirtioType::net;
   Transport transport = Transport::vhost_user;
   std::string socket;
   // server: sriovd listens; client: sriovd connects to a VMM that listens
@@ -221,8 +225,8 @@ struct VirtioDevice {
   // The same device with the same settings, wherever in the file it is.
   [[nodiscard]] bool same_settings(const VirtioDevice& o) const {
     auto key = [](const VirtioDevice& d) {
-      return std::tie(d.name, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed, d.mac, d.mtu,
-                      d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
+      return std::tie(d.name, d.type, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed,
+                      d.mac, d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
       // access is not part of it: a reload applies it to the running device.
     };
     return key(*this) == key(o);
