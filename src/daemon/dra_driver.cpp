@@ -293,7 +293,7 @@ void DraDriver::update(const config::Config& yaml, const json& devices, const st
     slices.push_back(std::move(d));
     // A VF is of use while it is there and its PF has link.
     const bool link = pf->value("link", "up") == "up";
-    health.push_back({node_, o.name, link, link ? "" : "the PF's link is down", now});
+    health.push_back({node_, o.name, link, link ? "" : "the PF's link is down", 0});
     offered.push_back(std::move(o));
   }
   // A device offered before and gone now stays in the health list,
@@ -301,8 +301,17 @@ void DraDriver::update(const config::Config& yaml, const json& devices, const st
   for (const Offered& was : offered_) {
     bool still = false;
     for (const Offered& o : offered) still = still || o.name == was.name;
-    if (!still) health.push_back({node_, was.name, false, "the VF is gone from the host", now});
+    if (!still) health.push_back({node_, was.name, false, "the VF is gone from the host", 0});
   }
+  // Each device's time is that of its last change: the same health again
+  // is no news for the kubelet (set_health streams only what differs).
+  std::map<std::string, std::pair<bool, int64_t>> since;
+  for (k8s::DeviceHealth& h : health) {
+    const auto it = health_since_.find(h.device);
+    h.since = it != health_since_.end() && it->second.first == h.healthy ? it->second.second : now;
+    since[h.device] = {h.healthy, h.since};
+  }
+  health_since_ = std::move(since);
   std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   offered_ = std::move(offered);
   plugin_->set_health(std::move(health));

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -125,6 +126,8 @@ class DraDriver final : public k8s::ClaimHandler {
   // The control thread's.
   std::vector<ClaimRecord> records_;
   std::vector<Offered> offered_;
+  // Each device's health and the Unix time it last changed.
+  std::map<std::string, std::pair<bool, int64_t>> health_since_;
   std::unique_ptr<k8s::ApiClient> api_;
   std::unique_ptr<k8s::DraPlugin> plugin_;
 

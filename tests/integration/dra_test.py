@@ -470,6 +470,8 @@ try:
     HEALTHY, UNHEALTHY = health.HealthStatus.Value("HEALTHY"), health.HealthStatus.Value("UNHEALTHY")
     ok, last = health_until(lambda h: h.get(names[1]) == HEALTHY, 10)
     check("health stream: VFs Healthy", ok, last)
+    time.sleep(2)  # four of the driver's health updates: the same health is no news
+    check("health stream: nothing sent while nothing changes", health_updates.empty(), health_updates.qsize())
 
     # --- prepare with settings ---
     uid_a = api.claim("default", "vm-a", [result(names[1])], [
