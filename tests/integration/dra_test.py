@@ -33,7 +33,6 @@ Exit 0: all passed; 1: a check failed; 77: cannot run here (says why).
 
 import base64
 import ctypes
-import importlib
 import struct
 import json
 import os
@@ -58,6 +57,10 @@ if not os.path.exists("/usr/bin/openssl"):
 
 BUILD = os.path.abspath(sys.argv[1])
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.dont_write_bytecode = True  # nothing generated in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standin_lib  # noqa: E402
+from standin_lib import check, wait_until  # noqa: E402
 SRIOVD = os.path.join(BUILD, "src", "sriovd")
 SRIOVCTL = os.path.join(BUILD, "src", "sriovctl")
 DRIVER = "sriovd.io"
@@ -74,37 +77,11 @@ cdi_dir = os.path.join(work, "cdi")
 for d in (registry, plugins, cdi_dir):
     os.makedirs(d)
 procs = []
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + str(detail)), flush=True)
-    if not ok:
-        failures += 1
-    return ok
-
-
-def wait_until(fn, seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    return fn()
 
 
 # --- the kubelet's APIs, from the project's upstream .proto files ---
-gen = os.path.join(work, "gen")
-os.makedirs(gen)
-protos = ["pluginregistration_v1.proto", "dra_v1.proto", "dra_health_v1alpha1.proto"]
-subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "src", "k8s"), "--python_out=" + gen, *protos],
-               check=True)
-sys.path.insert(0, gen)
-reg = importlib.import_module("pluginregistration_v1_pb2")
-dra = importlib.import_module("dra_v1_pb2")
-health = importlib.import_module("dra_health_v1alpha1_pb2")
+reg, dra, health = standin_lib.protos(
+    SRC, work, ["pluginregistration_v1.proto", "dra_v1.proto", "dra_health_v1alpha1.proto"])
 
 # --- the API server stand-in, with certificates of this run ---
 pki = os.path.join(work, "pki")
@@ -715,7 +692,7 @@ finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-    if failures:
+    if standin_lib.failures:
         print("--- sriovd log (tail) ---")
         try:
             print(log_text()[-6000:])
@@ -723,5 +700,5 @@ finally:
             pass
     subprocess.run(["rm", "-rf", work])
 
-print(f"{failures} failure(s)")
-sys.exit(1 if failures else 0)
+print(f"{standin_lib.failures} failure(s)")
+sys.exit(1 if standin_lib.failures else 0)

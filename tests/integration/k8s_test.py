@@ -16,7 +16,6 @@ malformed and unknown requests get gRPC errors naming what is wrong.
 Exit 0: all passed; 1: a check failed; 77: cannot run here (says why).
 """
 
-import importlib
 import json
 import os
 import queue
@@ -41,6 +40,10 @@ if os.geteuid() != 0 or not os.path.exists("/dev/net/tun"):
 
 BUILD = os.path.abspath(sys.argv[1])
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.dont_write_bytecode = True  # nothing generated in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standin_lib  # noqa: E402
+from standin_lib import check, wait_until  # noqa: E402
 SRIOVD = os.path.join(BUILD, "src", "sriovd")
 SRIOVCTL = os.path.join(BUILD, "src", "sriovctl")
 POOL_A, POOL_B, POOL_C = "sriovd.test/vfio_a", "sriovd.test/vfio_b", "sriovd.test/vnet"
@@ -50,34 +53,10 @@ plugin_dir = os.path.join(work, "device-plugins")
 cdi_dir = os.path.join(work, "cdi")
 os.makedirs(plugin_dir)
 procs = []
-failures = 0
-
-
-def check(name, ok, detail=""):
-    global failures
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + str(detail)), flush=True)
-    if not ok:
-        failures += 1
-    return ok
-
-
-def wait_until(fn, seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.05)
-    return fn()
 
 
 # --- the API's messages, from the project's .proto ---
-gen = os.path.join(work, "gen")
-os.makedirs(gen)
-subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "src", "k8s"), "--python_out=" + gen,
-                "deviceplugin_v1beta1.proto"], check=True)
-sys.path.insert(0, gen)
-api = importlib.import_module("deviceplugin_v1beta1_pb2")
+(api,) = standin_lib.protos(SRC, work, ["deviceplugin_v1beta1.proto"])
 
 
 # --- the kubelet stand-in: Registration on kubelet.sock ---
@@ -364,10 +343,10 @@ finally:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    if failures:
+    if standin_lib.failures:
         print("--- sriovd log", file=sys.stderr)
         with open(os.path.join(work, "sriovd.log")) as f:
             print("".join(f.readlines()[-30:]), file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)
-print("k8s_test: " + ("all passed" if not failures else f"{failures} failed"))
-sys.exit(1 if failures else 0)
+print("k8s_test: " + ("all passed" if not standin_lib.failures else f"{standin_lib.failures} failed"))
+sys.exit(1 if standin_lib.failures else 0)
