@@ -166,8 +166,14 @@ Backend::Backend(asio::io_context& io, std::string socket_path, virtio::Device& 
                        }),
           kMessageDeadline, [this](FramedReader& r) { on_message(r); },
           [this](const std::string& why, EndCause cause) { on_end(why, cause); },
-          // The IOTLB updates of a burst become visible to the workers at once.
-          [this] { publish_translations(); }) {
+          // Once per burst of messages, not after each: the IOTLB updates
+          // become visible to the workers at once, and the device starts
+          // when the front-end has said all it had to say (a setup's dozens
+          // of messages do not start and stop it dozens of times).
+          [this] {
+            publish_translations();
+            try_start();
+          }) {
   memory_.set_quota(&quota_);
   kick_fds_.resize(device_.num_queues());
   call_fds_.resize(device_.num_queues());
@@ -357,7 +363,6 @@ void Backend::handle(Message& m) {
   if (r->fds >= 0 && m.fds.size() != static_cast<size_t>(r->fds))
     throw ProtocolError(what(m) + " with " + std::to_string(m.fds.size()) + " fds, expected " + std::to_string(r->fds));
   if (!(this->*(r->handler))(m)) ack(m, 0);
-  try_start();
 }
 
 unsigned Backend::queue_index(const Message& m, uint32_t index) const {
