@@ -67,7 +67,7 @@ void VirtioExports::remove_left_over(const std::string& state_dir, const std::ve
 void VirtioExports::drop(const config::Config* next) {
   std::vector<Export> kept;
   for (auto& e : exports_) {
-    const bool served = e.backend || e.pci_server;
+    const bool served = e.transport != nullptr;
     const bool keep = next && served &&
                       std::any_of(next->virtio_devices.begin(), next->virtio_devices.end(),
                                   [&](const config::VirtioDevice& d) { return d.same_settings(e.config); });
@@ -78,11 +78,9 @@ void VirtioExports::drop(const config::Config* next) {
     // A device that could not be served is tried again by start_virtio.
     if (served)
       spdlog::info("virtio {}: stopped ({})", e.name, next ? "changed or removed by the reload" : "shutting down");
-    // Users before what they use: the server and transport hold the device
-    // (a moved-over element would drop the device first).
-    e.pci_server.reset();
-    e.pci.reset();
-    e.backend.reset();
+    // Users before what they use: the transport holds the device (a
+    // moved-over element would drop the device first).
+    e.transport.reset();
     std::unique_ptr<virtio::PacketPort> port =
         e.device ? e.thread->call([&] { return e.device->release_port(); }) : nullptr;
     e.device.reset();
@@ -134,9 +132,9 @@ void VirtioExports::start(const config::Config& cfg) {
         nc.queue_pairs = dev.queue_pairs;
         nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
         nc.packed = dev.packed != config::PackedRing::off;
-        // As virtio-pci, sriovd is the whole device, control queue included.
-        nc.control_queue = dev.transport == config::Transport::vfio_user;
-        nc.access_platform = dev.iommu_platform;
+        const TransportTraits traits = transport_traits(dev.transport);
+        nc.control_queue = traits.control_queue;
+        nc.access_platform = dev.iommu_platform || traits.access_platform;
         nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
         const auto& o = dev.tap.offloads;
         nc.offloads = o.csum;
@@ -148,23 +146,19 @@ void VirtioExports::start(const config::Config& cfg) {
                                    [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
         if (handed) {
           try {
-            serve(dev, e, &*handed);
+            serve(dev, e, cfg.state_dir, &*handed);
             spdlog::info("virtio {}: taken over from the previous sriovd", dev.name);
           } catch (const std::exception& ex) {
             spdlog::error("virtio {}: the handover did not fit ({}); served afresh", dev.name, ex.what());
-            e.pci_server.reset();
-            e.pci.reset();
-            e.backend.reset();
+            e.transport.reset();
             e.thread->call([&] { e.device->reset(); });  // whatever of the state was restored
-            serve(dev, e);
+            serve(dev, e, cfg.state_dir);
           }
         } else {
-          serve(dev, e);
+          serve(dev, e, cfg.state_dir);
         }
       } catch (const std::exception& ex) {
-        e.pci_server.reset();
-        e.pci.reset();
-        e.backend.reset();
+        e.transport.reset();
         e.device.reset();
         e.thread.reset();
         e.not_served = ex.what();
@@ -190,7 +184,7 @@ std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevic
                          (h.macvtap_lower.empty()
                               ? dev.backend_kind == config::BackendKind::tap && h.tap == dev.tap.name
                               : dev.backend_kind == config::BackendKind::vf && dev.vf.via == config::VfAttach::macvtap);
-  const bool fits = (dev.transport == config::Transport::vfio_user) == h.pci && h.socket == dev.socket && port_fits;
+  const bool fits = handed_transport(h) == dev.transport && h.socket == dev.socket && port_fits;
   if (!fits) {
     spdlog::warn("virtio {}: the config changed how it is served since the handover: served afresh", dev.name);
     return std::nullopt;
@@ -202,17 +196,13 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::ve
   std::vector<HandedVirtio> out;
   try {
     for (auto& e : exports_) {
-      if (!e.backend && !e.pci_server) continue;
+      if (!e.transport) continue;
       HandedVirtio h;
       h.name = e.name;
       h.socket = e.config.socket;
-      h.pci = e.pci_server != nullptr;
       const bool frozen = e.thread->call([&] {
         try {
-          if (h.pci)
-            h.server = e.pci_server->freeze_for_handover();
-          else
-            h.backend = e.backend->freeze_for_handover();
+          e.transport->freeze(h);
         } catch (const HandoverRefused& ex) {
           const std::string why = "virtio device " + e.name + ": " + ex.what();
           if (!force) throw HandoverRefused(why);
@@ -246,8 +236,7 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::ve
 void VirtioExports::thaw() {
   for (auto& e : exports_) {
     e.handed = false;
-    if (e.backend) e.thread->call([&] { e.backend->thaw(); });
-    if (e.pci_server) e.thread->call([&] { e.pci_server->thaw(); });
+    if (e.transport) e.thread->call([&] { e.transport->thaw(); });
   }
 }
 
@@ -255,8 +244,7 @@ void VirtioExports::handed_over() {
   for (auto& e : exports_) {
     if (!e.handed) continue;
     e.thread->call([&] {
-      if (e.backend) e.backend->handed_over();
-      if (e.pci_server) e.pci_server->handed_over();
+      e.transport->handed_over();
       e.device->port().keep_for_successor();
     });
   }
@@ -327,45 +315,18 @@ std::unique_ptr<virtio::PacketPort> VirtioExports::open_port(const config::Virti
   return std::make_unique<ports::PacketSocket>(netdev, dev.queue_pairs, ring, dev.mtu);
 }
 
-void VirtioExports::serve(const config::VirtioDevice& dev, Export& e, HandedVirtio* handed) {
+void VirtioExports::serve(const config::VirtioDevice& dev, Export& e, const std::string& state_dir,
+                          HandedVirtio* handed) {
   SessionThread& t = *e.thread;
-  if (dev.transport == config::Transport::vfio_user) {
-    e.pci = make_on_session(t, [&] { return std::make_unique<vfio_user::VirtioPci>(*e.device, engine_, dev.name); });
-    e.pci_server = make_on_session(t, [&] {
-      auto server = handed ? std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids,
-                                                                 std::move(handed->server))
-                           : std::make_unique<vfio_user::Server>(t.io(), dev.socket, *e.pci, dev.access.allowed_uids);
-      server->set_socket_access(access_of(dev.access));
-      return server;
-    });
-  } else {
-    e.backend = make_on_session(t, [&] {
-      auto backend = std::make_unique<vhost_user::Backend>(
-          t.io(), dev.socket, *e.device, engine_,
-          dev.socket_mode == config::SocketMode::client ? vhost_user::Backend::Mode::client
-                                                        : vhost_user::Backend::Mode::server,
-          dev.access.allowed_uids, handed ? std::move(handed->backend) : vhost_user::BackendHandover());
-      backend->set_socket_access(access_of(dev.access));
-      return backend;
-    });
-  }
+  TransportContext ctx{t, dev, *e.device, engine_, state_dir, handed};
+  e.transport = make_on_session(t, [&] { return make_transport(ctx); });
 }
 
 // A reload's socket access for a device that keeps running.
 void VirtioExports::update_access(Export& e, const config::SocketAccess& access) {
   e.config.access = access;
   try {
-    if (e.pci_server) {
-      e.thread->call([&] {
-        e.pci_server->set_allowed_uids(access.allowed_uids);
-        e.pci_server->set_socket_access(access_of(access));
-      });
-    } else if (e.backend) {
-      e.thread->call([&] {
-        e.backend->set_allowed_uids(access.allowed_uids);
-        e.backend->set_socket_access(access_of(access));
-      });
-    }
+    if (e.transport) e.thread->call([&] { e.transport->set_access(access); });
   } catch (const std::exception& ex) {
     spdlog::error("virtio {}: {}", e.name, ex.what());
   }
@@ -407,11 +368,10 @@ void VirtioExports::follow_vf_netdevs(const config::Config& cfg) {
 void VirtioExports::poll_links() {
   for (auto& e : exports_) {
     if (!e.device) continue;
-    asio::post(e.thread->io(), [name = e.name, device = e.device.get(), pci = e.pci.get(), backend = e.backend.get()] {
+    asio::post(e.thread->io(), [name = e.name, device = e.device.get(), transport = e.transport.get()] {
       if (!device->poll_link()) return;
       spdlog::info("virtio {}: link {}", name, device->link_up() ? "up" : "down");
-      if (pci) pci->config_changed();
-      if (backend) backend->config_changed();
+      if (transport) transport->config_changed();
     });
   }
 }
@@ -448,17 +408,13 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
               {"backend", backend}};
     for (const auto& e : exports_) {
       if (e.name != dev.name) continue;
-      if (!e.backend && !e.pci_server) {
+      if (!e.transport) {
         j["state"] = "not served";
         j["reason"] = e.not_served;
         continue;
       }
       j["session_thread"] = e.thread->index();
-      if (e.pci_server) {
-        e.thread->call([&] { pci_json(e, j); });
-        continue;
-      }
-      e.thread->call([&] { backend_json(e, dev, j); });
+      e.thread->call([&] { served_json(e, j); });
     }
     virtio.push_back(std::move(j));
   }
@@ -466,42 +422,12 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
 }
 
 // On the export's session thread.
-void VirtioExports::pci_json(const Export& e, json& j) {
-  const auto& st = e.pci_server->stats();
-  j["state"] = e.pci_server->connected() ? (e.device->running() ? "running" : "connected") : "listening";
-  j["features"] = e.device->features();
-  j["needs_reset"] = e.device->broken();
-  j["vfio_user"] = counters_json(st, vfio_user::kServerCounters);
-  j["vfio_user"]["last_error"] = st.last_error;
-  // Live migration: the state the client set, the DMA log while one
-  // runs, and what it missed (a write outside the ranges logged).
-  if (const vfio_user::Migration* mig = e.pci_server->migration()) {
-    json& m = j["vfio_user"]["migration"];
-    m = counters_json(mig->stats(), vfio_user::kMigrationCounters);
-    m["state"] = vfio_user::mig_state_name(static_cast<uint32_t>(mig->state()));
-    m["dma_logging"] = mig->dma_log() != nullptr;
-    m["dma_log_missed"] = mig->dma_log() ? mig->dma_log()->log().missed() : 0;
-  }
-  j["queues"] = queue_stats(*e.device);
-}
-
-// On the export's session thread.
-void VirtioExports::backend_json(const Export& e, const config::VirtioDevice& dev, json& j) {
-  j["state"] = e.backend->connected()                          ? (e.device->running() ? "running" : "connected")
-               : dev.socket_mode == config::SocketMode::client ? "connecting"
-                                                               : "listening";
-  j["socket_mode"] = config::to_string(dev.socket_mode);
+void VirtioExports::served_json(const Export& e, json& j) {
+  j["state"] = e.transport->state();
   j["features"] = e.device->features();
   j["needs_reset"] = e.device->broken();
   j["queues"] = queue_stats(*e.device);
-  j["vhost_user"] = counters_json(e.backend->stats(), vhost_user::kBackendCounters);
-  j["vhost_user"]["last_error"] = e.backend->stats().last_error;
-  // Live migration: the log while one runs, and what it missed (a
-  // write past a log the front-end sized too small).
-  j["vhost_user"]["migration"] = counters_json(e.backend->stats(), vhost_user::kMigrationCounters);
-  j["vhost_user"]["migration"]["logging"] = e.backend->logging();
-  j["vhost_user"]["migration"]["log_bytes"] = e.backend->log_bytes();
-  j["vhost_user"]["migration"]["log_missed"] = e.backend->log_missed();
+  e.transport->describe(j);
 }
 
 void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
@@ -509,33 +435,17 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
                    MetricType::Gauge);
   TypedCounters peer("sriovd_virtio", kPeerCounters);
   TypedCounters queues("sriovd_virtio_queue", virtio::kQueueCounters);
-  TypedCounters migration("sriovd_vhost_user", vhost_user::kMigrationCounters);
-  Family logging("sriovd_vhost_user_logging", "1 while the device logs its writes for a live migration",
-                 MetricType::Gauge);
-  TypedCounters pci_migration("sriovd_vfio_user_migration", vfio_user::kMigrationCounters);
-  Family pci_logging("sriovd_vfio_user_dma_logging",
-                     "1 while the virtio-pci device logs its DMA writes for a live migration", MetricType::Gauge);
-  Family pci_state("sriovd_vfio_user_migration_state",
-                   "the device's live migration state (linux/vfio.h: 1 STOP, 2 RUNNING, 3 STOP_COPY, 4 RESUMING, "
-                   "0 ERROR)",
-                   MetricType::Gauge);
+  MetricSet transports;  // each transport's own
   for (const auto& e : exports_) {
-    if (!e.device || (!e.backend && !e.pci_server)) {
+    if (!e.device || !e.transport) {
       connected.add({{"device", e.name}}, 0);
       continue;
     }
     e.thread->call([&] {
-      connected.add({{"device", e.name}}, (e.backend ? e.backend->connected() : e.pci_server->connected()) ? 1 : 0);
-      peer.add({{"device", e.name}},
-               e.backend ? PeerCounters::of(e.backend->stats()) : PeerCounters::of(e.pci_server->stats()));
-      if (e.backend) {
-        migration.add({{"device", e.name}}, e.backend->stats());
-        logging.add({{"device", e.name}}, e.backend->logging() ? 1 : 0);
-      } else if (const vfio_user::Migration* mig = e.pci_server->migration()) {
-        pci_migration.add({{"device", e.name}}, mig->stats());
-        pci_logging.add({{"device", e.name}}, mig->dma_log() ? 1 : 0);
-        pci_state.add({{"device", e.name}}, static_cast<double>(mig->state()));
-      }
+      const Labels labels{{"device", e.name}};
+      connected.add(labels, e.transport->connected() ? 1 : 0);
+      peer.add(labels, e.transport->peer_counters());
+      e.transport->metrics(labels, transports);
       const virtio::DeviceStats stats = e.device->stats();
       for (unsigned q = 0; q < stats.queues.size(); ++q)
         queues.add({{"device", e.name}, {"queue", std::to_string(q)}}, stats.queues[q]);
@@ -544,11 +454,7 @@ void VirtioExports::metrics(std::vector<MetricFamily>& out) const {
   out.push_back(std::move(connected.f));
   peer.into(out);
   queues.into(out);
-  migration.into(out);
-  out.push_back(std::move(logging.f));
-  pci_migration.into(out);
-  out.push_back(std::move(pci_logging.f));
-  out.push_back(std::move(pci_state.f));
+  transports.into(out);
 }
 
 }  // namespace sriovd::daemon

@@ -1,7 +1,6 @@
 #pragma once
 // The owner of the virtio exports (config virtio_devices): for each, the
-// device, its transport (vhost-user back-end, or virtio-pci and its
-// vfio-user server) and its port (a tap, or a VF's netdev through AF_PACKET,
+// device, its transport (virtio_transport.hpp) and its port (a tap, or a VF's netdev through AF_PACKET,
 // a macvtap or AF_XDP), made by the factories below; started, stopped and
 // restarted as the config and the host change, shown in `devices` and in
 // Prometheus. On the control thread, as the daemon that owns it; each
@@ -22,11 +21,9 @@
 #include "sriovd/util/asio.hpp"
 #include "sriovd/util/retirer.hpp"
 #include "sriovd/util/session_threads.hpp"
-#include "sriovd/vfio_user/server.hpp"
-#include "sriovd/vfio_user/virtio_pci.hpp"
-#include "sriovd/vhost_user/backend.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "handover.hpp"
+#include "virtio_transport.hpp"
 
 namespace sriovd::daemon {
 
@@ -95,10 +92,8 @@ class VirtioExports {
     // objects below, which it makes, serves and deletes).
     SessionPool::Lease thread;
     OnSession<virtio::NetDevice> device;
-    OnSession<vhost_user::Backend> backend;
-    // transport: vfio-user - the PCI transport and its server instead.
-    OnSession<vfio_user::VirtioPci> pci;
-    OnSession<vfio_user::Server> pci_server;
+    // How its driver reaches it (virtio_transport.hpp); null: not served.
+    OnSession<ServedTransport> transport;
     std::string not_served;  // why it is not served, when it is not
     // The netdev its port holds ("tap:NAME", "vf:NETDEV"): the Retirer's key.
     std::string port_key;
@@ -116,12 +111,11 @@ class VirtioExports {
   // the device (offloads, the VF's MAC).
   std::unique_ptr<virtio::PacketPort> open_port(const config::VirtioDevice& dev, Export& e, virtio::NetConfig& nc,
                                                 const std::string& state_dir, HandedVirtio* handed = nullptr);
-  // The transport factory: vhost-user back-end, or virtio-pci and its server.
-  void serve(const config::VirtioDevice& dev, Export& e, HandedVirtio* handed = nullptr);
+  // Its transport, made by the factory its config names.
+  void serve(const config::VirtioDevice& dev, Export& e, const std::string& state_dir, HandedVirtio* handed = nullptr);
   void update_access(Export& e, const config::SocketAccess& access);
   // A served device's part of `devices` (on its session thread).
-  static void pci_json(const Export& e, control::json& j);
-  static void backend_json(const Export& e, const config::VirtioDevice& dev, control::json& j);
+  static void served_json(const Export& e, control::json& j);
 
   SessionPool& sessions_;
   irq::Engine& engine_;
