@@ -61,8 +61,12 @@ void emit_virtio(YAML::Emitter& out, const VirtioDevice& dev) {
   out << YAML::Key << "name" << YAML::Value << dev.name;
   out << YAML::Key << "type" << YAML::Value << to_string(dev.type);
   out << YAML::Key << "transport" << YAML::Value << to_string(dev.transport);
-  out << YAML::Key << "socket" << YAML::Value << dev.socket;
-  out << YAML::Key << "socket_mode" << YAML::Value << to_string(dev.socket_mode);
+  if (dev.transport == Transport::vduse) {
+    out << YAML::Key << "bind" << YAML::Value << to_string(dev.bind);
+  } else {
+    out << YAML::Key << "socket" << YAML::Value << dev.socket;
+    out << YAML::Key << "socket_mode" << YAML::Value << to_string(dev.socket_mode);
+  }
   out << YAML::Key << "queues" << YAML::Value << dev.queue_pairs;
   out << YAML::Key << "queue_size" << YAML::Value << dev.queue_size;
   // Quoted: a plain on/off would read back as a YAML 1.1 boolean elsewhere.

@@ -31,7 +31,15 @@ const char* to_string(MsixPolicy v) {
 }
 
 const char* to_string(BarAccess v) { return v == BarAccess::mmap ? "mmap" : "trapped"; }
-const char* to_string(Transport v) { return v == Transport::vhost_user ? "vhost-user" : "vfio-user"; }
+const char* to_string(Transport v) {
+  switch (v) {
+    case Transport::vhost_user: return "vhost-user";
+    case Transport::vfio_user: return "vfio-user";
+    case Transport::vduse: return "vduse";
+  }
+  return "?";
+}
+const char* to_string(VduseBind v) { return v == VduseBind::netdev ? "netdev" : "vhost-vdpa"; }
 const char* to_string(VirtioType v) {
   switch (v) {
     case VirtioType::net: return "net";
@@ -323,7 +331,8 @@ void Loader::check_sockets() {
         claim(vf.assign->socket,
               "VF " + std::to_string(vf.index) + " of PF " + cfg_.physical_functions[p].ref.to_string(),
               vf.assign->socket_where);
-  for (const auto& dev : cfg_.virtio_devices) claim(dev.socket, "virtio device '" + dev.name + "'", dev.socket_where);
+  for (const auto& dev : cfg_.virtio_devices)
+    if (!dev.socket.empty()) claim(dev.socket, "virtio device '" + dev.name + "'", dev.socket_where);
 }
 
 // A guest bridged to a VF speaks with the VF's MAC: a NIC's VF receives

@@ -57,7 +57,7 @@ void Loader::read_queues(Mapping& m, VirtioDevice& dev) {
 
 void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   Mapping m(ctx_, node, path,
-            {"name", "type", "transport", "socket", "socket_mode", "queues", "queue_size", "packed", "mac", "mtu",
+            {"name", "type", "transport", "bind", "socket", "socket_mode", "queues", "queue_size", "packed", "mac", "mtu",
              "iommu_platform", "cpus", "access", "backend"});
   if (!m.valid()) return;
   VirtioDevice dev;
@@ -70,12 +70,34 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   else
     ok = false;
   if (auto t = m.choice<Transport>("transport",
-                                   {{"vhost-user", Transport::vhost_user}, {"vfio-user", Transport::vfio_user}}, true))
+                                   {{"vhost-user", Transport::vhost_user},
+                                    {"vfio-user", Transport::vfio_user},
+                                    {"vduse", Transport::vduse}},
+                                   true))
     dev.transport = *t;
   else
     ok = false;
-  auto socket = socket_path(ctx_, m, "socket", true);
-  ok &= socket.has_value();
+  const bool vduse = dev.transport == Transport::vduse;
+  std::optional<std::string> socket;
+  if (vduse) {
+    // The kernel is the driver: no socket, no peer to admit.
+    for (const char* key : {"socket", "socket_mode", "access"})
+      if (m.has(key)) {
+        ctx_.error(m.where(key), m.path_of(key),
+                   std::string("'") + key + "' is not used with 'transport: vduse' (the kernel drives the device)");
+        ok = false;
+      }
+    socket = std::string();
+    if (auto b = m.choice<VduseBind>("bind", {{"netdev", VduseBind::netdev}, {"vhost-vdpa", VduseBind::vhost_vdpa}}))
+      dev.bind = *b;
+  } else {
+    if (m.has("bind")) {
+      ctx_.error(m.where("bind"), m.path_of("bind"), "'bind' is only used with 'transport: vduse'");
+      ok = false;
+    }
+    socket = socket_path(ctx_, m, "socket", true);
+    ok &= socket.has_value();
+  }
   if (auto mode =
           m.choice<SocketMode>("socket_mode", {{"server", SocketMode::server}, {"client", SocketMode::client}})) {
     dev.socket_mode = *mode;
@@ -92,7 +114,16 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
     }
     dev.iommu_platform = *iommu;
   }
-  if (m.has("access")) dev.access = read_access(m.get("access", false), m.path_of("access"));
+  if (m.has("access") && !vduse) dev.access = read_access(m.get("access", false), m.path_of("access"));
+  if (vduse && dev.queue_pairs > 1) {
+    // Several pairs need the control queue (VIRTIO_NET_F_MQ), which the
+    // kernel's VDUSE does not take for a network device.
+    ctx_.error(m.where("queues"), m.path_of("queues"),
+               "queues " + std::to_string(dev.queue_pairs) +
+                   " with 'transport: vduse': a VDUSE network device has one queue pair (the kernel takes no "
+                   "control queue from VDUSE, and several pairs need one)");
+    ok = false;
+  }
   ok &= read_backend(m.get("backend", true), m.path_of("backend"), dev);
   if (ok && dev.backend_kind == BackendKind::vf && dev.vf.via == VfAttach::af_packet && dev.queue_pairs > 1 &&
       dev.transport != Transport::vhost_user) {

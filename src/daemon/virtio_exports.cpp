@@ -17,6 +17,7 @@
 #include "sriovd/ports/packet_socket.hpp"
 #include "sriovd/ports/tap.hpp"
 #include "sriovd/ports/xdp_socket.hpp"
+#include "sriovd/vduse/backend.hpp"
 
 namespace sriovd::daemon {
 
@@ -54,6 +55,14 @@ void VirtioExports::remove_left_over(const std::string& state_dir, const std::ve
       spdlog::warn("virtio: deleted macvtap {} left by an earlier run", gone);
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
+  }
+  // VDUSE devices it made (its journal names them): off the vDPA bus and
+  // destroyed; the devices configured now make theirs anew.
+  try {
+    for (const auto& gone : vduse::Backend::remove_left_over(vduse_journal(state_dir), {}))
+      spdlog::warn("virtio: removed VDUSE device {} left by an earlier run", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for VDUSE devices left by an earlier run: {}", ex.what());
   }
   // XDP programs it left on VF netdevs (each names its owner in a map).
   try {
@@ -134,6 +143,7 @@ void VirtioExports::start(const config::Config& cfg) {
         nc.packed = dev.packed != config::PackedRing::off;
         const TransportTraits traits = transport_traits(dev.transport);
         nc.control_queue = traits.control_queue;
+        nc.front_end_control = traits.front_end_control;
         nc.access_platform = dev.iommu_platform || traits.access_platform;
         nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
         const auto& o = dev.tap.offloads;

@@ -18,6 +18,7 @@ void MetricSet::into(std::vector<prometheus::MetricFamily>& out) {
 // Each transport's factory, in its own file.
 std::unique_ptr<ServedTransport> make_vhost_user_transport(TransportContext& ctx);
 std::unique_ptr<ServedTransport> make_vfio_user_transport(TransportContext& ctx);
+std::unique_ptr<ServedTransport> make_vduse_transport(TransportContext& ctx);
 
 namespace {
 
@@ -27,8 +28,10 @@ constexpr struct {
   std::unique_ptr<ServedTransport> (*make)(TransportContext&);
   TransportTraits traits;
 } kTransports[] = {
-    {config::Transport::vhost_user, make_vhost_user_transport, {.control_queue = false, .access_platform = false}},
-    {config::Transport::vfio_user, make_vfio_user_transport, {.control_queue = true, .access_platform = false}},
+    {config::Transport::vhost_user, make_vhost_user_transport, {.control_queue = false, .front_end_control = true, .access_platform = false}},
+    {config::Transport::vfio_user, make_vfio_user_transport, {.control_queue = true, .front_end_control = false, .access_platform = false}},
+    {config::Transport::vduse, make_vduse_transport,
+     {.control_queue = false, .front_end_control = false, .access_platform = true}},
 };
 
 }  // namespace

@@ -92,6 +92,9 @@ struct TransportTraits {
   // whole device); else the driver's side handles it (a vhost-user
   // front-end) or the transport has none (VDUSE).
   bool control_queue = false;
+  // Without control_queue: the driver's side has one (vhost-user) or there
+  // is none (VDUSE).
+  bool front_end_control = true;
   // Every address in the rings is an IOVA (VIRTIO_F_ACCESS_PLATFORM is
   // offered whatever the config says).
   bool access_platform = false;
@@ -102,6 +105,9 @@ TransportTraits transport_traits(config::Transport kind);
 // std::runtime_error naming what stops it (a socket it cannot make, a
 // kernel without the transport).
 std::unique_ptr<ServedTransport> make_transport(TransportContext& ctx);
+
+// The journal of the VDUSE devices an instance made (its state_dir's).
+std::string vduse_journal(const std::string& state_dir);
 
 // The transport a predecessor's handed part belongs to.
 config::Transport handed_transport(const HandedVirtio& h);

@@ -174,7 +174,7 @@ uint64_t NetDevice::offered_features() const {
     // GUEST_ANNOUNCE: the device's own control queue takes the driver's ack.
     f |= kNetCtrlVq | kNetCtrlRx | kNetCtrlMacAddr | kNetGuestAnnounce;
     if (config_.queue_pairs > 1) f |= kNetMq;  // MQ needs the control queue (§5.1.3.1)
-  } else {
+  } else if (config_.front_end_control) {
     // vhost-user: the VMM's control queue, SET_VRING_ENABLE per pair, and
     // the VMM's guest announcement after a migration (offered, QEMU lets
     // the guest announce itself instead of asking for SEND_RARP).

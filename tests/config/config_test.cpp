@@ -156,6 +156,26 @@ virtio_devices:
   EXPECT_FALSE(d.tap.offloads.ufo);
 }
 
+// transport: vduse - no socket, a bind (netdev by default), emitted and
+// read back the same.
+TEST(Values, VduseDeviceIsReadAndEmitted) {
+  const Config cfg = parse(R"(version: 1
+host: system
+virtio_devices:
+  - {name: v0, type: net, transport: vduse, backend: {type: tap, name: tap0}}
+  - {name: v1, type: net, transport: vduse, bind: vhost-vdpa, backend: {type: tap, name: tap1}}
+)",
+                           "v.yaml");
+  ASSERT_EQ(cfg.virtio_devices.size(), 2U);
+  EXPECT_EQ(cfg.virtio_devices[0].transport, Transport::vduse);
+  EXPECT_EQ(cfg.virtio_devices[0].bind, VduseBind::netdev);
+  EXPECT_TRUE(cfg.virtio_devices[0].socket.empty());
+  EXPECT_EQ(cfg.virtio_devices[1].bind, VduseBind::vhost_vdpa);
+  const Config again = parse(to_yaml(cfg), "emitted.yaml");
+  ASSERT_EQ(again.virtio_devices.size(), 2U);
+  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(again.virtio_devices[i].same_settings(cfg.virtio_devices[i]));
+}
+
 TEST(Values, HexAndPackedNonPowerOfTwo) {
   const Config cfg = parse(R"(version: 1
 host: system

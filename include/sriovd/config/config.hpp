@@ -28,7 +28,11 @@ enum class MsixPolicy { direct, relay, adaptive };
 // server (trapped), or mapped through the VFIO device fd handed to it
 // (mmap: zero-copy, and a kernel object the VMM then holds - README).
 enum class BarAccess { trapped, mmap };
-enum class Transport { vhost_user, vfio_user };
+// vduse: the kernel drives the device itself (linux/vduse.h, the vDPA bus).
+enum class Transport { vhost_user, vfio_user, vduse };
+// A VDUSE device's vDPA driver: virtio_vdpa (a host netdev) or vhost_vdpa
+// (/dev/vhost-vdpa-N, for a VMM).
+enum class VduseBind { netdev, vhost_vdpa };
 // A virtio device's type (virtio 1.2 §5): what the device factory makes.
 enum class VirtioType { net };
 enum class PackedRing { off, on, automatic };
@@ -40,6 +44,7 @@ const char* to_string(ExportKind);
 const char* to_string(MsixPolicy);
 const char* to_string(BarAccess);
 const char* to_string(Transport);
+const char* to_string(VduseBind);
 const char* to_string(VirtioType);
 const char* to_string(PackedRing);
 const char* to_string(BackendKind);
@@ -198,7 +203,8 @@ struct VirtioDevice {
   std::string name;
   VirtioType type = VirtioType::net;
   Transport transport = Transport::vhost_user;
-  std::string socket;
+  VduseBind bind = VduseBind::netdev;  // transport: vduse
+  std::string socket;                  // empty for vduse (no socket: the kernel is the driver)
   // server: sriovd listens; client: sriovd connects to a VMM that listens
   // (and reconnects when it goes away). vhost-user only.
   SocketMode socket_mode = SocketMode::server;
@@ -225,7 +231,7 @@ struct VirtioDevice {
   // The same device with the same settings, wherever in the file it is.
   [[nodiscard]] bool same_settings(const VirtioDevice& o) const {
     auto key = [](const VirtioDevice& d) {
-      return std::tie(d.name, d.type, d.transport, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed,
+      return std::tie(d.name, d.type, d.transport, d.bind, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed,
                       d.mac, d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
       // access is not part of it: a reload applies it to the running device.
     };

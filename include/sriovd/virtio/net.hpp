@@ -80,6 +80,10 @@ struct NetConfig {
   // filter, MQ pairs). A transport that is the whole device (virtio-pci)
   // does; over vhost-user the VMM keeps the control queue itself.
   bool control_queue = false;
+  // Without control_queue: the driver's side has one (a vhost-user
+  // front-end: MQ and GUEST_ANNOUNCE are offered) or there is none at all
+  // (VDUSE: neither is).
+  bool front_end_control = true;
   // Offer VIRTIO_F_ACCESS_PLATFORM: the transport brings an IOTLB.
   bool access_platform = false;
   // Queue pair i's worker runs on cpus[i % n]; empty: wherever the kernel puts it.

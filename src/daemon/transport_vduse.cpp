@@ -1,0 +1,64 @@
+// VDUSE: the device on the kernel's vDPA bus (vduse::Backend), driven by
+// the kernel itself - virtio_vdpa makes it a host netdev, vhost_vdpa a
+// /dev/vhost-vdpa-N for a VMM.
+
+#include "sriovd/vduse/backend.hpp"
+#include "virtio_transport.hpp"
+
+namespace sriovd::daemon {
+
+namespace {
+
+class VduseTransport final : public ServedTransport {
+ public:
+  explicit VduseTransport(TransportContext& ctx)
+      : device_(ctx.device),
+        backend_(ctx.thread.io(), ctx.config.name, ctx.device, ctx.engine,
+                 ctx.config.bind == config::VduseBind::netdev ? vduse::Bind::netdev : vduse::Bind::vhost_vdpa,
+                 vduse_journal(ctx.state_dir)) {}
+
+  [[nodiscard]] bool connected() const override { return backend_.driver_ok(); }
+  [[nodiscard]] std::string state() const override {
+    if (backend_.driver_ok()) return device_.running() ? "running" : "connected";
+    return "bound";  // on the bus, its driver has not started it (a vhost-vdpa device without a VMM)
+  }
+  void set_access(const config::SocketAccess& /*access*/) override {}  // no socket
+  void config_changed() override { backend_.config_changed(); }
+
+  void freeze(HandedVirtio& /*h*/) override {
+    throw HandoverRefused("a VDUSE device is not handed over (the kernel's driver would see it reset)");
+  }
+  void thaw() override {}
+  void handed_over() override {}
+
+  void describe(control::json& j) const override {
+    j["vduse"] = counters_json(backend_.stats(), vduse::kBackendCounters);
+    j["vduse"]["last_error"] = backend_.stats().last_error;
+    j["vduse"]["driver"] = vduse::driver_name(backend_.bind());
+    j["vduse"]["status"] = backend_.status();
+    if (backend_.bind() == vduse::Bind::netdev)
+      j["vduse"]["netdev"] = backend_.kernel_device();
+    else
+      j["vduse"]["vhost_vdpa"] = backend_.kernel_device();
+  }
+  [[nodiscard]] PeerCounters peer_counters() const override {
+    return {backend_.driver_ok() ? 1U : 0U, backend_.stats().requests, backend_.stats().failed_requests, 0};
+  }
+  void metrics(const Labels& labels, MetricSet& out) const override {
+    out.counters("sriovd_vduse", vduse::kBackendCounters, labels, backend_.stats());
+  }
+
+ private:
+  virtio::Device& device_;
+  vduse::Backend backend_;
+};
+
+}  // namespace
+
+std::string vduse_journal(const std::string& state_dir) { return state_dir + "/vduse-devices"; }
+
+std::unique_ptr<ServedTransport> make_vduse_transport(TransportContext& ctx) {
+  return std::make_unique<VduseTransport>(ctx);
+}
+
+}  // namespace sriovd::daemon

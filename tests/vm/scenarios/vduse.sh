@@ -1,0 +1,167 @@
+# shellcheck shell=dash disable=SC3043  # busybox ash runs it in the guest (it has local)
+# VDUSE on the 6.12 guest kernel (issue 36): sriovd's virtio-net as a vDPA
+# device the kernel itself drives. Bound to virtio_vdpa it is a netdev of
+# this guest: iperf3 runs through it to a tap (csum/TSO offloads negotiated)
+# and, bridged to a real igbvf VF, through the NIC to the wire. Bound to
+# vhost_vdpa it is a /dev/vhost-vdpa-N whose features and config a VMM's
+# reads give back. Release, SIGKILL-then-start and SIGTERM leave no vDPA or
+# VDUSE device behind.
+set -u
+CFG=/etc/sriovd/sriovd.yaml
+PID=
+# shellcheck source=../guest-lib.sh
+. /guest-lib.sh
+PF=0000:01:00.0
+SYS=/sys/bus/pci/devices/$PF
+PFN=$(ls "$SYS/net")
+WIRE=$(ls /sys/bus/pci/devices/0000:02:00.0/net)
+VDPA=/sys/bus/vdpa/devices
+
+vfip link set "$PFN" up
+vfip addr add 10.9.0.1/24 dev "$PFN"
+mkdir -p /run/netns /etc/sriovd /var/lib/sriovd
+vfip netns add w
+vfip link set "$WIRE" netns w
+vfip -n w link set "$WIRE" up
+vfip -n w addr add 10.9.0.3/24 dev "$WIRE"
+vfip -n w link set lo up
+vfip netns add t
+vfip -n t link set lo up
+vfip netns add g
+vfip -n g link set lo up
+wait_for 100 test "$(cat "/sys/class/net/$PFN/carrier")" = 1 || fail "pf-link"
+
+# write_config BIND [bridge]: vd0 on a tap (netns t); with "bridge", vb0 on VF 1.
+write_config() {
+  cat >"$CFG" <<CONF
+version: 1
+host: system
+state_dir: /var/lib/sriovd
+physical_functions:
+  - netdev: $PFN
+    num_vfs: 2
+    vfs:
+      - index: 1
+        mac: "02:00:00:00:10:01"
+CONF
+  [ "$1" = none ] && return
+  cat >>"$CFG" <<CONF
+virtio_devices:
+  - name: vd0
+    type: net
+    transport: vduse
+    bind: $1
+    mac: "02:00:00:00:20:01"
+    backend: {type: tap, name: vdtap0, netns: t, offloads: [csum, tso4, tso6]}
+CONF
+  [ "${2:-}" = bridge ] || return
+  cat >>"$CFG" <<CONF
+  - name: vb0
+    type: net
+    transport: vduse
+    backend: {type: vf, pf: $PFN, vf: 1}
+CONF
+}
+netdev_of() { ls "$VDPA/$1"/virtio*/net 2>/dev/null | head -n 1; }
+driver_of() { basename "$(readlink "$VDPA/$1/driver" 2>/dev/null)"; }
+# bit N of a virtio device's negotiated features (sysfs: one character per bit)
+feature() { cut -c $(($2 + 1)) "$VDPA/$1"/virtio*/features; }
+# iperf3 for 3 s from netns $1 (or here: "-") to $2, "-R" for the other way:
+# the receiver's Mbit/s.
+iperf_mbps() {
+  local ns=$1 to=$2 out
+  shift 2
+  if [ "$ns" = - ]; then out=$(iperf3 -c "$to" -t 3 -J --connect-timeout 3000 "$@" 2>&1)
+  else out=$(vfip netns exec "$ns" iperf3 -c "$to" -t 3 -J --connect-timeout 3000 "$@" 2>&1); fi
+  echo "$out" | awk '/"sum_received"/ {r = 1} r && /"bits_per_second"/ {gsub(/[,]/, "", $2); printf "%d\n", $2 / 1e6; exit}'
+}
+gone() { [ ! -e "$VDPA/$1" ] && [ ! -e "/dev/vduse/$1" ]; }
+
+write_config netdev bridge
+if start_daemon; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
+expect_eq "vd0-bound-to-virtio_vdpa" "$(driver_of vd0)" virtio_vdpa
+ND=$(netdev_of vd0)
+[ -n "$ND" ] && pass "vd0-is-a-netdev ($ND)" || fail "vd0-is-a-netdev: $(sriovctl --json devices)"
+expect_eq "vd0-netdev-has-the-configured-mac" "$(cat "/sys/class/net/$ND/address" 2>/dev/null)" 02:00:00:00:20:01
+expect_eq "vd0-negotiated-csum" "$(feature vd0 0)" 1
+expect_eq "vd0-negotiated-host-tso4" "$(feature vd0 11)" 1
+expect_eq "vd0-negotiated-access-platform" "$(feature vd0 33)" 1
+json=$(sriovctl --json devices)
+case $json in *'"netdev": "'"$ND"'"'*) pass "devices-names-the-netdev";; *) fail "devices-names-the-netdev: $json";; esac
+
+# Through the tap: this guest's stack -> virtio_net -> VDUSE -> sriovd -> tap.
+vfip addr add 10.20.0.1/24 dev "$ND"
+vfip link set "$ND" up
+vfip -n t addr add 10.20.0.2/24 dev vdtap0
+vfip -n t link set vdtap0 up
+if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "ping-through-vduse-to-tap"; else
+  fail "ping-through-vduse-to-tap: $(sriovctl --json devices) $(tail -n 20 /tmp/sriovd.log)"; fi
+vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
+sleep 0.3
+mbps=$(iperf_mbps - 10.20.0.2)
+echo "iperf3 vduse->tap: ${mbps:-none} Mbit/s"
+[ "${mbps:-0}" -gt 0 ] && pass "iperf3-vduse-to-tap (${mbps} Mbit/s)" || fail "iperf3-vduse-to-tap"
+vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
+sleep 0.3
+mbps=$(iperf_mbps - 10.20.0.2 -R)
+echo "iperf3 tap->vduse: ${mbps:-none} Mbit/s"
+[ "${mbps:-0}" -gt 0 ] && pass "iperf3-tap-to-vduse (${mbps} Mbit/s)" || fail "iperf3-tap-to-vduse"
+
+# Bridged to a real VF: the netdev in netns g speaks through igbvf, the
+# NIC's switch and the wire.
+NB=$(netdev_of vb0)
+[ -n "$NB" ] && pass "vb0-is-a-netdev ($NB)" || fail "vb0-is-a-netdev"
+expect_eq "vb0-takes-the-vfs-mac" "$(cat "/sys/class/net/$NB/address" 2>/dev/null)" 02:00:00:00:10:01
+vfip link set "$NB" netns g
+vfip -n g addr add 10.9.0.2/24 dev "$NB"
+vfip -n g link set "$NB" up
+ping_from_g() { vfip netns exec g ping -c 1 -W 1 "$1"; }
+if wait_for 100 ping_from_g 10.9.0.1; then pass "vduse-bridge-reaches-pf"; else fail "vduse-bridge-reaches-pf"; fi
+if wait_for 100 ping_from_g 10.9.0.3; then pass "vduse-bridge-reaches-wire"; else fail "vduse-bridge-reaches-wire"; fi
+vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
+sleep 0.3
+mbps=$(iperf_mbps g 10.9.0.3)
+echo "iperf3 vduse->vf->wire: ${mbps:-none} Mbit/s"
+[ "${mbps:-0}" -gt 0 ] && pass "iperf3-vduse-bridge-to-wire (${mbps} Mbit/s)" || fail "iperf3-vduse-bridge-to-wire"
+vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
+sleep 0.3
+mbps=$(iperf_mbps g 10.9.0.3 -R)
+echo "iperf3 wire->vf->vduse: ${mbps:-none} Mbit/s"
+[ "${mbps:-0}" -gt 0 ] && pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)" || fail "iperf3-wire-to-vduse-bridge"
+
+# vhost_vdpa, and vb0 released by the reload.
+write_config vhost-vdpa
+out=$(sriovctl reload 2>&1) || fail "reload-vhost-vdpa: $out"
+if wait_for 50 gone vb0; then pass "released-device-leaves-the-bus"; else fail "released-device-leaves-the-bus: $(ls $VDPA)"; fi
+expect_eq "vd0-bound-to-vhost_vdpa" "$(driver_of vd0)" vhost_vdpa
+VH=$(ls -d "$VDPA"/vd0/vhost-vdpa-* 2>/dev/null | head -n 1)
+VH=/dev/${VH##*/}
+probe=$(vm_vhost_vdpa_probe "$VH" 12 2>&1); echo "$probe"
+case $probe in *'"device_id": 1,'*) pass "vhost-vdpa-device-id-is-net";; *) fail "vhost-vdpa-device-id-is-net: $probe";; esac
+case $probe in *'"config": "020000002001'*) pass "vhost-vdpa-config-has-the-mac";; *) fail "vhost-vdpa-config-has-the-mac: $probe";; esac
+feat=$(echo "$probe" | sed -n 's/.*"features": "\(0x[0-9a-f]*\)".*/\1/p')
+[ $((feat >> 33 & 1)) -eq 1 ] && [ $((feat & 1)) -eq 1 ] && [ $((feat >> 32 & 1)) -eq 1 ] &&
+  pass "vhost-vdpa-features-read-back ($feat)" || fail "vhost-vdpa-features-read-back: $feat"
+[ $((feat >> 17 & 1)) -eq 0 ] && pass "no-control-queue-offered" || fail "no-control-queue-offered: $feat"
+
+# A crash leaves the device on the bus; the next start removes it, even
+# with the device gone from the config.
+write_config netdev
+sriovctl reload >/dev/null 2>&1
+kill -KILL "$PID"
+wait "$PID" 2>/dev/null
+[ -e "$VDPA/vd0" ] && pass "killed-daemon-left-vd0" || fail "killed-daemon-left-vd0 (nothing to clean up: not a crash test)"
+write_config none
+if start_daemon; then pass "daemon-restarts"; else fail "daemon-restarts: $(tail -n 20 /tmp/sriovd.log)"; fi
+if wait_for 50 gone vd0; then pass "left-over-vduse-removed-at-start"; else fail "left-over-vduse-removed-at-start: $(ls $VDPA /dev/vduse)"; fi
+expect_eq "journal-empty" "$(cat /var/lib/sriovd/vduse-devices 2>/dev/null)" ""
+
+# Served again, then SIGTERM: nothing left.
+write_config netdev
+out=$(sriovctl reload 2>&1) || fail "reload-netdev: $out"
+ND=$(netdev_of vd0)
+vfip addr add 10.20.0.1/24 dev "$ND"
+vfip link set "$ND" up
+if wait_for 100 ping -c 1 -W 1 10.20.0.2; then pass "served-again-after-the-crash"; else fail "served-again-after-the-crash"; fi
+stop_daemon && pass "daemon-stops" || fail "daemon-stops"
+if gone vd0; then pass "sigterm-leaves-no-vduse-device"; else fail "sigterm-leaves-no-vduse-device: $(ls $VDPA /dev/vduse)"; fi
