@@ -57,8 +57,8 @@ void Loader::read_queues(Mapping& m, VirtioDevice& dev) {
 
 void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
   Mapping m(ctx_, node, path,
-            {"name", "type", "transport", "bind", "socket", "socket_mode", "queues", "queue_size", "packed", "mac", "mtu",
-             "iommu_platform", "cpus", "access", "backend"});
+            {"name", "type", "transport", "bind", "socket", "socket_mode", "queues", "queue_size", "packed", "mac",
+             "mtu", "iommu_platform", "cpus", "access", "backend"});
   if (!m.valid()) return;
   VirtioDevice dev;
   dev.where = m.where();
@@ -69,11 +69,10 @@ void Loader::read_virtio(const YAML::Node& node, const std::string& path) {
     dev.type = *t;
   else
     ok = false;
-  if (auto t = m.choice<Transport>("transport",
-                                   {{"vhost-user", Transport::vhost_user},
-                                    {"vfio-user", Transport::vfio_user},
-                                    {"vduse", Transport::vduse}},
-                                   true))
+  if (auto t = m.choice<Transport>(
+          "transport",
+          {{"vhost-user", Transport::vhost_user}, {"vfio-user", Transport::vfio_user}, {"vduse", Transport::vduse}},
+          true))
     dev.transport = *t;
   else
     ok = false;

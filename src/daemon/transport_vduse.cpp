@@ -2,6 +2,8 @@
 // the kernel itself - virtio_vdpa makes it a host netdev, vhost_vdpa a
 // /dev/vhost-vdpa-N for a VMM.
 
+#include <spdlog/spdlog.h>
+
 #include "sriovd/vduse/backend.hpp"
 #include "virtio_transport.hpp"
 
@@ -15,7 +17,9 @@ class VduseTransport final : public ServedTransport {
       : device_(ctx.device),
         backend_(ctx.thread.io(), ctx.config.name, ctx.device, ctx.engine,
                  ctx.config.bind == config::VduseBind::netdev ? vduse::Bind::netdev : vduse::Bind::vhost_vdpa,
-                 vduse_journal(ctx.state_dir)) {}
+                 journal(ctx.state_dir)) {}
+
+  static std::string journal(const std::string& state_dir) { return state_dir + "/vduse-devices"; }
 
   [[nodiscard]] bool connected() const override { return backend_.driver_ok(); }
   [[nodiscard]] std::string state() const override {
@@ -55,10 +59,19 @@ class VduseTransport final : public ServedTransport {
 
 }  // namespace
 
-std::string vduse_journal(const std::string& state_dir) { return state_dir + "/vduse-devices"; }
-
 std::unique_ptr<ServedTransport> make_vduse_transport(TransportContext& ctx) {
   return std::make_unique<VduseTransport>(ctx);
+}
+
+// VDUSE devices a crashed run made (its journal names them): off the vDPA
+// bus and destroyed; the devices configured now make theirs anew.
+void remove_vduse_left_overs(const std::string& state_dir) {
+  try {
+    for (const auto& gone : vduse::Backend::remove_left_over(VduseTransport::journal(state_dir), {}))
+      spdlog::warn("virtio: removed VDUSE device {} left by an earlier run", gone);
+  } catch (const std::exception& ex) {
+    spdlog::error("virtio: looking for VDUSE devices left by an earlier run: {}", ex.what());
+  }
 }
 
 }  // namespace sriovd::daemon

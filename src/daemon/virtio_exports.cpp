@@ -17,7 +17,6 @@
 #include "sriovd/ports/packet_socket.hpp"
 #include "sriovd/ports/tap.hpp"
 #include "sriovd/ports/xdp_socket.hpp"
-#include "sriovd/vduse/backend.hpp"
 
 namespace sriovd::daemon {
 
@@ -56,14 +55,9 @@ void VirtioExports::remove_left_over(const std::string& state_dir, const std::ve
   } catch (const std::exception& ex) {
     spdlog::error("virtio: looking for macvtap links left by an earlier run: {}", ex.what());
   }
-  // VDUSE devices it made (its journal names them): off the vDPA bus and
-  // destroyed; the devices configured now make theirs anew.
-  try {
-    for (const auto& gone : vduse::Backend::remove_left_over(vduse_journal(state_dir), {}))
-      spdlog::warn("virtio: removed VDUSE device {} left by an earlier run", gone);
-  } catch (const std::exception& ex) {
-    spdlog::error("virtio: looking for VDUSE devices left by an earlier run: {}", ex.what());
-  }
+  // What the transports made in the kernel (VDUSE devices), by their own
+  // journals.
+  remove_transport_left_overs(state_dir);
   // XDP programs it left on VF netdevs (each names its owner in a map).
   try {
     for (const auto& gone : ports::XdpSocket::remove_left_over(state_dir))

@@ -15,10 +15,12 @@ void MetricSet::into(std::vector<prometheus::MetricFamily>& out) {
   families_.clear();
 }
 
-// Each transport's factory, in its own file.
+// Each transport's factory (and what cleans up after a crashed run of it),
+// in its own file.
 std::unique_ptr<ServedTransport> make_vhost_user_transport(TransportContext& ctx);
 std::unique_ptr<ServedTransport> make_vfio_user_transport(TransportContext& ctx);
 std::unique_ptr<ServedTransport> make_vduse_transport(TransportContext& ctx);
+void remove_vduse_left_overs(const std::string& state_dir);
 
 namespace {
 
@@ -27,11 +29,18 @@ constexpr struct {
   config::Transport kind;
   std::unique_ptr<ServedTransport> (*make)(TransportContext&);
   TransportTraits traits;
+  void (*remove_left_overs)(const std::string& state_dir) = nullptr;
 } kTransports[] = {
-    {config::Transport::vhost_user, make_vhost_user_transport, {.control_queue = false, .front_end_control = true, .access_platform = false}},
-    {config::Transport::vfio_user, make_vfio_user_transport, {.control_queue = true, .front_end_control = false, .access_platform = false}},
-    {config::Transport::vduse, make_vduse_transport,
-     {.control_queue = false, .front_end_control = false, .access_platform = true}},
+    {config::Transport::vhost_user,
+     make_vhost_user_transport,
+     {.control_queue = false, .front_end_control = true, .access_platform = false}},
+    {config::Transport::vfio_user,
+     make_vfio_user_transport,
+     {.control_queue = true, .front_end_control = false, .access_platform = false}},
+    {config::Transport::vduse,
+     make_vduse_transport,
+     {.control_queue = false, .front_end_control = false, .access_platform = true},
+     remove_vduse_left_overs},
 };
 
 }  // namespace
@@ -47,6 +56,11 @@ TransportTraits transport_traits(config::Transport kind) {
   for (const auto& t : kTransports)
     if (t.kind == kind) return t.traits;
   return {};
+}
+
+void remove_transport_left_overs(const std::string& state_dir) {
+  for (const auto& t : kTransports)
+    if (t.remove_left_overs) t.remove_left_overs(state_dir);
 }
 
 config::Transport handed_transport(const HandedVirtio& h) {

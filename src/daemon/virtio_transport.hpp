@@ -106,8 +106,9 @@ TransportTraits transport_traits(config::Transport kind);
 // kernel without the transport).
 std::unique_ptr<ServedTransport> make_transport(TransportContext& ctx);
 
-// The journal of the VDUSE devices an instance made (its state_dir's).
-std::string vduse_journal(const std::string& state_dir);
+// What a crashed run of this instance left in the kernel (a transport's
+// journal in `state_dir` names it), removed; logged, never thrown.
+void remove_transport_left_overs(const std::string& state_dir);
 
 // The transport a predecessor's handed part belongs to.
 config::Transport handed_transport(const HandedVirtio& h);

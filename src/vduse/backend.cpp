@@ -21,6 +21,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -59,8 +60,7 @@ void vdpa_command(uint8_t cmd, const std::string& name, bool missing_ok = false)
                              ": the kernel has no vDPA bus (load the vdpa module)");
   std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc(), nlmsg_free);
   if (!msg) throw std::bad_alloc();
-  if (!genlmsg_put(msg.get(), NL_AUTO_PORT, NL_AUTO_SEQ, family, 0, NLM_F_REQUEST | NLM_F_ACK, cmd,
-                   VDPA_GENL_VERSION))
+  if (!genlmsg_put(msg.get(), NL_AUTO_PORT, NL_AUTO_SEQ, family, 0, NLM_F_REQUEST | NLM_F_ACK, cmd, VDPA_GENL_VERSION))
     throw std::runtime_error("vdpa netlink: cannot build the message");
   if (cmd == VDPA_CMD_DEV_NEW) nla_put_string(msg.get(), VDPA_ATTR_MGMTDEV_DEV_NAME, "vduse");
   nla_put_string(msg.get(), VDPA_ATTR_DEV_NAME, name.c_str());
@@ -248,11 +248,6 @@ void Backend::create() {
     kicks_[q] = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     calls_[q] = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!kicks_[q] || !calls_[q]) throw_errno("eventfd");
-    vduse_vq_eventfd kick{};
-    kick.index = q;
-    kick.fd = kicks_[q].get();
-    if (::ioctl(dev_.get(), VDUSE_VQ_SETUP_KICKFD, &kick) != 0)
-      throw_errno(node + ": VDUSE_VQ_SETUP_KICKFD " + std::to_string(q));
     // The queue's interrupt: a route of the engine whose sink is ours,
     // read here and injected (VDUSE has no irqfd).
     routes_.push_back(engine_.add({device_.name(), q, irq::Policy::relay, nullptr}));
@@ -353,6 +348,7 @@ void Backend::destroy() noexcept {
 }
 
 void Backend::serve_while(const std::function<void()>& op) {
+  spdlog::debug("vduse: {}: serving while the host changes", name_);
   run_serving(op, [this](int timeout_ms) {
     pollfd p{dev_.get(), POLLIN, 0};
     if (::poll(&p, 1, timeout_ms) > 0) drain_requests();
@@ -385,6 +381,8 @@ void Backend::drain_requests() {
     vduse_dev_response resp{};
     resp.request_id = req.request_id;
     resp.result = VDUSE_REQ_RESULT_OK;
+    spdlog::debug("vduse: {}: request {} type {} (status 0x{:x}, queue {})", name_, req.request_id, req.type,
+                  req.s.status, req.vq_state.index);
     try {
       answer(req, resp);
     } catch (const std::exception& e) {
@@ -398,6 +396,18 @@ void Backend::drain_requests() {
     ++stats_.requests;
     if (::write(dev_.get(), &resp, sizeof resp) != static_cast<ssize_t>(sizeof resp))
       stats_.last_error = "answering the kernel: " + errno_text(errno);
+    // What the status asked for, once the kernel has its answer: the
+    // driver may hold the RTNL lock while it waits (virtio_net sets
+    // DRIVER_OK under it), and a port's setup takes that lock.
+    const Deferred what = std::exchange(deferred_, Deferred::none);
+    try {
+      if (what == Deferred::start) start_device();
+      if (what == Deferred::reset) finish_reset();
+    } catch (const std::exception& e) {
+      ++stats_.failed_requests;
+      stats_.last_error = e.what();
+      spdlog::error("vduse: {}: {}", name_, e.what());
+    }
   }
 }
 
@@ -431,10 +441,15 @@ void Backend::set_status(uint8_t status) {
   const uint8_t before = status_;
   status_ = status;
   if (status == 0) {
-    reset_device();
+    // The rings are let go before the kernel hears the device is reset;
+    // the rest once it has.
+    ++stats_.resets;
+    device_.stop();
+    if (device_.wedged() && !device_.reap()) throw std::runtime_error("the device's worker did not stop for the reset");
+    deferred_ = Deferred::reset;
     return;
   }
-  if ((status & kStatusDriverOk) && !(before & kStatusDriverOk)) start_device();
+  if ((status & kStatusDriverOk) && !(before & kStatusDriverOk)) deferred_ = Deferred::start;
 }
 
 void Backend::start_device() {
@@ -448,6 +463,13 @@ void Backend::start_device() {
     info.index = q;
     if (::ioctl(dev_.get(), VDUSE_VQ_GET_INFO, &info) != 0) throw_errno("VDUSE_VQ_GET_INFO " + std::to_string(q));
     device_.set_queue_interrupt(q, routes_[q]);
+    // A reset drops the kernel's kick eventfd: given again at each start
+    // (a kick the driver made meanwhile is signalled then).
+    vduse_vq_eventfd kick{};
+    kick.index = q;
+    kick.fd = kicks_[q].get();
+    if (::ioctl(dev_.get(), VDUSE_VQ_SETUP_KICKFD, &kick) != 0)
+      throw_errno("VDUSE_VQ_SETUP_KICKFD " + std::to_string(q));
     device_.set_queue_kick(q, UniqueFd(::dup(kicks_[q].get())));
     if (!info.ready) {
       device_.set_queue_enabled(q, false);
@@ -455,9 +477,9 @@ void Backend::start_device() {
     }
     device_.set_queue_size(q, static_cast<uint16_t>(std::min<uint32_t>(info.num, 0xffff)));
     device_.set_queue_rings(q, {info.desc_addr, info.driver_addr, info.device_addr});
-    const uint32_t base = (features & virtio::kRingPacked)
-                              ? (info.packed.last_avail_idx & 0x7fffU) | (uint32_t{info.packed.last_avail_counter} << 15U)
-                              : info.split.avail_index;
+    const uint32_t base = (features & virtio::kRingPacked) ? (info.packed.last_avail_idx & 0x7fffU) |
+                                                                 (uint32_t{info.packed.last_avail_counter} << 15U)
+                                                           : info.split.avail_index;
     device_.set_queue_base(q, base);
     device_.set_queue_enabled(q, true);
   }
@@ -465,10 +487,7 @@ void Backend::start_device() {
   spdlog::info("vduse: {}: driver ready (features 0x{:x})", name_, features);
 }
 
-void Backend::reset_device() {
-  ++stats_.resets;
-  device_.stop();
-  if (device_.wedged() && !device_.reap()) throw std::runtime_error("the device's worker did not stop for the reset");
+void Backend::finish_reset() {
   device_.reset();
   device_.set_memory(nullptr);
   iotlb_.clear();
@@ -526,12 +545,14 @@ void Backend::map_miss() {
     return;
   }
   const UniqueFd owned(fd);
+  spdlog::debug("vduse: {}: IOVA 0x{:x} is [0x{:x}, 0x{:x}] at offset 0x{:x}, perm {}", name_, iova, entry.start,
+                entry.last, entry.offset, entry.perm);
   const uint64_t size = entry.last - entry.start + 1;
   uint64_t mapped = size;
   for (const Mapping& m : mappings_) mapped += m.size;
   if (entry.last < entry.start || mappings_.size() >= kMaxMappings || mapped > kMaxMappedBytes) {
-    stats_.last_error = "the kernel's DMA domain needs more than " + std::to_string(kMaxMappings) +
-                        " mappings or 1 GiB mapped";
+    stats_.last_error =
+        "the kernel's DMA domain needs more than " + std::to_string(kMaxMappings) + " mappings or 1 GiB mapped";
     spdlog::error("vduse: {}: {}", name_, stats_.last_error);
     return;
   }
@@ -540,8 +561,8 @@ void Backend::map_miss() {
   const int prot = PROT_READ | ((kperm & virtio::kIotlbWrite) ? PROT_WRITE : 0);
   void* host = ::mmap(nullptr, size, prot, MAP_SHARED, fd, static_cast<off_t>(entry.offset));
   if (host == MAP_FAILED) {
-    stats_.last_error = "mapping the kernel's DMA domain at 0x" + fmt::format("{:x}", entry.start) + ": " +
-                        errno_text(errno);
+    stats_.last_error =
+        "mapping the kernel's DMA domain at 0x" + fmt::format("{:x}", entry.start) + ": " + errno_text(errno);
     spdlog::error("vduse: {}: {}", name_, stats_.last_error);
     return;
   }

@@ -231,8 +231,8 @@ struct VirtioDevice {
   // The same device with the same settings, wherever in the file it is.
   [[nodiscard]] bool same_settings(const VirtioDevice& o) const {
     auto key = [](const VirtioDevice& d) {
-      return std::tie(d.name, d.type, d.transport, d.bind, d.socket, d.socket_mode, d.queue_pairs, d.queue_size, d.packed,
-                      d.mac, d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
+      return std::tie(d.name, d.type, d.transport, d.bind, d.socket, d.socket_mode, d.queue_pairs, d.queue_size,
+                      d.packed, d.mac, d.mtu, d.iommu_platform, d.cpus, d.backend_kind, d.tap, d.vf);
       // access is not part of it: a reload applies it to the running device.
     };
     return key(*this) == key(o);

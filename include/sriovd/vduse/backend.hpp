@@ -44,13 +44,13 @@ enum class Bind { netdev, vhost_vdpa };
 const char* driver_name(Bind b);  // "virtio_vdpa" | "vhost_vdpa"
 
 struct BackendStats {
-  uint64_t requests = 0;           // messages from the kernel answered
-  uint64_t status_changes = 0;     // SET_STATUS
-  uint64_t resets = 0;             // status 0
-  uint64_t mappings = 0;           // DMA domain ranges mapped (IOTLB_GET_FD)
-  uint64_t invalidations = 0;      // UPDATE_IOTLB
-  uint64_t interrupts = 0;         // VQ_INJECT_IRQ
-  uint64_t failed_requests = 0;    // answered VDUSE_REQ_RESULT_FAILED
+  uint64_t requests = 0;         // messages from the kernel answered
+  uint64_t status_changes = 0;   // SET_STATUS
+  uint64_t resets = 0;           // status 0
+  uint64_t mappings = 0;         // DMA domain ranges mapped (IOTLB_GET_FD)
+  uint64_t invalidations = 0;    // UPDATE_IOTLB
+  uint64_t interrupts = 0;       // VQ_INJECT_IRQ
+  uint64_t failed_requests = 0;  // answered VDUSE_REQ_RESULT_FAILED
   std::string last_error;
 };
 inline constexpr Counter<BackendStats> kBackendCounters[] = {
@@ -118,7 +118,7 @@ class Backend {
   void answer(const ::vduse_dev_request& req, ::vduse_dev_response& resp);
   void set_status(uint8_t status);
   void start_device();
-  void reset_device();
+  void finish_reset();
   void invalidate(uint64_t first, uint64_t last);
   void watch_misses();
   void map_miss();
@@ -140,6 +140,9 @@ class Backend {
   bool created_ = false;
   bool on_bus_ = false;
   uint8_t status_ = 0;
+  // Work a status asked for, done once the kernel has the answer.
+  enum class Deferred { none, start, reset };
+  Deferred deferred_ = Deferred::none;
   std::string kernel_device_;
   virtio::GuestMemory memory_;
   virtio::Iotlb iotlb_;

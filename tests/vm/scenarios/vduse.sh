@@ -78,7 +78,7 @@ iperf_mbps() {
 gone() { [ ! -e "$VDPA/$1" ] && [ ! -e "/dev/vduse/$1" ]; }
 
 write_config netdev bridge
-if start_daemon; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
+if start_daemon --log-level debug; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
 expect_eq "vd0-bound-to-virtio_vdpa" "$(driver_of vd0)" virtio_vdpa
 ND=$(netdev_of vd0)
 [ -n "$ND" ] && pass "vd0-is-a-netdev ($ND)" || fail "vd0-is-a-netdev: $(sriovctl --json devices)"
@@ -95,7 +95,7 @@ vfip link set "$ND" up
 vfip -n t addr add 10.20.0.2/24 dev vdtap0
 vfip -n t link set vdtap0 up
 if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "ping-through-vduse-to-tap"; else
-  fail "ping-through-vduse-to-tap: $(sriovctl --json devices) $(tail -n 20 /tmp/sriovd.log)"; fi
+  fail "ping-through-vduse-to-tap: $(sriovctl --json devices | grep -A12 '"vduse"') $(grep -i vduse /tmp/sriovd.log | tail -n 40) $(dmesg | tail -n 15)"; fi
 vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
 sleep 0.3
 mbps=$(iperf_mbps - 10.20.0.2)
@@ -162,6 +162,10 @@ out=$(sriovctl reload 2>&1) || fail "reload-netdev: $out"
 ND=$(netdev_of vd0)
 vfip addr add 10.20.0.1/24 dev "$ND"
 vfip link set "$ND" up
-if wait_for 100 ping -c 1 -W 1 10.20.0.2; then pass "served-again-after-the-crash"; else fail "served-again-after-the-crash"; fi
+# The tap went with the killed daemon: the new one is addressed again.
+vfip -n t addr add 10.20.0.2/24 dev vdtap0
+vfip -n t link set vdtap0 up
+if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "served-again-after-the-crash"; else
+  fail "served-again-after-the-crash: $(sriovctl --json devices | grep -A12 '"vduse"')"; fi
 stop_daemon && pass "daemon-stops" || fail "daemon-stops"
 if gone vd0; then pass "sigterm-leaves-no-vduse-device"; else fail "sigterm-leaves-no-vduse-device: $(ls $VDPA /dev/vduse)"; fi
