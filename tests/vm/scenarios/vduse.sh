@@ -62,7 +62,11 @@ CONF
     backend: {type: vf, pf: $PFN, vf: 1}
 CONF
 }
-netdev_of() { ls "$VDPA/$1"/virtio*/net 2>/dev/null | head -n 1; }
+netdev_of() {
+  for n in "$VDPA/$1"/virtio*/net/*; do
+    [ -e "$n" ] && { echo "${n##*/}"; return; }
+  done
+}
 driver_of() { basename "$(readlink "$VDPA/$1/driver" 2>/dev/null)"; }
 # bit N of a virtio device's negotiated features (sysfs: one character per bit)
 feature() { cut -c $(($2 + 1)) "$VDPA/$1"/virtio*/features; }
@@ -81,7 +85,7 @@ write_config netdev bridge
 if start_daemon --log-level debug; then pass "daemon-starts"; else fail "daemon-starts: $(tail -n 20 /tmp/sriovd.log)"; fi
 expect_eq "vd0-bound-to-virtio_vdpa" "$(driver_of vd0)" virtio_vdpa
 ND=$(netdev_of vd0)
-[ -n "$ND" ] && pass "vd0-is-a-netdev ($ND)" || fail "vd0-is-a-netdev: $(sriovctl --json devices)"
+if [ -n "$ND" ]; then pass "vd0-is-a-netdev ($ND)"; else fail "vd0-is-a-netdev: $(sriovctl --json devices)"; fi
 expect_eq "vd0-netdev-has-the-configured-mac" "$(cat "/sys/class/net/$ND/address" 2>/dev/null)" 02:00:00:00:20:01
 expect_eq "vd0-negotiated-csum" "$(feature vd0 0)" 1
 expect_eq "vd0-negotiated-host-tso4" "$(feature vd0 11)" 1
@@ -100,17 +104,17 @@ vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
 sleep 0.3
 mbps=$(iperf_mbps - 10.20.0.2)
 echo "iperf3 vduse->tap: ${mbps:-none} Mbit/s"
-[ "${mbps:-0}" -gt 0 ] && pass "iperf3-vduse-to-tap (${mbps} Mbit/s)" || fail "iperf3-vduse-to-tap"
+if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-vduse-to-tap (${mbps} Mbit/s)"; else fail "iperf3-vduse-to-tap"; fi
 vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
 sleep 0.3
 mbps=$(iperf_mbps - 10.20.0.2 -R)
 echo "iperf3 tap->vduse: ${mbps:-none} Mbit/s"
-[ "${mbps:-0}" -gt 0 ] && pass "iperf3-tap-to-vduse (${mbps} Mbit/s)" || fail "iperf3-tap-to-vduse"
+if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-tap-to-vduse (${mbps} Mbit/s)"; else fail "iperf3-tap-to-vduse"; fi
 
 # Bridged to a real VF: the netdev in netns g speaks through igbvf, the
 # NIC's switch and the wire.
 NB=$(netdev_of vb0)
-[ -n "$NB" ] && pass "vb0-is-a-netdev ($NB)" || fail "vb0-is-a-netdev"
+if [ -n "$NB" ]; then pass "vb0-is-a-netdev ($NB)"; else fail "vb0-is-a-netdev"; fi
 expect_eq "vb0-takes-the-vfs-mac" "$(cat "/sys/class/net/$NB/address" 2>/dev/null)" 02:00:00:00:10:01
 vfip link set "$NB" netns g
 vfip -n g addr add 10.9.0.2/24 dev "$NB"
@@ -122,27 +126,26 @@ vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
 sleep 0.3
 mbps=$(iperf_mbps g 10.9.0.3)
 echo "iperf3 vduse->vf->wire: ${mbps:-none} Mbit/s"
-[ "${mbps:-0}" -gt 0 ] && pass "iperf3-vduse-bridge-to-wire (${mbps} Mbit/s)" || fail "iperf3-vduse-bridge-to-wire"
+if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-vduse-bridge-to-wire (${mbps} Mbit/s)"; else fail "iperf3-vduse-bridge-to-wire"; fi
 vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
 sleep 0.3
 mbps=$(iperf_mbps g 10.9.0.3 -R)
 echo "iperf3 wire->vf->vduse: ${mbps:-none} Mbit/s"
-[ "${mbps:-0}" -gt 0 ] && pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)" || fail "iperf3-wire-to-vduse-bridge"
+if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)"; else fail "iperf3-wire-to-vduse-bridge"; fi
 
 # vhost_vdpa, and vb0 released by the reload.
 write_config vhost-vdpa
 out=$(sriovctl reload 2>&1) || fail "reload-vhost-vdpa: $out"
 if wait_for 50 gone vb0; then pass "released-device-leaves-the-bus"; else fail "released-device-leaves-the-bus: $(ls $VDPA)"; fi
 expect_eq "vd0-bound-to-vhost_vdpa" "$(driver_of vd0)" vhost_vdpa
-VH=$(ls -d "$VDPA"/vd0/vhost-vdpa-* 2>/dev/null | head -n 1)
-VH=/dev/${VH##*/}
+VH=
+for v in "$VDPA"/vd0/vhost-vdpa-*; do [ -e "$v" ] && VH=/dev/${v##*/}; done
 probe=$(vm_vhost_vdpa_probe "$VH" 12 2>&1); echo "$probe"
 case $probe in *'"device_id": 1,'*) pass "vhost-vdpa-device-id-is-net";; *) fail "vhost-vdpa-device-id-is-net: $probe";; esac
 case $probe in *'"config": "020000002001'*) pass "vhost-vdpa-config-has-the-mac";; *) fail "vhost-vdpa-config-has-the-mac: $probe";; esac
 feat=$(echo "$probe" | sed -n 's/.*"features": "\(0x[0-9a-f]*\)".*/\1/p')
-[ $((feat >> 33 & 1)) -eq 1 ] && [ $((feat & 1)) -eq 1 ] && [ $((feat >> 32 & 1)) -eq 1 ] &&
-  pass "vhost-vdpa-features-read-back ($feat)" || fail "vhost-vdpa-features-read-back: $feat"
-[ $((feat >> 17 & 1)) -eq 0 ] && pass "no-control-queue-offered" || fail "no-control-queue-offered: $feat"
+if [ $((feat >> 33 & 1)) -eq 1 ] && [ $((feat & 1)) -eq 1 ] && [ $((feat >> 32 & 1)) -eq 1 ]; then pass "vhost-vdpa-features-read-back ($feat)"; else fail "vhost-vdpa-features-read-back: $feat"; fi
+if [ $((feat >> 17 & 1)) -eq 0 ]; then pass "no-control-queue-offered"; else fail "no-control-queue-offered: $feat"; fi
 
 # A crash leaves the device on the bus; the next start removes it, even
 # with the device gone from the config.
@@ -150,7 +153,7 @@ write_config netdev
 sriovctl reload >/dev/null 2>&1
 kill -KILL "$PID"
 wait "$PID" 2>/dev/null
-[ -e "$VDPA/vd0" ] && pass "killed-daemon-left-vd0" || fail "killed-daemon-left-vd0 (nothing to clean up: not a crash test)"
+if [ -e "$VDPA/vd0" ]; then pass "killed-daemon-left-vd0"; else fail "killed-daemon-left-vd0 (nothing to clean up: not a crash test)"; fi
 write_config none
 if start_daemon; then pass "daemon-restarts"; else fail "daemon-restarts: $(tail -n 20 /tmp/sriovd.log)"; fi
 if wait_for 50 gone vd0; then pass "left-over-vduse-removed-at-start"; else fail "left-over-vduse-removed-at-start: $(ls $VDPA /dev/vduse)"; fi
@@ -167,5 +170,5 @@ vfip -n t addr add 10.20.0.2/24 dev vdtap0
 vfip -n t link set vdtap0 up
 if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "served-again-after-the-crash"; else
   fail "served-again-after-the-crash: $(sriovctl --json devices | grep -A12 '"vduse"')"; fi
-stop_daemon && pass "daemon-stops" || fail "daemon-stops"
+if stop_daemon; then pass "daemon-stops"; else fail "daemon-stops"; fi
 if gone vd0; then pass "sigterm-leaves-no-vduse-device"; else fail "sigterm-leaves-no-vduse-device: $(ls $VDPA /dev/vduse)"; fi
