@@ -75,7 +75,7 @@ void print_devices(const json& r) {
   }
   std::fputs(vfs.render().c_str(), stdout);
   if (!r["virtio_devices"].empty()) {
-    Table virtio({"VIRTIO", "TRANSPORT", "SOCKET", "QUEUES", "BACKEND", "STATE"});
+    Table virtio({"VIRTIO", "TRANSPORT", "ENDPOINT", "QUEUES", "BACKEND", "STATE"});
     for (const auto& d : r["virtio_devices"]) {
       const json& b = d["backend"];
       std::string backend =
@@ -97,7 +97,13 @@ void print_devices(const json& r) {
         else if (m.value("dma_logging", false))
           state += " (migrating: DMA logging)";
       }
-      virtio.add({field(d, "name"), field(d, "transport"), field(d, "socket"),
+      // Where its driver reaches it: a socket, or (VDUSE) what the kernel
+      // made of it.
+      std::string where = field(d, "socket");
+      if (d.contains("vduse"))
+        where =
+            d["vduse"].contains("netdev") ? "netdev " + field(d["vduse"], "netdev") : field(d["vduse"], "vhost_vdpa");
+      virtio.add({field(d, "name"), field(d, "transport"), where,
                   field(d, "queue_pairs") + "x" + field(d, "queue_size"), backend, state});
     }
     std::fputs("\n", stdout);

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -96,13 +97,21 @@ void write_journal(const std::string& path, const std::vector<std::string>& name
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("renaming " + tmp + " to " + path);
 }
 
+// Journal writes come from session threads and from background removals.
+std::mutex& journal_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 void journal_add(const std::string& path, const std::string& name) {
+  const std::lock_guard lock(journal_mutex());
   auto names = read_journal(path);
   if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   write_journal(path, names);
 }
 
 void journal_remove(const std::string& path, const std::string& name) {
+  const std::lock_guard lock(journal_mutex());
   auto names = read_journal(path);
   std::erase(names, name);
   write_journal(path, names);
@@ -140,6 +149,91 @@ void answer_blank(int fd, int timeout_ms) {
     if (req.type == VDUSE_GET_VQ_STATE) resp.vq_state.index = req.vq_state.index;
     (void)!::write(fd, &resp, sizeof resp);
   }
+}
+
+// The processes that have `path` open ("PID (COMM)"), from /proc/*/fd.
+std::vector<std::string> holders_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& p : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = p.path().filename().string();
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code fd_ec;
+    for (const auto& fd : fs::directory_iterator(p.path() / "fd", fd_ec)) {
+      std::error_code link_ec;
+      if (fs::read_symlink(fd.path(), link_ec) != path) continue;
+      std::ifstream comm(p.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      out.push_back(pid + " (" + name + ")");
+      break;
+    }
+  }
+  return out;
+}
+
+// The vhost-vdpa character device the driver made of `name`, if any.
+std::string vhost_vdpa_node(const std::string& name) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(kBus) / "devices" / name, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("vhost-vdpa-", 0) == 0) return "/dev/" + n;
+  }
+  return {};
+}
+
+// VDUSE_DESTROY_DEV, once the kernel has let go of the device (a moment
+// after its fd closed: EBUSY until then). Throws naming the kernel's answer.
+void destroy_vduse(const std::string& name) {
+  const UniqueFd control(::open(kControl, O_RDWR | O_CLOEXEC));
+  if (!control) throw_errno(std::string("opening ") + kControl);
+  uint64_t version = VDUSE_API_VERSION;
+  (void)::ioctl(control.get(), VDUSE_SET_API_VERSION, &version);
+  int err = 0;
+  for (int i = 0; i < 50; ++i) {
+    err = ::ioctl(control.get(), VDUSE_DESTROY_DEV, name.c_str()) == 0 ? 0 : errno;
+    if (err != EBUSY) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (err != 0 && err != ENOENT) throw std::runtime_error("destroying VDUSE device " + name + ": " + errno_text(err));
+}
+
+// Off the bus (its requests answered blank meanwhile: `dev`, if open),
+// destroyed, out of the journal. Throws naming what failed.
+void remove_device(const std::string& name, UniqueFd dev, const std::string& journal) {
+  if (dev) {
+    run_serving([&] { vdpa_command(VDPA_CMD_DEV_DEL, name, true); },
+                [&](int timeout_ms) { answer_blank(dev.get(), timeout_ms); });
+    dev.reset();  // the kernel lets go of the device a moment after its fd closes
+  } else {
+    vdpa_command(VDPA_CMD_DEV_DEL, name, true);
+  }
+  destroy_vduse(name);
+  journal_remove(journal, name);
+}
+
+// A vhost-vdpa device a process still holds leaves the bus only when it is
+// closed (the kernel waits for that): its removal goes on in the
+// background, with nothing of the daemon waiting for it; true when that is
+// how it goes.
+bool remove_when_let_go(const std::string& name, UniqueFd& dev, const std::string& journal) {
+  const std::string node = vhost_vdpa_node(name);
+  if (node.empty()) return false;
+  const std::vector<std::string> holders = holders_of(node);
+  if (holders.empty()) return false;
+  std::string who;
+  for (const auto& h : holders) who += (who.empty() ? "" : ", ") + h;
+  spdlog::error("vduse: {}: {} is still open by {}: the device leaves the vDPA bus when they close it", name, node,
+                who);
+  std::thread([name, dev = std::move(dev), journal]() mutable {
+    try {
+      remove_device(name, std::move(dev), journal);
+      spdlog::info("vduse: {} left the vDPA bus once its holder let go", name);
+    } catch (const std::exception& e) {
+      spdlog::error("vduse: {}", e.what());
+    }
+  }).detach();
+  return true;
 }
 
 }  // namespace
@@ -297,6 +391,17 @@ void Backend::find_kernel_device() {
 }
 
 void Backend::destroy() noexcept {
+  if (on_bus_ && bind_ == Bind::vhost_vdpa) {
+    try {
+      UniqueFd dev(::dup(dev_.get()));
+      if (remove_when_let_go(name_, dev, journal_)) {
+        on_bus_ = false;
+        created_ = false;  // the background removal destroys it
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("vduse: {}: {}", name_, e.what());
+    }
+  }
   if (on_bus_) {
     try {
       serve_while([this] { vdpa_command(VDPA_CMD_DEV_DEL, name_, true); });
@@ -323,25 +428,11 @@ void Backend::destroy() noexcept {
   dev_.reset();
   unmap_all();
   if (created_) {
-    // The kernel lets go of the device a moment after its fd closes.
-    int err = 0;
-    for (int i = 0; i < 50; ++i) {
-      if (::ioctl(control_.get(), VDUSE_DESTROY_DEV, name_.c_str()) == 0) {
-        err = 0;
-        break;
-      }
-      err = errno;
-      if (err != EBUSY) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (err != 0 && err != ENOENT) {
-      spdlog::error("vduse: destroying {}: {} (left in the journal for the next start)", name_, errno_text(err));
-    } else {
-      try {
-        journal_remove(journal_, name_);
-      } catch (const std::exception& e) {
-        spdlog::error("vduse: {}", e.what());
-      }
+    try {
+      destroy_vduse(name_);
+      journal_remove(journal_, name_);
+    } catch (const std::exception& e) {
+      spdlog::error("vduse: {} (left in the journal for the next start)", e.what());
     }
     created_ = false;
   }
@@ -624,33 +715,15 @@ std::vector<std::string> Backend::remove_left_over(const std::string& journal, c
   for (const std::string& name : read_journal(journal)) {
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
     // Its requests answered here while it leaves the bus (nobody else
-    // would: the run that served it is gone); closed before it is destroyed.
-    if (UniqueFd dev(::open(("/dev/vduse/" + name).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC)); dev) {
-      try {
-        run_serving([&] { vdpa_command(VDPA_CMD_DEV_DEL, name, true); },
-                    [&](int timeout_ms) { answer_blank(dev.get(), timeout_ms); });
-      } catch (const std::exception& e) {
-        spdlog::error("vduse: {}", e.what());
-        continue;
-      }
+    // would: the run that served it is gone).
+    UniqueFd dev(::open(("/dev/vduse/" + name).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+    try {
+      if (remove_when_let_go(name, dev, journal)) continue;
+      remove_device(name, std::move(dev), journal);
+    } catch (const std::exception& e) {
+      spdlog::error("vduse: {} left by an earlier run: {}", name, e.what());
+      continue;
     }
-    const UniqueFd control(::open(kControl, O_RDWR | O_CLOEXEC));
-    if (control) {
-      uint64_t version = VDUSE_API_VERSION;
-      (void)::ioctl(control.get(), VDUSE_SET_API_VERSION, &version);
-      // The fd above is closed: the kernel lets go of the device a moment later.
-      int err = 0;
-      for (int i = 0; i < 50; ++i) {
-        err = ::ioctl(control.get(), VDUSE_DESTROY_DEV, name.c_str()) == 0 ? 0 : errno;
-        if (err != EBUSY) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      if (err != 0 && err != ENOENT) {
-        spdlog::error("vduse: destroying {} left by an earlier run: {}", name, errno_text(err));
-        continue;
-      }
-    }
-    journal_remove(journal, name);
     removed.push_back(name);
   }
   return removed;

@@ -667,6 +667,32 @@ TEST_F(Daemon, AReloadThatFailsOnTheHostRollsBackAndKeepsTheOldConfig) {
   EXPECT_EQ((*find_vf(devices, 0))["driver"], "vfio-pci");
 }
 
+// transport: vduse on a kernel without VDUSE: the device is not served and
+// says what to load; nothing is recorded as made; the other devices serve.
+TEST_F(Daemon, VduseDeviceWithoutVduseIsNotServedSayingWhy) {
+  if (::access("/dev/vduse/control", F_OK) == 0)
+    GTEST_SKIP() << "this kernel has VDUSE: vm.vduse tests the device itself (6.12 guest)";
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/net/tun (and root) for tap backends";
+  const std::string tag = std::to_string(::getpid() % 100000);
+  dir_.write("sriovd.yaml", config_text(socket(), 1) + "virtio_devices:\n" +
+                                "  - {name: vq0, type: net, transport: vduse, backend: {type: tap, name: vq" + tag +
+                                "}}\n  - {name: vu0, type: net, transport: vhost-user, socket: " +
+                                dir_.file("run/vu0.sock") + ", backend: {type: tap, name: vu" + tag + "}}\n");
+  start();
+  std::map<std::string, json> by_name;
+  const json devices = request({{"cmd", "devices"}});
+  for (const auto& d : devices["result"]["virtio_devices"]) by_name[d["name"].get<std::string>()] = d;
+  EXPECT_EQ(by_name["vq0"]["state"], "not served") << by_name["vq0"].dump();
+  const std::string reason = by_name["vq0"].value("reason", "");
+  EXPECT_NE(reason.find("/dev/vduse/control"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("modprobe vduse"), std::string::npos) << reason;
+  EXPECT_EQ(by_name["vq0"]["transport"], "vduse");
+  EXPECT_EQ(by_name["vu0"]["state"], "listening") << by_name["vu0"].dump();
+  // Nothing was made, so nothing is journalled for a later start to remove.
+  const std::string journal = dir_.file("state/vduse-devices");
+  EXPECT_TRUE(!std::filesystem::exists(journal) || std::filesystem::file_size(journal) == 0);
+}
+
 // A reload starts the virtio devices the file adds, restarts those it
 // changes, stops those it drops, and leaves the others connected; one that
 // could not be served is tried again.

@@ -133,6 +133,27 @@ mbps=$(iperf_mbps g 10.9.0.3 -R)
 echo "iperf3 wire->vf->vduse: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)"; else fail "iperf3-wire-to-vduse-bridge"; fi
 
+# A name another instance holds: its device is not served, saying why, and
+# the holder's is untouched.
+mkdir -p /var/lib/sriovd2
+cat >/etc/sriovd/second.yaml <<CONF
+version: 1
+host: system
+state_dir: /var/lib/sriovd2
+control: {socket: /run/sriovd2/control.sock}
+virtio_devices:
+  - {name: vd0, type: net, transport: vduse, backend: {type: tap, name: vdtap9}}
+CONF
+sriovd --config /etc/sriovd/second.yaml --foreground >/tmp/sriovd2.log 2>&1 &
+PID2=$!
+wait_for 100 sriovctl -s /run/sriovd2/control.sock version >/dev/null 2>&1
+json=$(sriovctl -s /run/sriovd2/control.sock --json devices 2>&1)
+case $json in *'exists already'*) pass "name-taken-is-explained";; *) fail "name-taken-is-explained: $json";; esac
+kill -TERM "$PID2"
+wait "$PID2" 2>/dev/null
+expect_eq "the-holders-device-untouched" "$(driver_of vd0)" virtio_vdpa
+expect_eq "second-instance-journal-empty" "$(cat /var/lib/sriovd2/vduse-devices 2>/dev/null)" ""
+
 # vhost_vdpa, and vb0 released by the reload.
 write_config vhost-vdpa
 out=$(sriovctl reload 2>&1) || fail "reload-vhost-vdpa: $out"
@@ -146,6 +167,26 @@ case $probe in *'"config": "020000002001'*) pass "vhost-vdpa-config-has-the-mac"
 feat=$(echo "$probe" | sed -n 's/.*"features": "\(0x[0-9a-f]*\)".*/\1/p')
 if [ $((feat >> 33 & 1)) -eq 1 ] && [ $((feat & 1)) -eq 1 ] && [ $((feat >> 32 & 1)) -eq 1 ]; then pass "vhost-vdpa-features-read-back ($feat)"; else fail "vhost-vdpa-features-read-back: $feat"; fi
 if [ $((feat >> 17 & 1)) -eq 0 ]; then pass "no-control-queue-offered"; else fail "no-control-queue-offered: $feat"; fi
+
+# Released while a VMM holds /dev/vhost-vdpa-N: the kernel waits for it to
+# close; the daemon does not (the reload returns), says who holds it, and
+# the device goes once it is let go.
+sleep 600 3<>"$VH" &
+HOLDER=$!
+write_config none
+t0=$(date +%s)
+out=$(sriovctl reload 2>&1) || fail "reload-while-held: $out"
+t1=$(date +%s)
+if [ $((t1 - t0)) -lt 15 ]; then pass "reload-does-not-wait-for-the-holder ($((t1 - t0)) s)"; else
+  fail "reload-does-not-wait-for-the-holder: $((t1 - t0)) s"; fi
+if grep -q "still open by $HOLDER" /tmp/sriovd.log; then pass "holder-is-named"; else
+  fail "holder-is-named: $(grep -i vduse /tmp/sriovd.log | tail -n 5)"; fi
+# (its bus entry goes at once; the VDUSE device stays until the removal ends)
+if [ -e /dev/vduse/vd0 ]; then pass "held-device-stays-until-let-go"; else fail "held-device-stays-until-let-go"; fi
+kill "$HOLDER"
+wait "$HOLDER" 2>/dev/null
+if wait_for 100 gone vd0; then pass "held-device-goes-once-let-go"; else fail "held-device-goes-once-let-go: $(ls $VDPA)"; fi
+expect_eq "journal-empty-after-the-holder" "$(cat /var/lib/sriovd/vduse-devices 2>/dev/null)" ""
 
 # A crash leaves the device on the bus; the next start removes it, even
 # with the device gone from the config.
