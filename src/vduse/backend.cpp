@@ -712,8 +712,16 @@ void Backend::config_changed() {
 
 std::vector<std::string> Backend::remove_left_over(const std::string& journal, const std::vector<std::string>& keep) {
   std::vector<std::string> removed;
+  // A kernel without VDUSE now (another boot, the module unloaded) has
+  // none of the devices the journal names: they are forgotten.
+  const bool no_vduse = ::access(kControl, F_OK) != 0 && errno == ENOENT;
   for (const std::string& name : read_journal(journal)) {
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
+    if (no_vduse) {
+      journal_remove(journal, name);
+      removed.push_back(name);
+      continue;
+    }
     // Its requests answered here while it leaves the bus (nobody else
     // would: the run that served it is gone).
     UniqueFd dev(::open(("/dev/vduse/" + name).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
