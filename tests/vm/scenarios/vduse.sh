@@ -67,6 +67,7 @@ netdev_of() {
     [ -e "$n" ] && { echo "${n##*/}"; return; }
   done
 }
+has_netdev() { [ -n "$(netdev_of "$1")" ]; }
 driver_of() { basename "$(readlink "$VDPA/$1/driver" 2>/dev/null)"; }
 # bit N of a virtio device's negotiated features (sysfs: one character per bit)
 feature() { cut -c $(($2 + 1)) "$VDPA/$1"/virtio*/features; }
@@ -132,6 +133,21 @@ sleep 0.3
 mbps=$(iperf_mbps g 10.9.0.3 -R)
 echo "iperf3 wire->vf->vduse: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)"; else fail "iperf3-wire-to-vduse-bridge"; fi
+
+# The other ways to a VF's netdev behind VDUSE: a macvtap, AF_XDP (generic
+# XDP on igbvf). vb0 restarts on each (a new netdev in the root namespace).
+for via in macvtap af_xdp; do
+  sed -i "s/backend: {type: vf, pf: $PFN, vf: 1.*}/backend: {type: vf, pf: $PFN, vf: 1, via: $via}/" "$CFG"
+  out=$(sriovctl reload 2>&1) || fail "reload-vb0-$via: $out"
+  wait_for 50 has_netdev vb0
+  NB=$(netdev_of vb0)
+  if [ -z "$NB" ]; then fail "vb0-over-$via: $(sriovctl --json devices | grep -B3 -A12 '"vduse"')"; continue; fi
+  vfip link set "$NB" netns g
+  vfip -n g addr add 10.9.0.2/24 dev "$NB"
+  vfip -n g link set "$NB" up
+  if wait_for 100 ping_from_g 10.9.0.3; then pass "vduse-bridge-over-$via-reaches-wire"; else
+    fail "vduse-bridge-over-$via-reaches-wire: $(grep -i 'vb0' /tmp/sriovd.log | tail -n 5)"; fi
+done
 
 # A name another instance holds: its device is not served, saying why, and
 # the holder's is untouched.
