@@ -222,7 +222,8 @@ struct XdpSocket::Queue {
 
 XdpSocket::XdpSocket(const std::string& ifname, unsigned queues, unsigned mtu, const std::string& instance,
                      const std::string& device, uint32_t ring_size)
-    : name_(ifname) {
+    : name_(ifname), control_(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+  if (!control_) throw_errno("AF_XDP port for " + ifname + ": a socket for its interface flags");
   if (queues == 0 || queues > kMaxQueues)
     throw std::invalid_argument("AF_XDP port for " + ifname + ": " + std::to_string(queues) + " queues (1.." +
                                 std::to_string(kMaxQueues) + ")");
@@ -613,7 +614,7 @@ void XdpSocket::resteer() {
   }
 }
 
-bool XdpSocket::link_up() const { return netdev_running(queues_.front()->fd, name_); }
+bool XdpSocket::link_up() const { return netdev_running(control_.get(), name_); }
 
 std::vector<std::string> XdpSocket::remove_left_over(const std::string& instance,
                                                      const std::vector<std::string>& keep) {

@@ -146,6 +146,18 @@ TEST_F(XdpSocketTest, WireToDeviceInOrderWithAZeroDeviceHeader) {
   for (uint32_t i = 0; i < kFrames; ++i) ASSERT_EQ(got[i], i);
 }
 
+// The port's carrier is its netdev's (an AF_XDP socket takes no interface
+// ioctl: asked through it, the link read as down for good, and a real
+// virtio_net driver behind VDUSE kept its carrier off).
+TEST_F(XdpSocketTest, CarrierFollowsTheNetdev) {
+  XdpSocket port("vf0", 1, 1500, "test", "d0", 64);
+  ASSERT_TRUE(test::wait_until([&] { return port.link_up(); }, std::chrono::seconds(2)));
+  ASSERT_EQ(test::run({"/sbin/ip", "link", "set", "wire0", "down"}).exit_code, 0);  // vf0 loses its carrier
+  EXPECT_TRUE(test::wait_until([&] { return !port.link_up(); }, std::chrono::seconds(2)));
+  ASSERT_EQ(test::run({"/sbin/ip", "link", "set", "wire0", "up"}).exit_code, 0);
+  EXPECT_TRUE(test::wait_until([&] { return port.link_up(); }, std::chrono::seconds(2)));
+}
+
 TEST_F(XdpSocketTest, DeviceToWireInOrderAcrossRingLaps) {
   XdpSocket port("vf0", 1, 1500, "test", "d0", 64);
   constexpr uint32_t kFrames = 2000;

@@ -106,6 +106,9 @@ class XdpSocket : public virtio::PacketPort {
   void resteer();
 
   std::string name_;
+  // SIOCGIFFLAGS: an AF_XDP socket takes no interface ioctls (found by a
+  // real driver's carrier: VDUSE's virtio_net saw the link down for good).
+  UniqueFd control_;
   unsigned ifindex_ = 0;
   unsigned frame_ = 0;
   unsigned pairs_ = 0;
