@@ -46,7 +46,10 @@ class VduseTransport final : public ServedTransport {
       j["vduse"]["vhost_vdpa"] = backend_.kernel_device();
   }
   [[nodiscard]] PeerCounters peer_counters() const override {
-    return {backend_.driver_ok() ? 1U : 0U, backend_.stats().requests, backend_.stats().failed_requests, 0};
+    // A driver's start is what a connection is to the socket transports
+    // (a counter: it never goes down); a failed request what a malformed
+    // message is.
+    return {backend_.stats().starts, backend_.stats().requests, backend_.stats().failed_requests, 0};
   }
   void metrics(const Labels& labels, MetricSet& out) const override {
     out.counters("sriovd_vduse", vduse::kBackendCounters, labels, backend_.stats());

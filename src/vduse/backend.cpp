@@ -540,7 +540,10 @@ void Backend::set_status(uint8_t status) {
     deferred_ = Deferred::reset;
     return;
   }
-  if ((status & kStatusDriverOk) && !(before & kStatusDriverOk)) deferred_ = Deferred::start;
+  if ((status & kStatusDriverOk) && !(before & kStatusDriverOk)) {
+    ++stats_.starts;
+    deferred_ = Deferred::start;
+  }
 }
 
 void Backend::start_device() {

@@ -46,6 +46,7 @@ const char* driver_name(Bind b);  // "virtio_vdpa" | "vhost_vdpa"
 struct BackendStats {
   uint64_t requests = 0;         // messages from the kernel answered
   uint64_t status_changes = 0;   // SET_STATUS
+  uint64_t starts = 0;           // DRIVER_OK set (the driver started the device)
   uint64_t resets = 0;           // status 0
   uint64_t mappings = 0;         // DMA domain ranges mapped (IOTLB_GET_FD)
   uint64_t invalidations = 0;    // UPDATE_IOTLB
@@ -56,6 +57,7 @@ struct BackendStats {
 inline constexpr Counter<BackendStats> kBackendCounters[] = {
     {"requests", "messages from the kernel answered", &BackendStats::requests},
     {"status_changes", "device status writes by the kernel's driver", &BackendStats::status_changes},
+    {"starts", "times the kernel's driver started the device (DRIVER_OK)", &BackendStats::starts},
     {"resets", "device resets by the kernel's driver", &BackendStats::resets},
     {"mappings", "ranges of the kernel's DMA domain mapped", &BackendStats::mappings},
     {"invalidations", "IOTLB invalidations from the kernel", &BackendStats::invalidations},
