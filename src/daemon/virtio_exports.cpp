@@ -84,8 +84,8 @@ void VirtioExports::drop(const config::Config* next) {
     // Users before what they use: the transport holds the device (a
     // moved-over element would drop the device first).
     e.transport.reset();
-    std::unique_ptr<virtio::PacketPort> port =
-        e.device ? e.thread->call([&] { return e.device->release_port(); }) : nullptr;
+    std::unique_ptr<virtio::PacketPort> port = e.net ? e.thread->call([&] { return e.net->release_port(); }) : nullptr;
+    e.net = nullptr;
     e.device.reset();
     e.thread.reset();
     if (!port) continue;
@@ -128,26 +128,8 @@ void VirtioExports::start(const config::Config& cfg) {
     e.config = dev;
     {
       try {
-        virtio::NetConfig nc;
-        nc.name = dev.name;
-        nc.mac = dev.mac;
-        nc.mtu = dev.mtu;
-        nc.queue_pairs = dev.queue_pairs;
-        nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
-        nc.packed = dev.packed != config::PackedRing::off;
-        const TransportTraits traits = transport_traits(dev.transport);
-        nc.control_queue = traits.control_queue;
-        nc.front_end_control = traits.front_end_control;
-        nc.access_platform = dev.iommu_platform || traits.access_platform;
-        nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
-        const auto& o = dev.tap.offloads;
-        nc.offloads = o.csum;
-        nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
         std::optional<HandedVirtio> handed = take_handed(dev);
-        std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, cfg.state_dir, handed ? &*handed : nullptr);
-        e.thread = sessions_.lease();
-        e.device = make_on_session(*e.thread,
-                                   [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
+        make_device(dev, e, cfg.state_dir, handed ? &*handed : nullptr);
         if (handed) {
           try {
             serve(dev, e, cfg.state_dir, &*handed);
@@ -163,6 +145,7 @@ void VirtioExports::start(const config::Config& cfg) {
         }
       } catch (const std::exception& ex) {
         e.transport.reset();
+        e.net = nullptr;
         e.device.reset();
         e.thread.reset();
         e.not_served = ex.what();
@@ -176,6 +159,44 @@ void VirtioExports::start(const config::Config& cfg) {
   for (const HandedVirtio& h : handed_)
     spdlog::warn("virtio {}: handed over but not in the config (or not served here): its front-end is let go", h.name);
   handed_.clear();
+}
+
+void VirtioExports::make_device(const config::VirtioDevice& dev, Export& e, const std::string& state_dir,
+                                HandedVirtio* handed) {
+  // The device factory's table: one line per device type.
+  static constexpr struct {
+    config::VirtioType type;
+    DeviceMaker make;
+  } kDevices[] = {
+      {config::VirtioType::net, &VirtioExports::make_net_device},
+  };
+  for (const auto& t : kDevices)
+    if (t.type == dev.type) return (this->*t.make)(dev, transport_traits(dev.transport), e, state_dir, handed);
+  throw std::runtime_error(std::string("device type ") + config::to_string(dev.type) + " is not made by this build");
+}
+
+void VirtioExports::make_net_device(const config::VirtioDevice& dev, const TransportTraits& traits, Export& e,
+                                    const std::string& state_dir, HandedVirtio* handed) {
+  virtio::NetConfig nc;
+  nc.name = dev.name;
+  nc.mac = dev.mac;
+  nc.mtu = dev.mtu;
+  nc.queue_pairs = dev.queue_pairs;
+  nc.max_queue_size = std::max<uint16_t>(dev.queue_size, 1024);
+  nc.packed = dev.packed != config::PackedRing::off;
+  nc.control_queue = traits.control_queue;
+  nc.front_end_control = traits.front_end_control;
+  nc.access_platform = dev.iommu_platform || traits.access_platform;
+  nc.cpus.assign(dev.cpus.begin(), dev.cpus.end());
+  const auto& o = dev.tap.offloads;
+  nc.offloads = o.csum;
+  nc.tap_offloads = ports::tun_offload_flags(o.csum, o.tso4, o.tso6, o.tso_ecn, o.ufo);
+  std::unique_ptr<virtio::PacketPort> port = open_port(dev, e, nc, state_dir, handed);
+  e.thread = sessions_.lease();
+  OnSession<virtio::NetDevice> net =
+      make_on_session(*e.thread, [&] { return std::make_unique<virtio::NetDevice>(nc, engine_, std::move(port)); });
+  e.net = net.get();
+  e.device = OnSession<virtio::Device>(net.release(), SessionDeleter{&*e.thread});
 }
 
 std::optional<HandedVirtio> VirtioExports::take_handed(const config::VirtioDevice& dev) {
@@ -215,7 +236,8 @@ std::vector<HandedVirtio> VirtioExports::freeze_for_handover(bool force, std::ve
         }
         // A tap goes with its device (its addresses and bridges stay), a
         // macvtap too (its link stays); other ports are opened anew.
-        const virtio::PacketPort& port = e.device->port();
+        if (!e.net) return true;
+        const virtio::PacketPort& port = e.net->port();
         if (const auto* tap = dynamic_cast<const ports::Tap*>(&port)) {
           const auto* macvtap = dynamic_cast<const ports::Macvtap*>(&port);
           if (macvtap || typeid(port) == typeid(ports::Tap)) {
@@ -249,7 +271,7 @@ void VirtioExports::handed_over() {
     if (!e.handed) continue;
     e.thread->call([&] {
       e.transport->handed_over();
-      e.device->port().keep_for_successor();
+      if (e.net) e.net->port().keep_for_successor();
     });
   }
 }
@@ -371,8 +393,8 @@ void VirtioExports::follow_vf_netdevs(const config::Config& cfg) {
 // same thread after it.
 void VirtioExports::poll_links() {
   for (auto& e : exports_) {
-    if (!e.device) continue;
-    asio::post(e.thread->io(), [name = e.name, device = e.device.get(), transport = e.transport.get()] {
+    if (!e.net) continue;  // a network device's link: its port's carrier
+    asio::post(e.thread->io(), [name = e.name, device = e.net, transport = e.transport.get()] {
       if (!device->poll_link()) return;
       spdlog::info("virtio {}: link {}", name, device->link_up() ? "up" : "down");
       if (transport) transport->config_changed();
@@ -393,10 +415,10 @@ json VirtioExports::devices_json(const config::Config& cfg) const {
       backend["via"] = config::to_string(dev.vf.via);
     }
     for (const auto& e : exports_)
-      if (e.name == dev.name && e.device) {
+      if (e.name == dev.name && e.net) {
         if (e.vf_ifindex != 0) backend["ifindex"] = e.vf_ifindex;
         e.thread->call([&] {
-          const virtio::PacketPort& port = e.device->port();
+          const virtio::PacketPort& port = e.net->port();
           backend["netdev"] = port.netdev();
           for (const auto& fact : port.describe())
             std::visit([&backend, &fact](const auto& v) { backend[fact.first] = v; }, fact.second);

@@ -91,7 +91,11 @@ class VirtioExports {
     // The session thread that serves it (declared first: it outlives the
     // objects below, which it makes, serves and deletes).
     SessionPool::Lease thread;
-    OnSession<virtio::NetDevice> device;
+    // The device its config's type made (the device factory, below), and
+    // the same device as a network device when it is one - what its port
+    // is reached through (null for another type).
+    OnSession<virtio::Device> device;
+    virtio::NetDevice* net = nullptr;
     // How its driver reaches it (virtio_transport.hpp); null: not served.
     OnSession<ServedTransport> transport;
     std::string not_served;  // why it is not served, when it is not
@@ -106,6 +110,15 @@ class VirtioExports {
     unsigned vf_ifindex = 0;
     bool handed = false;  // frozen for a handover
   };
+  // The device factory: one entry per config::VirtioType (virtio_exports.cpp's
+  // kDevices), each making its device on e.thread (leased by then) from the
+  // config, what the transport asks of it, and the predecessor's part.
+  using DeviceMaker = void (VirtioExports::*)(const config::VirtioDevice& dev, const TransportTraits& traits, Export& e,
+                                              const std::string& state_dir, HandedVirtio* handed);
+  void make_device(const config::VirtioDevice& dev, Export& e, const std::string& state_dir, HandedVirtio* handed);
+  // type: net - a virtio::NetDevice on the port open_port gives it.
+  void make_net_device(const config::VirtioDevice& dev, const TransportTraits& traits, Export& e,
+                       const std::string& state_dir, HandedVirtio* handed);
   // The port factory: the device's spare tap, or a new port once the
   // previous holder of its netdev is closed; sets what the port decides of
   // the device (offloads, the VF's MAC).
