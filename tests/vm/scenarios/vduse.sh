@@ -71,14 +71,24 @@ has_netdev() { [ -n "$(netdev_of "$1")" ]; }
 driver_of() { basename "$(readlink "$VDPA/$1/driver" 2>/dev/null)"; }
 # bit N of a virtio device's negotiated features (sysfs: one character per bit)
 feature() { cut -c $(($2 + 1)) "$VDPA/$1"/virtio*/features; }
-# iperf3 for 3 s from netns $1 (or here: "-") to $2, "-R" for the other way:
-# the receiver's Mbit/s.
+# iperf3 for 3 s from netns $2 (or here: "-") to $3, whose server runs in
+# netns $1 for this one test; "-R" for the other way: the receiver's Mbit/s.
 iperf_mbps() {
-  local ns=$1 to=$2 out
-  shift 2
+  local sns=$1 ns=$2 to=$3 out
+  shift 3
+  vfip netns exec "$sns" iperf3 -s -D -1 >/dev/null 2>&1
+  sleep 0.3
   if [ "$ns" = - ]; then out=$(iperf3 -c "$to" -t 3 -J --connect-timeout 3000 "$@" 2>&1)
   else out=$(vfip netns exec "$ns" iperf3 -c "$to" -t 3 -J --connect-timeout 3000 "$@" 2>&1); fi
   echo "$out" | awk '/"sum_received"/ {r = 1} r && /"bits_per_second"/ {gsub(/[,]/, "", $2); printf "%d\n", $2 / 1e6; exit}'
+}
+# vd0's netdev here and its tap in netns t, addressed and up.
+address_vd0() {
+  ND=$(netdev_of vd0)
+  vfip addr add 10.20.0.1/24 dev "$ND"
+  vfip link set "$ND" up
+  vfip -n t addr add 10.20.0.2/24 dev vdtap0
+  vfip -n t link set vdtap0 up
 }
 gone() { [ ! -e "$VDPA/$1" ] && [ ! -e "/dev/vduse/$1" ]; }
 
@@ -95,20 +105,13 @@ json=$(sriovctl --json devices)
 case $json in *'"netdev": "'"$ND"'"'*) pass "devices-names-the-netdev";; *) fail "devices-names-the-netdev: $json";; esac
 
 # Through the tap: this guest's stack -> virtio_net -> VDUSE -> sriovd -> tap.
-vfip addr add 10.20.0.1/24 dev "$ND"
-vfip link set "$ND" up
-vfip -n t addr add 10.20.0.2/24 dev vdtap0
-vfip -n t link set vdtap0 up
+address_vd0
 if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "ping-through-vduse-to-tap"; else
   fail "ping-through-vduse-to-tap: $(sriovctl --json devices | grep -A12 '"vduse"') $(grep -i vduse /tmp/sriovd.log | tail -n 40) $(dmesg | tail -n 15)"; fi
-vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
-sleep 0.3
-mbps=$(iperf_mbps - 10.20.0.2)
+mbps=$(iperf_mbps t - 10.20.0.2)
 echo "iperf3 vduse->tap: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-vduse-to-tap (${mbps} Mbit/s)"; else fail "iperf3-vduse-to-tap"; fi
-vfip netns exec t iperf3 -s -D -1 >/dev/null 2>&1
-sleep 0.3
-mbps=$(iperf_mbps - 10.20.0.2 -R)
+mbps=$(iperf_mbps t - 10.20.0.2 -R)
 echo "iperf3 tap->vduse: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-tap-to-vduse (${mbps} Mbit/s)"; else fail "iperf3-tap-to-vduse"; fi
 
@@ -123,14 +126,10 @@ vfip -n g link set "$NB" up
 ping_from_g() { vfip netns exec g ping -c 1 -W 1 "$1"; }
 if wait_for 100 ping_from_g 10.9.0.1; then pass "vduse-bridge-reaches-pf"; else fail "vduse-bridge-reaches-pf"; fi
 if wait_for 100 ping_from_g 10.9.0.3; then pass "vduse-bridge-reaches-wire"; else fail "vduse-bridge-reaches-wire"; fi
-vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
-sleep 0.3
-mbps=$(iperf_mbps g 10.9.0.3)
+mbps=$(iperf_mbps w g 10.9.0.3)
 echo "iperf3 vduse->vf->wire: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-vduse-bridge-to-wire (${mbps} Mbit/s)"; else fail "iperf3-vduse-bridge-to-wire"; fi
-vfip netns exec w iperf3 -s -D -1 >/dev/null 2>&1
-sleep 0.3
-mbps=$(iperf_mbps g 10.9.0.3 -R)
+mbps=$(iperf_mbps w g 10.9.0.3 -R)
 echo "iperf3 wire->vf->vduse: ${mbps:-none} Mbit/s"
 if [ "${mbps:-0}" -gt 0 ]; then pass "iperf3-wire-to-vduse-bridge (${mbps} Mbit/s)"; else fail "iperf3-wire-to-vduse-bridge"; fi
 
@@ -219,12 +218,7 @@ expect_eq "journal-empty" "$(cat /var/lib/sriovd/vduse-devices 2>/dev/null)" ""
 # Served again, then SIGTERM: nothing left.
 write_config netdev
 out=$(sriovctl reload 2>&1) || fail "reload-netdev: $out"
-ND=$(netdev_of vd0)
-vfip addr add 10.20.0.1/24 dev "$ND"
-vfip link set "$ND" up
-# The tap went with the killed daemon: the new one is addressed again.
-vfip -n t addr add 10.20.0.2/24 dev vdtap0
-vfip -n t link set vdtap0 up
+address_vd0  # the tap went with the killed daemon: the new one is addressed again
 if wait_for 30 ping -c 1 -W 1 10.20.0.2; then pass "served-again-after-the-crash"; else
   fail "served-again-after-the-crash: $(sriovctl --json devices | grep -A12 '"vduse"')"; fi
 if stop_daemon; then pass "daemon-stops"; else fail "daemon-stops"; fi
