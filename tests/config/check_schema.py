@@ -119,6 +119,10 @@ for f in sorted((root / "config").glob("*.yaml")):
 examples.append(("tests/config/every_key.yaml", (root / "tests/config/every_key.yaml").read_text()))
 for f in [root / "README.md"] + sorted((root / "docs").glob("*.md")):
     examples += markdown_configs(f)
+for f in sorted((root / "docs" / "man").glob("*.scd")):  # a man page's example: a ``` block
+    for i, block in enumerate(re.findall(r"^```\n(.*?)^```", f.read_text(), re.S | re.M)):
+        if block.startswith("version: 1"):
+            examples.append((f"{f.relative_to(root)} example {i + 1}", block))
 for doc in yaml.safe_load_all((root / "config/kubernetes/dra-driver.yaml").read_text()):
     if doc and doc.get("kind") == "ConfigMap":
         for key, text in doc.get("data", {}).items():
