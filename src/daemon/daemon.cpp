@@ -412,9 +412,14 @@ void Daemon::arm_watchdog() {
   const auto interval = notifier_->watchdog_interval();
   if (!interval) return;
   watchdog_timer_.expires_after(*interval);
-  watchdog_timer_.async_wait([this](boost::system::error_code ec) {
+  watchdog_.due = std::chrono::steady_clock::now() + *interval;
+  watchdog_timer_.async_wait([this, interval = *interval](boost::system::error_code ec) {
     if (ec || stopping_) return;
     notifier_->watchdog_ping();
+    const auto delay = std::chrono::steady_clock::now() - watchdog_.due;
+    ++watchdog_.pings;
+    if (delay > interval / 2) ++watchdog_.late;
+    watchdog_.max_delay = std::max(watchdog_.max_delay, std::chrono::duration_cast<std::chrono::nanoseconds>(delay));
     arm_watchdog();
   });
 }

@@ -19,6 +19,16 @@ size_t count_vfs(const config::Config& cfg);
 // "1 PF(s), 2 VF(s), 0 virtio device(s), host simulated"
 std::string summary(const config::Config& cfg);
 
+// Whether an assigned VF can serve its owner, from `sriovctl devices`' view
+// of it and its PF: bound to vfio-pci, assigned, its IOMMU group viable, and
+// its PF's link up (a PF without link - its cable, its switch port - makes
+// every VF on it useless). The device plugin's and DRA's health and the
+// metric sriovd_vf_healthy.
+inline bool assigned_vf_healthy(const control::json& host_pf, const control::json& host_vf) {
+  return host_vf.value("driver", "") == "vfio-pci" && host_vf.value("state", "") == "assigned" &&
+         host_vf.value("group_viable", false) && host_pf.value("link", "up") == "up";
+}
+
 // A config's socket access as the socket code takes it.
 inline SocketAccess access_of(const config::SocketAccess& a) { return {a.uid, a.gid, a.mode}; }
 

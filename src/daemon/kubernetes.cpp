@@ -5,6 +5,7 @@
 // serves its socket.
 #include <spdlog/spdlog.h>
 
+#include "daemon_internal.hpp"
 #include "sriovd/daemon/daemon.hpp"
 
 #include "dra_driver.hpp"
@@ -54,10 +55,7 @@ std::vector<k8s::Pool> Daemon::k8s_pools() const {
         d.numa_node = host_vf.value("numa_node", -1);
         const bool vfio = host_vf.value("driver", "") == "vfio-pci";
         d.iommu_group = vfio ? host_vf.value("iommu_group", -1) : -1;
-        // A PF without link (its cable, its switch port) makes every VF on
-        // it useless to a pod: unhealthy until the link is back.
-        d.healthy = vfio && host_vf.value("state", "") == "assigned" && host_vf.value("group_viable", false) &&
-                    host_pf.value("link", "up") == "up";
+        d.healthy = assigned_vf_healthy(host_pf, host_vf);
         pool.devices.push_back(std::move(d));
       }
     }

@@ -10,6 +10,7 @@
 
 #include "daemon_internal.hpp"
 #include "host_service.hpp"
+#include "notify.hpp"
 #include "vf_exports.hpp"
 #include "virtio_exports.hpp"
 #include "control_server.hpp"
@@ -257,9 +258,15 @@ void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
   Family info("sriovd_vf_info", "a VF of a configured PF: its address, driver, owner, export and state (value 1)",
               MetricType::Gauge);
   Family pf_present("sriovd_pf_present", "1 while a configured PF exists on the host", MetricType::Gauge);
+  Family pf_link("sriovd_pf_link_up", "1 while a configured PF's netdev has carrier, 0 while its link is down",
+                 MetricType::Gauge);
+  Family healthy("sriovd_vf_healthy",
+                 "1 while an assigned VF can serve its owner (on vfio-pci, its IOMMU group viable, its PF's link up)",
+                 MetricType::Gauge);
   for (const auto& pf : devices["physical_functions"]) {
     pf_present.add({{"pf", str(pf, "pf")}}, str(pf, "state") == "present" ? 1 : 0);
-    for (const auto& vf : pf["vfs"])
+    if (pf.contains("link")) pf_link.add({{"pf", str(pf, "pf")}}, str(pf, "link") == "up" ? 1 : 0);
+    for (const auto& vf : pf["vfs"]) {
       info.add({{"pf", str(pf, "pf")},
                 {"vf", str(vf, "index")},
                 {"address", str(vf, "address")},
@@ -268,9 +275,31 @@ void vf_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
                 {"export", str(vf, "export")},
                 {"state", str(vf, "state")}},
                1);
+      if (vf.contains("owner"))
+        healthy.add({{"pf", str(pf, "pf")}, {"vf", str(vf, "index")}, {"owner", str(vf, "owner")}},
+                    assigned_vf_healthy(pf, vf) ? 1 : 0);
+    }
   }
   out.push_back(std::move(info.f));
   out.push_back(std::move(pf_present.f));
+  out.push_back(std::move(pf_link.f));
+  out.push_back(std::move(healthy.f));
+}
+
+// A device a VMM cannot use: a VF export or virtio device that is not
+// served (its reason in `sriovctl devices`), or a virtio device its driver
+// must reset (NEEDS_RESET).
+void failed_device_metrics(const control::json& devices, std::vector<MetricFamily>& out) {
+  Family failed("sriovd_device_failed",
+                "1 while a configured device cannot be used: not served, or needing its driver's reset "
+                "(sriovctl devices says why)",
+                MetricType::Gauge);
+  for (const auto& e : devices.value("vfio_user_exports", control::json::array()))
+    failed.add({{"kind", "vf_export"}, {"device", str(e, "vf")}}, str(e, "state") == "not served" ? 1 : 0);
+  for (const auto& v : devices.value("virtio_devices", control::json::array()))
+    failed.add({{"kind", "virtio"}, {"device", str(v, "name")}},
+               str(v, "state") == "not served" || v.value("needs_reset", false) ? 1 : 0);
+  out.push_back(std::move(failed.f));
 }
 
 }  // namespace
@@ -282,6 +311,7 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   out.push_back(std::move(build.f));
   const control::json devices = devices_json();
   vf_metrics(devices, out);
+  failed_device_metrics(devices, out);
   vf_exports_->metrics(out);
   virtio_->metrics(out);
   route_metrics(out);
@@ -325,6 +355,31 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   txn.add({{"outcome", "committed"}}, static_cast<double>(t.committed))
       .add({{"outcome", "rolled_back"}}, static_cast<double>(t.rolled_back));
   out.push_back(std::move(txn.f));
+  Family restore("sriovd_host_restore_failures_total",
+                 "changes sriovd could not give back to the host: steps a rollback could not undo, releases that "
+                 "failed",
+                 MetricType::Counter);
+  restore.add({}, static_cast<double>(t.restore_failures));
+  out.push_back(std::move(restore.f));
+  if (notifier_->watchdog_interval()) {
+    Family pings("sriovd_watchdog_pings_total", "pings sent to systemd's watchdog", MetricType::Counter);
+    pings.add({}, static_cast<double>(watchdog_.pings));
+    out.push_back(std::move(pings.f));
+    Family late("sriovd_watchdog_late_pings_total",
+                "watchdog pings sent more than half an interval after they were due (the control thread stalled; "
+                "systemd kills the daemon at two intervals)",
+                MetricType::Counter);
+    late.add({}, static_cast<double>(watchdog_.late));
+    out.push_back(std::move(late.f));
+    Family max_delay("sriovd_watchdog_max_delay_seconds", "the latest a watchdog ping has been since the start",
+                     MetricType::Gauge);
+    max_delay.add({}, static_cast<double>(watchdog_.max_delay.count()) / 1e9);
+    out.push_back(std::move(max_delay.f));
+    Family interval("sriovd_watchdog_interval_seconds", "how often the watchdog is pinged (half of WatchdogSec)",
+                    MetricType::Gauge);
+    interval.add({}, std::chrono::duration<double>(*notifier_->watchdog_interval()).count());
+    out.push_back(std::move(interval.f));
+  }
   Family udev("sriovd_udev_events_total", "udev events taken", MetricType::Counter);
   udev.add({}, static_cast<double>(udev_events_total_));
   out.push_back(std::move(udev.f));

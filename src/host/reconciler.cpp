@@ -316,6 +316,7 @@ void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {
       spdlog::error("host: step {} of {} failed: {}: {}", i + 1, journaled.size(), failed, e.what());
       auto problems = rollback(journaled);
       ++counters_.rolled_back;
+      if (kind == "release") ++counters_.restore_failures;
       journal_.ledger = journal_.txn->ledger_before;
       journal_.txn.reset();
       state_.save(journal_);
@@ -341,6 +342,7 @@ std::vector<std::string> Reconciler::rollback(std::vector<Step>& steps) {
       s.status = "undone";
     } catch (const std::exception& e) {
       problems.push_back(s.describe() + ": " + e.what());
+      ++counters_.restore_failures;
       spdlog::error("host: cannot undo {}: {}", s.describe(), e.what());
     }
   }

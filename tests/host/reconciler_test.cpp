@@ -123,6 +123,8 @@ TEST(Reconciler, AFaultAtEveryStepOfAnApplyRollsBackToTheStart) {
       EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("rollback problem"))) << k << ": " << e.what();
     }
     EXPECT_EQ(h.kernel.snapshot(), initial) << "after a fault at operation " << k;
+    EXPECT_EQ(r->counters().rolled_back, 1U) << k;
+    EXPECT_EQ(r->counters().restore_failures, 0U) << k << ": everything was given back";
     EXPECT_TRUE(r->ledger().empty()) << k;
     // The journal on disk agrees: nothing to recover.
     EXPECT_TRUE(h.reconciler()->recover().empty()) << k;
@@ -148,8 +150,10 @@ TEST(Reconciler, AFaultAtEveryStepOfAReleaseKeepsTheAppliedState) {
     h.kernel.fail_nth_operation(k, EIO);
     EXPECT_THROW(r->release_all(), ApplyError) << k;
     EXPECT_EQ(h.kernel.snapshot(), applied) << "after a fault at release operation " << k;
+    EXPECT_EQ(r->counters().restore_failures, 1U) << k << ": a release that failed did not give the host back";
     h.kernel.clear_faults();
     r->release_all();  // and a later release still works
+    EXPECT_EQ(r->counters().restore_failures, 1U) << k;
   }
 }
 
@@ -216,6 +220,26 @@ TEST(Reconciler, AVfBoundByHandMidApplyRollsBackCleanly) {
     EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("rollback problem")));
   }
   EXPECT_EQ(h.kernel.snapshot(), initial);
+}
+
+// A step fails and so does its undo: the host is not given back, which the
+// error says and the counters count (sriovd_host_restore_failures_total).
+TEST(Reconciler, AnUndoThatFailsIsARestoreFailure) {
+  SimHost h;
+  auto r = h.reconciler();
+  // VF 1's binding fails; so does giving its settings back (the first
+  // netlink write to it, the apply's, goes through).
+  h.kernel.inject({"0000:3b:02.1/driver_override", EBUSY, 0, 1});
+  h.kernel.inject({"/vf1", EBUSY, 1, 1});
+  try {
+    r->converge(SimHost::config(kThreeVfs));
+    FAIL();
+  } catch (const ApplyError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rollback problem: 0000:3b:00.0 VF 1"));
+  }
+  EXPECT_EQ(r->counters().rolled_back, 1U);
+  EXPECT_EQ(r->counters().restore_failures, 1U);
+  EXPECT_EQ(r->counters().committed, 0U);
 }
 
 TEST(Reconciler, ANonViableIommuGroupNamesTheOffendingDevice) {

@@ -153,6 +153,15 @@ class Daemon {
   Retirer retirer_;
   asio::signal_set signals_;
   asio::steady_timer watchdog_timer_;
+  // The watchdog's pings: when the next is due, how many were sent, how
+  // many more than half an interval late (systemd kills at two intervals),
+  // and the latest one (sriovd_watchdog_* metrics: a stalled control thread).
+  struct WatchdogStats {
+    std::chrono::steady_clock::time_point due;
+    uint64_t pings = 0;
+    uint64_t late = 0;
+    std::chrono::nanoseconds max_delay{0};
+  } watchdog_;
   asio::steady_timer housekeeping_timer_;
   std::unique_ptr<SystemdNotifier> notifier_;
   std::unique_ptr<irq::Engine> irq_;

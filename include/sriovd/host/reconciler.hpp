@@ -55,10 +55,14 @@ class Reconciler {
   // Called before each step; tests use it to die at a chosen point.
   std::function<void(const Step&, size_t index)> before_step;
 
-  // Transactions applied whole and rolled back, since this object was made.
+  // Transactions applied whole and rolled back, since this object was made;
+  // and what could not be given back to the host: each step a rollback
+  // could not undo, and each release (everything back, at a stop) that
+  // failed.
   struct Counters {
     uint64_t committed = 0;
     uint64_t rolled_back = 0;
+    uint64_t restore_failures = 0;
   };
   [[nodiscard]] const Counters& counters() const { return counters_; }
 
