@@ -12,6 +12,7 @@
 
 #include "sriovd/guest/virtqueue.hpp"
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/virtio/net.hpp"
 #include "transport.hpp"
 
@@ -175,8 +176,7 @@ void VirtioNetDriver::make_pairs(unsigned count) {
 void VirtioNetDriver::kick(unsigned q) {
   stats_.kicks.fetch_add(1, std::memory_order_relaxed);
   if (q < doorbells_.size() && doorbells_[q]) {
-    const uint64_t one = 1;
-    (void)::write(doorbells_[q].get(), &one, sizeof one);
+    own_eventfd_signal(doorbells_[q].get());
     return;
   }
   transport_->notify(q);
@@ -261,8 +261,7 @@ uint8_t VirtioNetDriver::control(uint8_t cls, uint8_t cmd, const std::vector<uin
     if (ctrl_->take(slot, len)) return p[2 + data.size()];
     pollfd pf{irq_fds_.back().get(), POLLIN, 0};  // the control queue's vector is the last
     if (transport_->poll(&pf, 1, 1) > 0 && (pf.revents & POLLIN)) {
-      uint64_t v;
-      (void)::read(pf.fd, &v, sizeof v);
+      own_eventfd_drain(pf.fd);
     }
   }
   throw std::runtime_error("the device did not answer the control command");
@@ -357,8 +356,7 @@ void VirtioNetDriver::bridge(ports::Tap& tap, const std::atomic<bool>& stop) {
           timed_mask(q, true);
           masked[q] = true;
         }
-        uint64_t v;
-        (void)::read(fds[q].fd, &v, sizeof v);
+        own_eventfd_drain(fds[q].fd);
         stats_.interrupts.fetch_add(1, std::memory_order_relaxed);
       }
     for (unsigned p = 0; p < pairs; ++p) {

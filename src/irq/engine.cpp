@@ -88,8 +88,7 @@ struct Engine::RelayThread {
 // relay eventfd is the engine's own, never full: the write cannot block.
 void Engine::post(Route& r, uint32_t what) {
   r.posts.fetch_or(what, std::memory_order_release);
-  const uint64_t one = 1;
-  (void)::write(r.relay.get(), &one, sizeof one);
+  own_eventfd_signal(r.relay.get());
 }
 
 Engine::Engine(EngineOptions options) : options_(std::move(options)) {
@@ -123,8 +122,7 @@ Engine::Engine(EngineOptions options) : options_(std::move(options)) {
 Engine::~Engine() {
   for (auto& t : threads_) {
     t->stop.store(true);
-    const uint64_t one = 1;
-    (void)::write(t->wake.get(), &one, sizeof one);
+    own_eventfd_signal(t->wake.get());
   }
   for (auto& t : threads_) t->thread.join();
   const unsigned chunks = (options_.max_routes + kChunk - 1) / kChunk;
@@ -146,8 +144,7 @@ void Engine::relay_loop(RelayThread& t) {
     for (int i = 0; i < n; ++i) {
       auto* r = static_cast<Route*>(events[i].data.ptr);
       if (!r) {
-        uint64_t count = 0;
-        (void)::read(t.wake.get(), &count, sizeof count);
+        own_eventfd_drain(t.wake.get());
         continue;
       }
       // Edge-triggered: every eventfd signal queues the route again, so the
@@ -293,11 +290,10 @@ RouteId Engine::add(const RouteSpec& spec) {
 void Engine::quiesce() {
   for (auto& t : threads_) {
     const uint64_t seen = t->generation.load(std::memory_order_acquire);
-    const uint64_t one = 1;
     auto rewake = std::chrono::steady_clock::now();
     while (t->generation.load(std::memory_order_acquire) == seen) {
       if (const auto now = std::chrono::steady_clock::now(); now >= rewake) {
-        (void)::write(t->wake.get(), &one, sizeof one);
+        own_eventfd_signal(t->wake.get());
         rewake = now + std::chrono::milliseconds(10);
       }
       std::this_thread::yield();

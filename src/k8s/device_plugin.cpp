@@ -21,6 +21,7 @@
 
 #include "deviceplugin_v1beta1.grpc.pb.h"
 #include "local_grpc_server.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/util/fd.hpp"
 #include "sriovd/util/unix_socket.hpp"
 
@@ -539,8 +540,7 @@ NodeAgent::NodeAgent(std::string plugin_dir, std::string cdi_dir) : impl_(std::m
 // (a kubelet that never answers holds nothing), and the servers get one
 // grace period between them for their calls under way.
 NodeAgent::~NodeAgent() {
-  const uint64_t one = 1;
-  (void)::write(impl_->stop_fd.get(), &one, sizeof one);
+  own_eventfd_signal(impl_->stop_fd.get());
   impl_->calls.stop();
   impl_->watcher.join();
   std::lock_guard lock(impl_->mu);
@@ -578,8 +578,7 @@ void NodeAgent::update(std::vector<Pool> pools) {
     }
   }
   if (added) {
-    const uint64_t one = 1;
-    (void)::write(impl_->kick_fd.get(), &one, sizeof one);
+    own_eventfd_signal(impl_->kick_fd.get());
   }
 }
 

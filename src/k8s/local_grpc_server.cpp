@@ -10,6 +10,8 @@
 #include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
+#include "sriovd/util/eventfd.hpp"
+
 namespace sriovd::k8s {
 
 LocalGrpcServer::LocalGrpcServer(const std::string& socket_path, const std::vector<grpc::Service*>& services,
@@ -33,8 +35,7 @@ LocalGrpcServer::~LocalGrpcServer() { shutdown(std::chrono::steady_clock::now() 
 
 void LocalGrpcServer::close_socket() {
   if (acceptor_.joinable()) {
-    const uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof one);
+    own_eventfd_signal(wake_.get());
     acceptor_.join();
   }
   listener_.reset();

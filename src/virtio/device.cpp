@@ -269,8 +269,7 @@ void QueueDevice::wait_for_workers() {
 bool QueueDevice::stop_within(std::chrono::milliseconds limit) {
   if (wedged_) limit = std::chrono::milliseconds(0);  // waited once already: only look
   for (auto& w : workers_) {
-    const uint64_t one = 1;
-    (void)::write(w->stop.get(), &one, sizeof one);
+    own_eventfd_signal(w->stop.get());
   }
   const auto deadline = std::chrono::steady_clock::now() + limit;
   std::vector<std::unique_ptr<Worker>> stuck;
@@ -327,14 +326,12 @@ void QueueDevice::reset() {
 }
 
 void QueueDevice::kick_all() {
-  const uint64_t one = 1;
-  for (auto& w : workers_) (void)::write(w->poke.get(), &one, sizeof one);
+  for (auto& w : workers_) own_eventfd_signal(w->poke.get());
 }
 
 void QueueDevice::poke(unsigned group) {
-  const uint64_t one = 1;
   for (auto& w : workers_)
-    if (w->group == group) (void)::write(w->poke.get(), &one, sizeof one);
+    if (w->group == group) own_eventfd_signal(w->poke.get());
 }
 
 void QueueDevice::fail_device(const std::string& why) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "sriovd/util/error.hpp"
+#include "sriovd/util/eventfd.hpp"
 #include "sriovd/virtio/guest_memory.hpp"
 
 namespace sriovd::virtio {
@@ -147,14 +148,12 @@ void Iotlb::report_miss(uint64_t iova, bool write) {
   // Page-aligned IOVA with the permission in the low bits.
   const uint64_t slot = (iova & ~0xfffULL) | (write ? kIotlbWrite : kIotlbRead);
   if (miss_slot_.compare_exchange_strong(expected, slot)) {
-    const uint64_t one = 1;
-    (void)::write(miss_fd_.get(), &one, sizeof one);
+    own_eventfd_signal(miss_fd_.get());
   }
 }
 
 bool Iotlb::take_miss(uint64_t& iova, uint8_t& perm) {
-  uint64_t count;
-  (void)::read(miss_fd_.get(), &count, sizeof count);
+  own_eventfd_drain(miss_fd_.get());
   const uint64_t slot = miss_slot_.exchange(0);
   if (slot == 0) return false;
   iova = slot & ~0xfffULL;

@@ -368,11 +368,10 @@ void NetDevice::run_pair(Worker& w) {
     const bool more = w.tx_more || w.rx_more || w.ctrl_more;
     const int n = ::epoll_wait(w.epoll.get(), events, 8, more ? 0 : -1);
     for (int i = 0; i < n; ++i) {
-      uint64_t count;
       switch (events[i].data.u64) {
         case kEvStop: return;
         case kEvPoke:
-          (void)::read(w.poke.get(), &count, sizeof count);
+          own_eventfd_drain(w.poke.get());
           do_tx(w);
           do_rx(w);
           if (w.group == 0) do_ctrl(w);

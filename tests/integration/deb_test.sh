@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The Debian package as an operator meets it: built with scripts/package (or
-# given), installed with dpkg -i on this machine, `sriovd --version`,
+# given), checked by Debian's lintian (no error or warning, pedantic tags
+# shown; what is overridden says why in scripts/deb/lintian-overrides), its
+# changelog's version the package's, installed with dpkg -i on this machine,
+# `sriovd --version`, the man pages with `man`,
 # `systemd-analyze verify` on the installed unit, the conffile, the bash
 # completion; then removed and purged, leaving none of its files behind.
 #   tests/integration/deb_test.sh [PACKAGE.deb]
@@ -21,6 +24,18 @@ installed=false
 cleanup() { if $installed; then dpkg --purge sriovd >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Debian's own lint. lintian warns when run as root; the result is the same.
+if ! command -v lintian >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lintian >&2
+fi
+lint=$(lintian --pedantic --fail-on error,warning "$deb" 2>&1) || fail "lintian: $lint"
+lint=$(grep -v "running with root privileges" <<<"$lint" || true)
+[[ -z $lint ]] || echo "lintian (pedantic, informational): $lint"
+echo "PASS lintian $(basename "$deb"): no error or warning"
+changelog_version=$(dpkg-parsechangelog -l scripts/deb/changelog -S Version)
+[[ $changelog_version == "$(dpkg-deb -f "$deb" Version)" ]] ||
+  fail "scripts/deb/changelog's version $changelog_version is not the package's $(dpkg-deb -f "$deb" Version)"
 
 # What the package needs from Debian comes with it (dpkg -i alone does not
 # fetch dependencies: apt-get install -f would; they are all present here).
@@ -43,6 +58,14 @@ dpkg-query -W -f='${Conffiles}' sriovd | grep -q '/etc/sriovd/sriovd.yaml' || fa
 [[ -f /usr/share/bash-completion/completions/sriovctl && -f /usr/lib/udev/rules.d/90-sriovd.rules ]] || fail "completion or udev rules missing"
 grep -q '/usr/bin/sriovctl' /usr/lib/udev/rules.d/90-sriovd.rules || fail "the udev rules do not name the installed sriovctl"
 echo "PASS conffile, completion, udev rules"
+for page in sriovd.8 sriovctl.8 sriovd-guest.1 sriovd.yaml.5; do
+  section=${page##*.}
+  out=$(MANWIDTH=80 man --warnings "$section" "${page%.*}" 2>&1 >/dev/null) || fail "man $section ${page%.*}: $out"
+  [[ -z $out ]] || fail "man $section ${page%.*} warns: $out"
+done
+zcat /usr/share/doc/sriovd/changelog.gz | grep -q "^sriovd (" || fail "no Debian changelog"
+grep -q "^License: " /usr/share/doc/sriovd/copyright || fail "no copyright file"
+echo "PASS man pages, copyright, changelog"
 
 # A host not given back (the journal still records a change to undo): the
 # removal stops, and says what is left.

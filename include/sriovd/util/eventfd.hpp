@@ -2,6 +2,8 @@
 // Eventfds that come from a peer (vhost-user kick/call/err, vfio-user
 // SET_IRQS): checked where they enter, so nothing after can block on them.
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,19 @@ UniqueFd checked_peer_eventfd(UniqueFd fd, const std::string& what);
 // empty to read), EINTR (the peer made it blocking), EBADF...
 bool peer_eventfd_write(int fd, uint64_t value = 1);
 bool peer_eventfd_read(int fd, uint64_t& value);
+
+// An eventfd of our own (non-blocking, never a peer's): a signal that
+// cannot be added finds the counter full (EAGAIN), which wakes the reader
+// all the same; a drain that reads nothing finds it empty. Neither has an
+// error worth a branch at its call site.
+inline void own_eventfd_signal(int fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(fd, &one, sizeof one);
+}
+inline void own_eventfd_drain(int fd) {
+  uint64_t count = 0;
+  [[maybe_unused]] const ssize_t n = ::read(fd, &count, sizeof count);
+}
 
 // Data-plane threads (relay, queue workers) enroll when they start, and
 // peer_io_thread() is true on them: the engine delivers inline only there
