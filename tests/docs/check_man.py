@@ -21,7 +21,8 @@ env = dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="400", MAN_KEEP_FORMATTING="",
 
 
 def render(page):
-    r = subprocess.run(["man", "--warnings", "-l", str(man_dir / page)], capture_output=True, text=True, env=env)
+    path = man_dir / f"man{page.rsplit('.', 1)[1]}" / page
+    r = subprocess.run(["man", "--warnings", "-l", str(path)], capture_output=True, text=True, env=env)
     if r.returncode != 0 or r.stderr.strip():
         problems.append(f"{page}: man reports (exit {r.returncode}): {r.stderr.strip()}")
     text = re.sub(r".\x08", "", r.stdout)

@@ -2,6 +2,11 @@
 # ConditionPathExists names /etc/sriovd/sriovd.yaml, which a build machine
 # need not have; a condition is not an error, so it is checked as written.
 find_program(SYSTEMD_ANALYZE systemd-analyze REQUIRED)
+# The unit's Documentation= names man pages, which verify looks up with
+# man(1): the ones built (build/man/manN), as the package installs them.
+if(MANPATH)
+  set(ENV{MANPATH} ${MANPATH})
+endif()
 file(MAKE_DIRECTORY ${WORK})
 execute_process(COMMAND ${SYSTEMD_ANALYZE} verify ${UNIT}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
