@@ -111,8 +111,8 @@ inline std::optional<uint64_t> parse_unsigned(const std::string& text) {
 // ranges, and return nullopt for a missing or bad value.
 class Mapping {
  public:
-  Mapping(Context& ctx, YAML::Node node, std::string path, std::vector<std::string> allowed)
-      : ctx_(ctx), node_(std::move(node)), path_(std::move(path)) {
+  Mapping(Context& ctx, const YAML::Node& node, std::string path, const std::vector<std::string>& allowed)
+      : ctx_(ctx), node_(node), path_(std::move(path)) {
     if (!node_.IsMap()) {
       ctx_.error(node_, path_.empty() ? "document" : path_, std::string("expected a mapping, got ") + describe(node_));
       return;

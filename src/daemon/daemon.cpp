@@ -245,6 +245,7 @@ int run_captured(const std::vector<std::string>& argv, std::chrono::milliseconds
   posix_spawn_file_actions_adddup2(&actions, wr.get(), STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, wr.get(), STDERR_FILENO);
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = -1;
@@ -367,6 +368,7 @@ void Daemon::exec_successor() {
   args.push_back("--handover-fd");
   args.push_back(std::to_string(p.manifest.get()));
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   spdlog::info("upgrade: exec {} with {} virtio device(s) handed over", p.binary, p.handover.virtio.size());

@@ -66,7 +66,7 @@ std::string pcie_root(const std::string& sysfs_root, const std::string& address)
   const fs::path real = fs::canonical(fs::path(sysfs_root) / "bus/pci/devices" / address, ec);
   if (ec) return "";
   for (const auto& part : real) {
-    const std::string s = part.string();
+    std::string s = part.string();
     if (s.size() == 10 && s.rfind("pci", 0) == 0 && s[7] == ':') return s;
   }
   return "";

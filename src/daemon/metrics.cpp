@@ -28,9 +28,10 @@ Family::Family(std::string name, std::string help, MetricType type) {
   f.type = type;
 }
 
-Family& Family::add(std::vector<std::pair<std::string, std::string>> labels, double value) {
+Family& Family::add(const std::vector<std::pair<std::string, std::string>>& labels, double value) {
   prometheus::ClientMetric m;
-  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  m.label.reserve(labels.size());
+  for (const auto& [k, v] : labels) m.label.push_back({k, v});
   if (f.type == MetricType::Counter)
     m.counter.value = value;
   else

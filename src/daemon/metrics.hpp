@@ -75,7 +75,7 @@ class MetricsServer {
 struct Family {
   prometheus::MetricFamily f;
   Family(std::string name, std::string help, prometheus::MetricType type);
-  Family& add(std::vector<std::pair<std::string, std::string>> labels, double value);
+  Family& add(const std::vector<std::pair<std::string, std::string>>& labels, double value);
 };
 
 // A family per counter of a stats struct's table (util/counters.hpp),

@@ -154,7 +154,12 @@ void VirtioExports::start(const config::Config& cfg) {
     }
     exports_.push_back(std::move(e));
   }
-  for (auto& [name, tap] : spare_taps_) retirer_.retire("tap:" + tap->name(), std::move(tap));
+  for (auto& [name, tap] : spare_taps_) {
+    // The name first: an argument's initialisation order is unspecified,
+    // and a by-value parameter made from std::move(tap) would empty it.
+    const std::string what = "tap:" + tap->name();
+    retirer_.retire(what, std::move(tap));
+  }
   spare_taps_.clear();
   for (const HandedVirtio& h : handed_)
     spdlog::warn("virtio {}: handed over but not in the config (or not served here): its front-end is let go", h.name);

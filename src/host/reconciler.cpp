@@ -268,7 +268,7 @@ void Reconciler::check_driver_rules(const std::vector<Step>& steps) {
   if (!problems.empty()) throw std::runtime_error(problems);
 }
 
-void Reconciler::apply(std::vector<Step> steps, const std::string& kind) {
+void Reconciler::apply(const std::vector<Step>& steps, const std::string& kind) {
   if (steps.empty()) return;
   Transaction txn;
   txn.id = journal_.next_txn++;

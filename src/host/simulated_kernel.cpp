@@ -242,7 +242,7 @@ std::string SimulatedKernel::realize_vf_netdev(const PciAddress& vf_addr) {
     throw std::runtime_error("VF " + vf_addr.to_string() + " has no netdev: it is bound to " +
                              (vf->driver.empty() ? std::string("no driver") : vf->driver) + ", not " +
                              vf->native_driver);
-  const std::string name = vf_netdev(*vf);
+  std::string name = vf_netdev(*vf);
   const nl::Sock sk = nl::route_socket();
   if (auto it = std::find(veths_.begin(), veths_.end(), name); it != veths_.end()) {
     if (nl::get_link(sk.get(), name)) return name;

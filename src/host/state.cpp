@@ -76,7 +76,7 @@ Key Key::from_json(const json& j) {
 }
 
 std::string Step::describe() const {
-  const std::string where = key.device.to_string() + (key.vf >= 0 ? " VF " + std::to_string(key.vf) : "");
+  std::string where = key.device.to_string() + (key.vf >= 0 ? " VF " + std::to_string(key.vf) : "");
   switch (key.kind) {
     case KeyKind::autoprobe:
       return where + ": sriov_drivers_autoprobe " + value_text(before) + " -> " + value_text(after);

@@ -49,7 +49,7 @@ std::string base64_decode(const std::string& in, const std::string& what) {
   const int final_rc = rc < 0 ? -1 : EVP_DecodeFinal(ctx, reinterpret_cast<unsigned char*>(out.data()) + n, &tail);
   EVP_ENCODE_CTX_free(ctx);
   if (rc < 0 || final_rc < 0) throw std::runtime_error(what + ": not base64");
-  out.resize(static_cast<size_t>(n + tail));
+  out.resize(static_cast<size_t>(n) + static_cast<size_t>(tail));
   return out;
 }
 

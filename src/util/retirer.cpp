@@ -4,7 +4,7 @@
 
 namespace sriovd {
 
-Retirer::Retirer(std::string thread_name) {
+Retirer::Retirer(const std::string& thread_name) {
   thread_ = std::thread([this] { run(); });
   pthread_setname_np(thread_.native_handle(), thread_name.substr(0, 15).c_str());
 }

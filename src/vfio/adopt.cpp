@@ -29,7 +29,7 @@ std::unique_ptr<Device> adopt_device(std::span<const uint8_t> part, HandedFds& f
       for (const auto& w : j.at("windows")) windows.push_back({w.at(0).get<uint64_t>(), w.at(1).get<uint64_t>()});
       UniqueFd container = fd("container"), group = fd("group"), device = fd("device");
       return KernelDevice::adopt(name, std::move(container), std::move(group), j.at("group_number").get<int>(),
-                                 std::move(device), std::move(windows));
+                                 std::move(device), windows);
     }
     if (kind == "simulated") {
       const std::vector<uint8_t> config = j.at("config").get<std::vector<uint8_t>>();

@@ -192,7 +192,8 @@ KernelDevice::KernelDevice(Group& group, const PciAddress& address) : name_(addr
 }
 
 std::unique_ptr<KernelDevice> KernelDevice::adopt(const std::string& name, UniqueFd container, UniqueFd group,
-                                                  int group_number, UniqueFd device, std::vector<Window> inherited) {
+                                                  int group_number, UniqueFd device,
+                                                  const std::vector<Window>& inherited) {
   std::unique_ptr<KernelDevice> d(new KernelDevice(name));
   d->owned_container_ = std::make_unique<Container>(std::move(container));
   d->owned_group_ = std::make_unique<Group>(group_number, std::move(group));

@@ -66,8 +66,8 @@ std::optional<SocketFile> adopt_socket(const std::string& path, const std::strin
 
 }  // namespace
 
-Server::Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
-               ServerHandover handover)
+Server::Server(asio::io_context& io, const std::string& socket_path, ExportedDevice& device,
+               std::vector<uid_t> allowed_uids, ServerHandover handover)
     : Server(io, socket_path, device, std::move(allowed_uids), adopt_socket(socket_path, device.name(), handover)) {
   take_over(handover);
 }

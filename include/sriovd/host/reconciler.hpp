@@ -41,7 +41,7 @@ class Reconciler {
 
   // Carries out `steps` as one transaction. On failure everything done is
   // undone and ApplyError says which step failed and why.
-  void apply(std::vector<Step> steps, const std::string& kind = "apply");
+  void apply(const std::vector<Step>& steps, const std::string& kind = "apply");
 
   // plan + apply.
   std::vector<Step> converge(const config::Config& cfg, const std::set<VfRef>& released = {});

@@ -33,7 +33,7 @@ class Retirer {
   // destroyed (a daemon posts its retry to its io_context from here).
   using OnGone = std::function<void(const std::string& key)>;
 
-  explicit Retirer(std::string thread_name = "sriovd-retire");
+  explicit Retirer(const std::string& thread_name = "sriovd-retire");
   // Destroys everything still queued, then ends the thread.
   ~Retirer();
   Retirer(const Retirer&) = delete;

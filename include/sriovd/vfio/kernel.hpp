@@ -75,7 +75,7 @@ class KernelDevice : public Device {
     uint64_t iova = 0, size = 0;
   };
   static std::unique_ptr<KernelDevice> adopt(const std::string& name, UniqueFd container, UniqueFd group,
-                                             int group_number, UniqueFd device, std::vector<Window> inherited);
+                                             int group_number, UniqueFd device, const std::vector<Window>& inherited);
   ~KernelDevice() override;
 
   [[nodiscard]] const std::string& name() const override { return name_; }

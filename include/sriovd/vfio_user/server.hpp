@@ -95,7 +95,7 @@ class Server {
   // they were). Throws std::invalid_argument when the handover does not
   // fit this device (its fds are closed then: the client sees its
   // connection end).
-  Server(asio::io_context& io, std::string socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
+  Server(asio::io_context& io, const std::string& socket_path, ExportedDevice& device, std::vector<uid_t> allowed_uids,
          ServerHandover handover);
   ~Server();
   Server(const Server&) = delete;
