@@ -356,34 +356,28 @@ std::vector<MetricFamily> Daemon::metrics_snapshot() const {
   txn.add({{"outcome", "committed"}}, static_cast<double>(t.committed))
       .add({{"outcome", "rolled_back"}}, static_cast<double>(t.rolled_back));
   out.push_back(std::move(txn.f));
-  Family restore("sriovd_host_restore_failures_total",
-                 "changes sriovd could not give back to the host: steps a rollback could not undo, releases that "
-                 "failed",
-                 MetricType::Counter);
-  restore.add({}, static_cast<double>(t.restore_failures));
-  out.push_back(std::move(restore.f));
-  if (notifier_->watchdog_interval()) {
-    Family pings("sriovd_watchdog_pings_total", "pings sent to systemd's watchdog", MetricType::Counter);
-    pings.add({}, static_cast<double>(watchdog_.pings));
-    out.push_back(std::move(pings.f));
-    Family late("sriovd_watchdog_late_pings_total",
-                "watchdog pings sent more than half an interval after they were due (the control thread stalled; "
-                "systemd kills the daemon at two intervals)",
-                MetricType::Counter);
-    late.add({}, static_cast<double>(watchdog_.late));
-    out.push_back(std::move(late.f));
-    Family max_delay("sriovd_watchdog_max_delay_seconds", "the latest a watchdog ping has been since the start",
-                     MetricType::Gauge);
-    max_delay.add({}, static_cast<double>(watchdog_.max_delay.count()) / 1e9);
-    out.push_back(std::move(max_delay.f));
-    Family interval("sriovd_watchdog_interval_seconds", "how often the watchdog is pinged (half of WatchdogSec)",
-                    MetricType::Gauge);
-    interval.add({}, std::chrono::duration<double>(*notifier_->watchdog_interval()).count());
-    out.push_back(std::move(interval.f));
+  // A family of one unlabelled sample.
+  auto single = [&out](const char* name, const char* help, MetricType type, double value) {
+    Family f(name, help, type);
+    f.add({}, value);
+    out.push_back(std::move(f.f));
+  };
+  single("sriovd_host_restore_failures_total",
+         "changes sriovd could not give back to the host: steps a rollback could not undo, releases that failed",
+         MetricType::Counter, static_cast<double>(t.restore_failures));
+  if (const auto interval = notifier_->watchdog_interval()) {
+    single("sriovd_watchdog_pings_total", "pings sent to systemd's watchdog", MetricType::Counter,
+           static_cast<double>(watchdog_.pings));
+    single("sriovd_watchdog_late_pings_total",
+           "watchdog pings sent more than half an interval after they were due (the control thread stalled; "
+           "systemd kills the daemon at two intervals)",
+           MetricType::Counter, static_cast<double>(watchdog_.late));
+    single("sriovd_watchdog_max_delay_seconds", "the latest a watchdog ping has been since the start",
+           MetricType::Gauge, std::chrono::duration<double>(watchdog_.max_delay).count());
+    single("sriovd_watchdog_interval_seconds", "how often the watchdog is pinged (half of WatchdogSec)",
+           MetricType::Gauge, std::chrono::duration<double>(*interval).count());
   }
-  Family udev("sriovd_udev_events_total", "udev events taken", MetricType::Counter);
-  udev.add({}, static_cast<double>(udev_events_total_));
-  out.push_back(std::move(udev.f));
+  single("sriovd_udev_events_total", "udev events taken", MetricType::Counter, static_cast<double>(udev_events_total_));
   if (metrics_) {
     const auto& shut = metrics_->closed();
     Family closed("sriovd_metrics_connections_closed_total",

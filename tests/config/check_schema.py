@@ -29,6 +29,8 @@ import tempfile
 import jsonschema
 import yaml
 
+import schema_paths
+
 root = pathlib.Path(sys.argv[1])
 sriovd = sys.argv[2]
 dump_bad = sys.argv[3]
@@ -171,28 +173,7 @@ print(f"schema: {len(bad)} bad configurations, {caught} refused by the schema, {
 
 
 # --- 3. the keys at every mapping ------------------------------------------
-def resolve(node):
-    while "$ref" in node:
-        ref = node["$ref"].split("/")[-1]
-        merged = dict(schema["$defs"][ref])
-        merged.update({k: v for k, v in node.items() if k != "$ref"})
-        node = merged
-    return node
-
-
-def schema_objects(node, path, out):
-    """Every object of the schema with its key path (lists as [])."""
-    node = resolve(node)
-    if "properties" in node:
-        out[path] = node
-        for key, sub in node["properties"].items():
-            schema_objects(sub, f"{path}.{key}" if path else key, out)
-    if "items" in node:
-        schema_objects(node["items"], path + "[]", out)
-    return out
-
-
-objects = schema_objects(schema, "", {})
+objects = schema_paths.objects(schema)
 reached = set()
 probe_key = "zz_not_a_key"
 
@@ -241,34 +222,10 @@ print(f"schema: {probed} mappings probed for their keys, {len(reached)} of {len(
 
 
 # --- 4. the reference table ------------------------------------------------
-def key_paths(node, path, out):
-    node = resolve(node)
-    for key, sub in node.get("properties", {}).items():
-        p = f"{path}.{key}" if path else key
-        leaf = resolve(sub)
-        if "items" in leaf:
-            leaf = resolve(leaf["items"])
-        if "properties" not in leaf:  # a value, not a section: its row is the section's keys'
-            out.add(p)
-        key_paths(sub, p, out)
-    if "items" in node:
-        key_paths(node["items"], path + "[]", out)
-    return out
-
-
-def sections(node, path, out):
-    node = resolve(node)
-    for key, sub in node.get("properties", {}).items():
-        p = f"{path}.{key}" if path else key
-        out.add(p)
-        sections(sub, p, out)
-    if "items" in node:
-        sections(node["items"], path + "[]", out)
-    return out
-
-
-schema_paths = key_paths(schema, "", set())
-section_paths = sections(schema, "", set()) - schema_paths
+all_keys = schema_paths.keys(schema)
+# A section's row is its keys' rows: only values need one of their own.
+leaf_paths = {p for p, node in all_keys.items() if not schema_paths.is_section(schema, node)}
+section_paths = set(all_keys) - leaf_paths
 ref = (root / "docs" / "configuration.md").read_text()
 table = ref[ref.index("## Configuration reference"):]
 table = table[:table.index("\n## ", 10)]
@@ -284,13 +241,13 @@ for line in table.splitlines():
         item = item.rstrip("[]") if item.endswith("[]") else item
         documented.add(item)
         last = item
-for p in sorted(schema_paths - documented):
+for p in sorted(leaf_paths - documented):
     if p.endswith("[]"):
         continue
     problems.append(f"docs/configuration.md: no row for '{p}'")
-for p in sorted(documented - schema_paths - section_paths):
+for p in sorted(documented - leaf_paths - section_paths):
     problems.append(f"docs/configuration.md: a row for '{p}', which is no key of the schema")
-print(f"schema: {len(schema_paths)} key paths, {len(documented)} documented")
+print(f"schema: {len(leaf_paths)} key paths, {len(documented)} documented")
 
 for p in problems:
     print(p)

@@ -13,6 +13,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "config"))
+import schema_paths  # noqa: E402 (tests/config/schema_paths.py)
+
 man_dir = pathlib.Path(sys.argv[1])
 binaries = {"sriovd.8": sys.argv[2], "sriovctl.8": sys.argv[3], "sriovd-guest.1": sys.argv[4]}
 schema = json.loads(pathlib.Path(sys.argv[5]).read_text())
@@ -61,18 +64,6 @@ for page, binary in binaries.items():
             problems.append(f"{page}: the option '{o}' that {pathlib.Path(binary).name} --help lists is not in the page")
 
 
-def key_paths(node, path, out):
-    while "$ref" in node:
-        node = schema["$defs"][node["$ref"].split("/")[-1]]
-    for key, sub in node.get("properties", {}).items():
-        p = f"{path}.{key}" if path else key
-        out.add(p)
-        key_paths(sub, p, out)
-    if "items" in node:
-        key_paths(node["items"], path + "[]", out)
-    return out
-
-
 yaml_page = render("sriovd.yaml.5")
 # A path is written whole, or as ".key" after a path of the same parent.
 written = set()
@@ -83,7 +74,7 @@ for line in yaml_page.splitlines():
             item = last.rsplit(".", 1)[0] + item
         written.add(item)
         last = item
-keys = key_paths(schema, "", set())
+keys = set(schema_paths.keys(schema))
 for k in sorted(keys):
     leafy = k.rstrip("[]")
     if k not in written and leafy not in written and not any(w.startswith(leafy + ".") or w.startswith(leafy + "[]")
